@@ -1,0 +1,1 @@
+"""Example agent programs, each run as its own OS process."""

@@ -1,0 +1,1 @@
+"""Benchmarks: each module measures and prints figures as ratios to a baseline."""

@@ -1,0 +1,1 @@
+"""The ``porter-mesh`` command line. Each ``cmd_*.py`` module adds one sub-command."""

@@ -1,0 +1,58 @@
+"""Entry point of the ``porter-mesh`` command.
+
+Sub-commands live in sibling modules named ``cmd_<name>.py``; each exposes
+``register(subparsers)`` which adds its parser and sets ``func`` (a callable taking the
+parsed namespace and returning an exit status). They are found at start-up, so adding a
+command never means editing this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import pkgutil
+import sys
+from collections.abc import Sequence
+
+import porter_mesh.cli as _cli_pkg
+from porter_mesh import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the top-level parser with every discovered sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="porter-mesh",
+        description="A broker-less agent mesh on ZeroMQ.",
+    )
+    parser.add_argument("--version", action="version", version=f"porter-mesh {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more log output (repeatable)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for info in sorted(pkgutil.iter_modules(_cli_pkg.__path__), key=lambda m: m.name):
+        if info.name.startswith("cmd_"):
+            module = importlib.import_module(f"{_cli_pkg.__name__}.{info.name}")
+            module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        status: int = func(args)
+    except KeyboardInterrupt:
+        return 130
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The mesh node: an asyncio core and a synchronous facade over it."""
