@@ -1,0 +1,689 @@
+"""The wire codec: ZeroMQ frames <-> envelope + payload.
+
+A mesh message is a ZeroMQ multipart message:
+
+* PUB/SUB: ``[topic, envelope, payload]``, where ``topic`` is the channel in UTF-8 plus
+  one NUL byte, so that a subscription to ``task`` does not also match ``task:worker-1``
+  (ZeroMQ subscriptions match prefixes);
+* DEALER -> ROUTER: ``[envelope, payload]`` (the ROUTER strips the peer identity first).
+
+The envelope is a msgpack map with short keys. Fields at their default are left out, and
+keys this version does not know are ignored (never rejected), so that a newer sender can
+add fields without a flag day:
+
+=====  ===============  ========  ===========================================================
+key    field            required  value
+=====  ===============  ========  ===========================================================
+``v``  ``version``      yes       :data:`~porter_mesh.core.constants.PROTOCOL_VERSION`
+``id`` ``msg_id``       yes       unique per sender (see :func:`make_msg_id`)
+``fr`` ``sender``       yes       agent name
+``ch`` ``channel``      yes       ``log``, ``task``, ``task:<agent>``, ``control``... (no NUL)
+``sq`` ``seq``          yes       sequence of the first activity carried, per (sender,
+                                  channel, incarnation), from 1; 0 means "not sequenced"
+``in`` ``incarnation``  yes       random 63-bit number drawn at process start
+``ts`` ``hlc``          yes       hybrid-logical-clock timestamp (:mod:`.hlc`)
+``to`` ``recipient``    no        agent name, direct messages only
+``re`` ``ref``          no        ``msg_id`` of the message being answered
+``n``  ``count``        no (1)    activities in the payload, 1..MAX_BATCH; activity ``i``
+                                  has sequence ``seq + i``
+``k``  ``kind``         no        absent for AS2 payloads; a short tag for the mesh's own
+                                  control payloads (see the ``KIND_*`` constants)
+=====  ===============  ========  ===========================================================
+
+The payload is the AS2 activity as JSON (the profile keeps AS2 as JSON on the wire); a
+batch of ``n > 1`` activities is a JSON array of exactly ``n`` objects. When ``kind`` is
+set, the payload is instead a msgpack map (:func:`encode_control`).
+
+The decoders take untrusted bytes: every malformed input raises
+:class:`~porter_mesh.errors.FrameError` (or :class:`~porter_mesh.errors.ActivityError`
+for a bad activity) with a ``reason`` tag for counting drops, never anything else.
+
+Performance: these functions sit on every message, so the hot paths avoid per-field
+function calls. An envelope is validated by one boolean expression; only when that fails
+does a slower pass work out which field is wrong, to say so in the error.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, NamedTuple
+
+import msgpack
+
+from porter_mesh.core.as2 import Activity, activities_from_json_array, parse_activity
+from porter_mesh.core.constants import MAX_BATCH, MAX_MESSAGE_BYTES, PROTOCOL_VERSION
+from porter_mesh.errors import FrameError
+
+__all__ = [
+    "KIND_ACK",
+    "KIND_CAPABILITY",
+    "KIND_DRAIN",
+    "KIND_HALT",
+    "KIND_HEARTBEAT",
+    "KIND_SYNC",
+    "MAX_CONTROL_BYTES",
+    "MAX_ENVELOPE_BYTES",
+    "MAX_KIND_CHARS",
+    "Envelope",
+    "decode_broadcast",
+    "decode_control",
+    "decode_direct",
+    "decode_envelope",
+    "decode_payload",
+    "decode_topic",
+    "encode_broadcast",
+    "encode_control",
+    "encode_direct",
+    "encode_envelope",
+    "encode_payload",
+    "encode_topic",
+    "make_msg_id",
+    "new_incarnation",
+]
+
+#: Largest encoded envelope. Real ones are about 100 bytes; anything near this limit is
+#: garbage or an attack, and the cap also bounds every string field inside.
+MAX_ENVELOPE_BYTES: Final = 4096
+#: Largest control payload (``kind`` set): one ZeroMQ frame.
+MAX_CONTROL_BYTES: Final = MAX_MESSAGE_BYTES
+#: Longest ``kind`` tag.
+MAX_KIND_CHARS: Final = 32
+
+# Kind tags the mesh uses for its own (non-AS2) payloads. Any short tag decodes; a node
+# ignores kinds it does not know, so new ones need no protocol version bump.
+#: Heartbeat on ``control``: liveness plus the last sequence sent per stream.
+KIND_HEARTBEAT: Final = "hb"
+#: Acknowledgement of a direct message (``ref`` is the acknowledged ``msg_id``).
+KIND_ACK: Final = "ack"
+#: Finish current work, accept nothing new.
+KIND_DRAIN: Final = "drain"
+#: Stop immediately.
+KIND_HALT: Final = "halt"
+#: Capability lookup and reply.
+KIND_CAPABILITY: Final = "cap"
+#: Knowledge-graph synchronisation (digests, range pulls, snapshot chunks).
+KIND_SYNC: Final = "sync"
+
+_I63: Final = (1 << 63) - 1
+_U64: Final = (1 << 64) - 1
+
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
+_tuple_new = tuple.__new__
+
+
+class Envelope(NamedTuple):
+    """The routing header of one mesh message (see the module docstring for the wire keys).
+
+    A ``NamedTuple`` rather than a frozen dataclass because one is built per message and
+    construction is several times cheaper.
+
+    Attributes:
+        version: protocol version, :data:`~porter_mesh.core.constants.PROTOCOL_VERSION`.
+        msg_id: unique per sender; :func:`make_msg_id` builds the conventional form.
+        sender: the sending agent's name.
+        channel: the channel (``"log"``, ``"task"``, ``"task:<agent>"``, ``"control"``...).
+        seq: per (sender, channel, incarnation) sequence of the first activity carried,
+            from 1; 0 for messages that are not sequenced.
+        incarnation: the sender's random 63-bit process incarnation.
+        hlc: hybrid-logical-clock timestamp of the send event.
+        recipient: the addressed agent, for direct messages only.
+        ref: ``msg_id`` of the message this one answers.
+        count: number of activities in the payload (1..MAX_BATCH); activity ``i`` has
+            sequence ``seq + i``.
+        kind: ``None`` for AS2 payloads; a short tag (``KIND_*``) for control payloads.
+    """
+
+    version: int
+    msg_id: str
+    sender: str
+    channel: str
+    seq: int
+    incarnation: int
+    hlc: int
+    recipient: str | None = None
+    ref: str | None = None
+    # The field shadows tuple.count on purpose: the wire name reads better than a
+    # workaround, and nothing here needs tuple.count.
+    count: int = 1  # type: ignore[assignment]
+    kind: str | None = None
+
+
+def make_msg_id(incarnation: int, channel: str, seq: int) -> str:
+    """Build the conventional message id ``"<incarnation hex>.<channel>.<seq>"``.
+
+    Unique per sender because (incarnation, channel, seq) is; it needs no extra state
+    and tells a reader at a glance where a message came from. The first and last dots
+    delimit the parts (hex and decimal digits contain no dots), so a channel containing
+    dots is still unambiguous.
+
+    Args:
+        incarnation: the sender's incarnation.
+        channel: the channel (stream) the sequence belongs to.
+        seq: the message's sequence number.
+
+    Returns:
+        The message id.
+    """
+    return f"{incarnation:x}.{channel}.{seq}"
+
+
+def new_incarnation() -> int:
+    """Draw a random non-zero 63-bit incarnation for a process start.
+
+    Returns:
+        An integer in ``[1, 2**63)``.
+    """
+    return secrets.randbits(63) or 1
+
+
+# -- envelope --------------------------------------------------------------------------
+
+
+def _valid(env: Envelope) -> bool:
+    """Whether every field of ``env`` has the right type and range (the fast check)."""
+    version, msg_id, sender, channel, seq, inc, hlc, recipient, ref, count, kind = env
+    return (
+        version == PROTOCOL_VERSION
+        and type(version) is int
+        and type(msg_id) is str
+        and msg_id != ""
+        and type(sender) is str
+        and sender != ""
+        and type(channel) is str
+        and channel != ""
+        and "\0" not in channel
+        and type(seq) is int
+        and 0 <= seq <= _I63
+        and type(inc) is int
+        and 0 <= inc <= _I63
+        and type(hlc) is int
+        and 0 <= hlc <= _U64
+        and type(count) is int
+        and 1 <= count <= MAX_BATCH
+        and seq + count - 1 <= _I63
+        and (recipient is None or (type(recipient) is str and recipient != ""))
+        and (ref is None or (type(ref) is str and ref != ""))
+        and (kind is None or (type(kind) is str and 0 < len(kind) <= MAX_KIND_CHARS))
+    )
+
+
+def _show(value: object) -> str:
+    """A short repr of an untrusted value for an error message."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _text(value: Any) -> bool:
+    return type(value) is str and value != ""
+
+
+def _u(limit: int) -> Any:
+    return lambda value: type(value) is int and 0 <= value <= limit
+
+
+# (field, wire key, test, what is expected): walked only to explain a failed fast check.
+_FIELD_RULES: Final[tuple[tuple[str, str, Any, str], ...]] = (
+    ("msg_id", "id", _text, "a non-empty string"),
+    ("sender", "fr", _text, "a non-empty string (the agent name)"),
+    ("channel", "ch", lambda v: _text(v) and "\0" not in v, "a non-empty string without NUL"),
+    ("seq", "sq", _u(_I63), "an integer in [0, 2**63)"),
+    ("incarnation", "in", _u(_I63), "an integer in [0, 2**63)"),
+    ("hlc", "ts", _u(_U64), "an integer in [0, 2**64)"),
+    ("recipient", "to", lambda v: v is None or _text(v), "absent or a non-empty string"),
+    ("ref", "re", lambda v: v is None or _text(v), "absent or a non-empty string"),
+    (
+        "count",
+        "n",
+        lambda v: type(v) is int and 1 <= v <= MAX_BATCH,
+        f"an integer in [1, {MAX_BATCH}]",
+    ),
+    (
+        "kind",
+        "k",
+        lambda v: v is None or (_text(v) and len(v) <= MAX_KIND_CHARS),
+        f"absent or a non-empty string of at most {MAX_KIND_CHARS} characters",
+    ),
+)
+
+
+def _invalid(env: Envelope, doing: str) -> FrameError:
+    """Explain why ``env`` failed :func:`_valid` (slow path, errors only)."""
+    version = env.version
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        return FrameError(
+            f"{doing}: envelope version {version!r} is not supported (this node speaks "
+            f"version {PROTOCOL_VERSION}); upgrade the older side",
+            reason="bad-version",
+        )
+    for field, key, test, expected in _FIELD_RULES:
+        value = getattr(env, field)
+        if not test(value):
+            return FrameError(
+                f"{doing}: envelope field {field!r} (key {key!r}) must be {expected}, "
+                f"got {type(value).__name__} {_show(value)}",
+                reason="bad-field",
+            )
+    return FrameError(
+        f"{doing}: sequence range seq={env.seq} count={env.count} passes 2**63-1",
+        reason="bad-field",
+    )
+
+
+def encode_envelope(env: Envelope) -> bytes:
+    """Encode an envelope as a msgpack map with short keys, omitting defaults.
+
+    Args:
+        env: the envelope.
+
+    Returns:
+        The msgpack bytes.
+
+    Raises:
+        FrameError: ``reason="bad-version"`` / ``"bad-field"`` when a field has the wrong
+            type or range (a bug in the caller: the peer would refuse the frame);
+            ``reason="too-large"`` when the encoding passes :data:`MAX_ENVELOPE_BYTES`.
+    """
+    if type(env) is not Envelope or not _valid(env):
+        if not isinstance(env, Envelope):
+            raise FrameError(
+                f"cannot encode {type(env).__name__} as an envelope; build an Envelope",
+                reason="bad-field",
+            )
+        raise _invalid(env, "cannot encode envelope")
+    version, msg_id, sender, channel, seq, inc, hlc, recipient, ref, count, kind = env
+    m = {"v": version, "id": msg_id, "fr": sender, "ch": channel, "sq": seq, "in": inc, "ts": hlc}
+    if recipient is not None:
+        m["to"] = recipient
+    if ref is not None:
+        m["re"] = ref
+    if count != 1:
+        m["n"] = count
+    if kind is not None:
+        m["k"] = kind
+    data: bytes = _packb(m)
+    if len(data) > MAX_ENVELOPE_BYTES:
+        raise FrameError(
+            f"envelope encodes to {len(data)} bytes, over the {MAX_ENVELOPE_BYTES}-byte "
+            f"limit; shorten the agent/channel names or ids",
+            reason="too-large",
+        )
+    return data
+
+
+def decode_envelope(data: bytes) -> Envelope:
+    """Decode and validate an envelope received from the network.
+
+    Args:
+        data: the envelope frame.
+
+    Returns:
+        The envelope. Keys this version does not know are ignored.
+
+    Raises:
+        FrameError: ``reason`` is ``"too-large"`` (over :data:`MAX_ENVELOPE_BYTES`),
+            ``"bad-msgpack"`` (not one well-formed msgpack value), ``"not-a-map"``,
+            ``"missing-key"``, ``"bad-version"`` or ``"bad-field"``.
+    """
+    try:
+        size = len(data)
+        if size > MAX_ENVELOPE_BYTES:
+            raise FrameError(
+                f"envelope frame of {size} bytes is over the {MAX_ENVELOPE_BYTES}-byte limit",
+                reason="too-large",
+            )
+        # Unknown keys may be of any type (a future version's business), hence
+        # strict_map_key=False; tuples keep array-valued keys hashable.
+        m = _unpackb(data, use_list=False, strict_map_key=False)
+    except FrameError:
+        raise
+    except Exception as exc:  # msgpack raises many types (ValueError, TypeError, ...).
+        raise FrameError(
+            f"envelope frame is not one well-formed msgpack value ({exc}); the sender "
+            f"does not speak this protocol",
+            reason="bad-msgpack",
+        ) from exc
+    if type(m) is not dict:
+        raise FrameError(
+            f"envelope is a msgpack {type(m).__name__}, not a map", reason="not-a-map"
+        )
+    get = m.get
+    try:
+        env: Envelope = _tuple_new(
+            Envelope,
+            (
+                m["v"],
+                m["id"],
+                m["fr"],
+                m["ch"],
+                m["sq"],
+                m["in"],
+                m["ts"],
+                get("to"),
+                get("re"),
+                get("n", 1),
+                get("k"),
+            ),
+        )
+    except KeyError as exc:
+        raise FrameError(
+            f"envelope lacks the required key {exc.args[0]!r}; required keys are "
+            f"v, id, fr, ch, sq, in, ts",
+            reason="missing-key",
+        ) from None
+    if not _valid(env):
+        raise _invalid(env, "refused envelope")
+    return env
+
+
+# -- topic -----------------------------------------------------------------------------
+
+_topics: dict[str, bytes] = {}
+_TOPIC_CACHE_MAX: Final = 4096
+
+
+def encode_topic(channel: str) -> bytes:
+    """Encode a channel as a PUB/SUB topic: its UTF-8 bytes and one NUL.
+
+    Args:
+        channel: a non-empty channel name without NUL.
+
+    Returns:
+        The topic bytes (also what a subscriber passes to ``SUBSCRIBE``).
+
+    Raises:
+        FrameError: ``reason="bad-channel"`` for an empty channel, a NUL inside, or a
+            string that cannot be encoded as UTF-8.
+    """
+    if type(channel) is str:
+        topic = _topics.get(channel)
+        if topic is not None:
+            return topic
+    if type(channel) is not str or channel == "" or "\0" in channel:
+        raise FrameError(
+            f"channel {channel!r} must be a non-empty string without NUL", reason="bad-channel"
+        )
+    try:
+        topic = channel.encode() + b"\0"
+    except UnicodeEncodeError as exc:
+        raise FrameError(
+            f"channel {channel!r} cannot be encoded as UTF-8 ({exc})", reason="bad-channel"
+        ) from None
+    if len(_topics) >= _TOPIC_CACHE_MAX:
+        # Channels are few; a flood of distinct ones only resets the cache.
+        _topics.clear()
+    _topics[channel] = topic
+    return topic
+
+
+def decode_topic(topic: bytes) -> str:
+    """Decode a PUB/SUB topic frame back to the channel name.
+
+    Args:
+        topic: the topic frame.
+
+    Returns:
+        The channel.
+
+    Raises:
+        FrameError: ``reason="bad-topic"`` when the trailing NUL is missing, a NUL
+            appears inside, the channel is empty or is not UTF-8.
+    """
+    if type(topic) is not bytes or len(topic) < 2 or topic[-1] != 0 or 0 in topic[:-1]:
+        raise FrameError(
+            f"topic frame {_show(topic)} is not a channel name followed by one NUL byte",
+            reason="bad-topic",
+        )
+    try:
+        return topic[:-1].decode()
+    except UnicodeDecodeError:
+        raise FrameError(
+            f"topic frame {_show(topic)} is not valid UTF-8", reason="bad-topic"
+        ) from None
+
+
+# -- frames ----------------------------------------------------------------------------
+
+
+def encode_broadcast(env: Envelope, payload: bytes) -> list[bytes]:
+    """Build the PUB/SUB frames ``[topic, envelope, payload]``.
+
+    Args:
+        env: the envelope; its channel becomes the topic.
+        payload: the encoded payload (:func:`encode_payload` or :func:`encode_control`).
+
+    Returns:
+        The three frames.
+
+    Raises:
+        FrameError: as :func:`encode_envelope` and :func:`encode_topic`.
+    """
+    header = encode_envelope(env)
+    return [encode_topic(env.channel), header, payload]
+
+
+def decode_broadcast(frames: Sequence[bytes]) -> tuple[Envelope, bytes]:
+    """Split and check PUB/SUB frames.
+
+    Args:
+        frames: the received multipart message.
+
+    Returns:
+        The envelope and the (still encoded) payload.
+
+    Raises:
+        FrameError: ``reason="frame-count"`` unless there are exactly three frames,
+            ``reason="topic-mismatch"`` when the topic is not the envelope's channel, or
+            any error of :func:`decode_envelope`.
+    """
+    if len(frames) != 3:
+        raise FrameError(
+            f"broadcast message has {len(frames)} frames, expected 3 "
+            f"(topic, envelope, payload)",
+            reason="frame-count",
+        )
+    topic, header, payload = frames
+    env = decode_envelope(header)
+    expected = _topics.get(env.channel)
+    if expected is None:
+        expected = encode_topic(env.channel)
+    if topic != expected:
+        raise FrameError(
+            f"topic {_show(topic)} does not match the envelope channel {env.channel!r}",
+            reason="topic-mismatch",
+        )
+    return env, payload
+
+
+def encode_direct(env: Envelope, payload: bytes) -> list[bytes]:
+    """Build the DEALER-side frames ``[envelope, payload]`` of a direct message.
+
+    Args:
+        env: the envelope (normally with ``recipient`` set).
+        payload: the encoded payload.
+
+    Returns:
+        The two frames.
+
+    Raises:
+        FrameError: as :func:`encode_envelope`.
+    """
+    return [encode_envelope(env), payload]
+
+
+def decode_direct(frames: Sequence[bytes]) -> tuple[Envelope, bytes]:
+    """Split and check direct-message frames (after the ROUTER identity was removed).
+
+    Args:
+        frames: ``[envelope, payload]``.
+
+    Returns:
+        The envelope and the (still encoded) payload.
+
+    Raises:
+        FrameError: ``reason="frame-count"`` unless there are exactly two frames, or any
+            error of :func:`decode_envelope`.
+    """
+    if len(frames) != 2:
+        raise FrameError(
+            f"direct message has {len(frames)} frames, expected 2 (envelope, payload)",
+            reason="frame-count",
+        )
+    header, payload = frames
+    return decode_envelope(header), payload
+
+
+# -- payloads --------------------------------------------------------------------------
+
+
+def _too_large(what: str, size: int, limit: int) -> FrameError:
+    return FrameError(
+        f"{what} of {size} bytes is over the {limit}-byte limit; put large content in a "
+        f"workspace file and reference its path",
+        reason="too-large",
+    )
+
+
+def encode_payload(activities: Sequence[Activity]) -> bytes:
+    """Encode one activity as its JSON object, or several as a JSON array.
+
+    Args:
+        activities: 1..MAX_BATCH activities; set the envelope's ``count`` to their number.
+
+    Returns:
+        The payload bytes.
+
+    Raises:
+        FrameError: ``reason="bad-count"`` for an empty or oversized batch,
+            ``reason="too-large"`` when the payload passes one frame's limit.
+    """
+    n = len(activities)
+    try:
+        if n == 1:
+            data: bytes = activities[0].to_json()
+        elif 1 < n <= MAX_BATCH:
+            # Activities cache their JSON, so joining the cached bytes beats re-encoding.
+            data = b"[" + b",".join([a.to_json() for a in activities]) + b"]"
+        else:
+            raise FrameError(
+                f"a payload carries 1..{MAX_BATCH} activities, got {n}; split the batch",
+                reason="bad-count",
+            )
+    except AttributeError:
+        raise FrameError(
+            "a payload carries Activity values only; build them with porter_mesh.core.as2",
+            reason="bad-count",
+        ) from None
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise _too_large("payload", len(data), MAX_MESSAGE_BYTES)
+    return data
+
+
+def decode_payload(payload: bytes, count: int) -> list[Activity]:
+    """Decode and validate the activities of an AS2 payload.
+
+    Args:
+        payload: the payload frame.
+        count: the envelope's ``count``.
+
+    Returns:
+        ``count`` activities. With ``count == 1`` a payload that is not JSON becomes a
+        ``Note`` whose content is the raw text (the profile's fallback).
+
+    Raises:
+        FrameError: ``reason="bad-count"`` for a count outside 1..MAX_BATCH or an array
+            of another length, ``reason="too-large"`` for an oversized payload.
+        ActivityError: when the JSON is not a valid activity (or array of them).
+    """
+    if len(payload) > MAX_MESSAGE_BYTES:
+        raise _too_large("payload", len(payload), MAX_MESSAGE_BYTES)
+    if count == 1:
+        return [parse_activity(payload)]
+    if type(count) is not int or not 1 < count <= MAX_BATCH:
+        raise FrameError(
+            f"activity count {count!r} is outside 1..{MAX_BATCH}", reason="bad-count"
+        )
+    activities = activities_from_json_array(payload)
+    if len(activities) != count:
+        raise FrameError(
+            f"payload holds {len(activities)} activities but the envelope says {count}",
+            reason="bad-count",
+        )
+    return activities
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise FrameError(
+        f"control payload uses msgpack extension type {code}, which the mesh does not use",
+        reason="bad-control",
+    )
+
+
+def encode_control(body: Mapping[str, Any]) -> bytes:
+    """Encode the body of a control message (``kind`` set) as a msgpack map.
+
+    Args:
+        body: a mapping with string keys and msgpack-native values (None, bool, int,
+            float, str, bytes, lists/tuples and str-keyed dicts of those).
+
+    Returns:
+        The payload bytes.
+
+    Raises:
+        FrameError: ``reason="bad-control"`` when the body is not a str-keyed mapping or
+            holds a value msgpack cannot encode; ``reason="too-large"`` past
+            :data:`MAX_CONTROL_BYTES`.
+    """
+    if not isinstance(body, Mapping):
+        raise FrameError(
+            f"control body must be a mapping, got {type(body).__name__}", reason="bad-control"
+        )
+    if not all(type(key) is str for key in body):
+        raise FrameError("control body keys must all be strings", reason="bad-control")
+    try:
+        data: bytes = _packb(body if type(body) is dict else dict(body))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise FrameError(
+            f"control body cannot be encoded ({exc}); use plain str/int/float/bool/bytes/"
+            f"None values, lists and str-keyed dicts",
+            reason="bad-control",
+        ) from None
+    if len(data) > MAX_CONTROL_BYTES:
+        raise _too_large("control payload", len(data), MAX_CONTROL_BYTES)
+    return data
+
+
+def decode_control(data: bytes) -> dict[str, Any]:
+    """Decode the body of a control message.
+
+    Args:
+        data: the payload frame of a message whose envelope has ``kind`` set.
+
+    Returns:
+        The body: a dict with string keys (nested maps have string keys too; arrays are
+        lists).
+
+    Raises:
+        FrameError: ``reason="too-large"``, ``"bad-msgpack"``, or ``"bad-control"`` when
+            the value is not a str-keyed map or uses msgpack extension types.
+    """
+    try:
+        if len(data) > MAX_CONTROL_BYTES:
+            raise _too_large("control payload", len(data), MAX_CONTROL_BYTES)
+        body = _unpackb(data, ext_hook=_refuse_ext)
+    except FrameError:
+        raise
+    except Exception as exc:
+        raise FrameError(
+            f"control payload is not one well-formed msgpack value with string map keys "
+            f"({exc})",
+            reason="bad-msgpack",
+        ) from exc
+    if type(body) is not dict or not all(type(key) is str for key in body):
+        raise FrameError(
+            f"control payload must be a msgpack map with string keys, got "
+            f"{type(body).__name__}",
+            reason="bad-control",
+        )
+    return body
