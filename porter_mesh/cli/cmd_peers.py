@@ -1,0 +1,61 @@
+"""``porter-mesh peers``: show the mesh's roster."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import orjson
+
+from porter_mesh.cli.common import add_mesh_options, ephemeral_name, node_config, run
+from porter_mesh.core.peers import PeerInfo
+from porter_mesh.node.node import Node
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser("peers", help="list the agents on the mesh",
+                            description="Watch the mesh for a while and print its roster.")
+    parser.add_argument("--json", action="store_true", help="one JSON object per agent")
+    parser.add_argument("--wait", type=float, default=2.0, metavar="SECONDS",
+                        help="how long to listen before printing (default %(default)s)")
+    add_mesh_options(parser)
+    parser.set_defaults(func=main)
+
+
+def peer_row(info: PeerInfo, now: float) -> dict[str, Any]:
+    """A roster entry as plain values."""
+    a = info.advert
+    return {
+        "name": a.name, "role": a.role, "state": info.state.value,
+        "address": f"{a.addresses[0] if a.addresses else '?'}:{a.router_port}",
+        "pub_port": a.pub_port, "router_port": a.router_port,
+        "last_heard": round(now - info.last_heard, 2),
+        "incarnation": f"{a.incarnation:x}", "draining": info.draining,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    config = node_config(args, name=ephemeral_name("porter-peers"), role="observer",
+                         observer=True)
+
+    async def body() -> int:
+        async with Node(config) as node:
+            await asyncio.sleep(args.wait)  # listening period chosen by the user
+            now = time.monotonic()
+            rows = [peer_row(p, now) for p in node.peers()]
+        if args.json:
+            for row in rows:
+                print(orjson.dumps(row).decode())
+            return 0
+        if not rows:
+            print(f"no agents seen on mesh {args.mesh!r} within {args.wait}s")
+            return 0
+        print(f"{'NAME':20} {'ROLE':12} {'STATE':8} {'ADDRESS':22} {'HEARD':>7} INCARNATION")
+        for r in rows:
+            print(f"{r['name']:20} {r['role']:12} {r['state']:8} {r['address']:22} "
+                  f"{r['last_heard']:>6.1f}s {r['incarnation']}")
+        return 0
+
+    return run(body)

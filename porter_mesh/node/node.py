@@ -1,0 +1,1245 @@
+"""The asyncio mesh node every agent process embeds.
+
+Theory of operation
+-------------------
+Sockets (all owned by the event-loop thread; ZeroMQ sockets are not thread-safe):
+
+* one PUB, bound on each configured interface: this node's broadcasts;
+* one SUB, connected to the PUB of every known peer: subscribed to ``control``, the
+  node's channels, and nothing else (topics end in NUL, so ``task`` never matches
+  ``task:worker-1``);
+* one ROUTER, bound: direct messages to this node (``task:<name>``), hellos;
+* one DEALER per known peer, connected to that peer's ROUTER: direct sends, and the
+  acknowledgements and welcomes that come back.
+
+Reading never costs one ``await`` per message: each socket's file descriptor is watched
+with ``loop.add_reader``; when it fires, the socket is drained without blocking (up to a
+fairness limit, then the drain is rescheduled). ZeroMQ's descriptor is edge-triggered,
+so every send on a socket is followed by a check of its ``EVENTS`` for pending input.
+
+Sending is batched under load: ``async_publish`` and ``async_send_nowait`` only queue;
+one flush per loop iteration packs what accumulated into messages of up to
+``batch_max`` activities. A lone message therefore goes out on the next iteration and a
+burst goes out in a few large messages.
+
+Broadcast is best effort and ordered per sender (one PUB socket, one TCP stream). Each
+message carries a per-(sender, channel) sequence number; heartbeats carry the last one
+per channel, so loss (even of the last message) is detected and counted, never silent.
+
+Direct delivery is at-least-once on the wire and once to the application: the sender
+keeps each message in its :class:`~porter_mesh.core.outbox.Outbox` and resends it with
+backoff until acknowledged or its deadline passes (then the caller's future fails with
+``DeliveryTimeout``). The receiver de-duplicates by (sender, incarnation, sequence),
+records accepted messages in its journal (when it has a data directory) before
+acknowledging, and acknowledges duplicates again without delivering them.
+
+Liveness comes from heartbeats, not mDNS (a killed process sends no goodbye); see
+:mod:`porter_mesh.core.peers`. Peers are found by zeroconf, by ``hello`` to static seeds,
+and by peer exchange in the ``welcome`` reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple, cast
+
+import zmq
+
+from porter_mesh.adapters.journal import DeliveryJournal, JournalRecord
+from porter_mesh.core import constants as C
+from porter_mesh.core.advert import PeerAdvert, decode_txt, encode_txt
+from porter_mesh.core.as2 import Activity
+from porter_mesh.core.envelope import (
+    KIND_ACK,
+    KIND_DRAIN,
+    KIND_HALT,
+    KIND_HEARTBEAT,
+    Envelope,
+    decode_broadcast,
+    decode_control,
+    decode_direct,
+    decode_payload,
+    encode_broadcast,
+    encode_control,
+    encode_direct,
+    encode_payload,
+    encode_topic,
+    make_msg_id,
+)
+from porter_mesh.core.hlc import HybridClock
+from porter_mesh.core.outbox import Outbox
+from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, PeerTable
+from porter_mesh.core.sequence import SequenceTracker, SeqVerdict
+from porter_mesh.errors import (
+    ClockError,
+    ConfigError,
+    DeliveryError,
+    DeliveryTimeout,
+    NodeClosedError,
+    ProtocolError,
+    UnknownPeerError,
+)
+from porter_mesh.node.config import NodeConfig
+
+__all__ = ["Message", "Node"]
+
+log = logging.getLogger("porter_mesh.node")
+
+_DRAIN_LIMIT = 512
+_TICK = 0.05
+_DIRECT_STREAM = "direct"
+_OBSERVE_PREFIX = C.DIRECT_PREFIX.encode()
+
+# Kinds of the mesh's own (non-AS2) messages.
+K_HEARTBEAT = KIND_HEARTBEAT
+K_ACK = KIND_ACK
+K_DRAIN = KIND_DRAIN
+K_HALT = KIND_HALT
+#: Graceful leave, broadcast on ``control``.
+K_BYE = "bye"
+#: Introduction over DEALER -> ROUTER: our advert plus the peers we know (peer exchange).
+K_HELLO = "hello"
+#: The answer to a hello, with the same content.
+K_WELCOME = "welcome"
+
+
+class Message(NamedTuple):
+    """One activity delivered to the application.
+
+    Attributes:
+        channel: where it travelled (``task:<me>`` for direct messages).
+        sender: the sending agent (authenticated name on a secured mesh).
+        activity: the AS2 activity.
+        envelope: the envelope of the ZeroMQ message that carried it.
+        seq: this activity's sequence number in the sender's stream.
+        direct: True for ROUTER/DEALER delivery, False for broadcast.
+    """
+
+    channel: str
+    sender: str
+    activity: Activity
+    envelope: Envelope
+    seq: int
+    direct: bool
+
+
+class _OnceLog:
+    """Log a problem once per (reason, origin) at WARNING, then only count it."""
+
+    def __init__(self, counters: collections.Counter[str]) -> None:
+        self._seen: set[tuple[str, str]] = set()
+        self._counters = counters
+
+    def __call__(self, reason: str, origin: str, message: str, *args: object) -> None:
+        self._counters["dropped." + reason] += 1
+        key = (reason, origin)
+        if key in self._seen or len(self._seen) > 10_000:
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(message, *args)
+            return
+        self._seen.add(key)
+        log.warning(message + " (further drops of this kind from %s are only counted)",
+                    *args, origin)
+
+
+class _PeerLink:
+    """Sockets and endpoints used to reach one peer."""
+
+    __slots__ = ("advert", "dealer", "pub_endpoint")
+
+    def __init__(self, advert: PeerAdvert, dealer: zmq.Socket[bytes], pub_endpoint: str) -> None:
+        self.advert = advert
+        self.dealer = dealer
+        self.pub_endpoint = pub_endpoint
+
+
+def _fd(sock: zmq.Socket[bytes]) -> int:
+    return cast(int, sock.getsockopt(zmq.FD))
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Node:
+    """A mesh node. Use ``async with Node(name=...) as node:`` or ``astart``/``aclose``.
+
+    Args:
+        config: a :class:`NodeConfig`; or pass its fields as keyword arguments.
+
+    Methods prefixed ``async_`` are plain functions that must be called from the node's
+    event loop; coroutine methods are awaited on it.
+    """
+
+    def __init__(self, config: NodeConfig | None = None, **settings: Any) -> None:
+        if config is None:
+            config = NodeConfig(**settings)
+        elif settings:
+            config = config.with_changes(**settings)
+        self.config = config
+        self.name = config.name
+        self.incarnation = secrets.randbits(63) or 1
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._drop = _OnceLog(self.counters)
+        self._peers = PeerTable(evasive_after=config.evasive_after,
+                                expire_after=config.expire_after)
+        self._links: dict[str, _PeerLink] = {}
+        self._bseq: dict[str, int] = {}
+        self._outbox: Outbox[list[asyncio.Future[None]]] = Outbox(
+            retry_initial=config.retry_initial, retry_max=config.retry_max,
+            max_pending=config.max_pending,
+        )
+        # Broadcast subscribers may join a running mesh: the first sequence seen is the
+        # start. Direct streams are expected from 1, so retries that overtake each other
+        # are still accepted once.
+        self._btracker = SequenceTracker(from_start=False)
+        self._dtracker = SequenceTracker(window=1 << 16)
+        self._clock = HybridClock()
+        self._inbox: collections.deque[Message] = collections.deque()
+        self._inbox_event: asyncio.Event | None = None
+        self._handlers: list[Callable[[Message], None]] = []
+        self._peer_listeners: list[Callable[[PeerEvent], None]] = []
+        self._control_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
+        self._channels: set[str] = set()
+        self._subscribers: collections.Counter[bytes] = collections.Counter()
+        self._pending_bcast: dict[str, list[Activity]] = {}
+        self._pending_direct: dict[str, list[tuple[Activity, asyncio.Future[None], float]]] = {}
+        self._pending_acks: dict[bytes, list[int]] = {}
+        self._flush_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._pub: zmq.Socket[bytes] | None = None
+        self._sub: zmq.Socket[bytes] | None = None
+        self._router: zmq.Socket[bytes] | None = None
+        self._seed_dealers: dict[str, zmq.Socket[bytes]] = {}
+        self._readers: dict[zmq.Socket[bytes], Callable[[], None]] = {}
+        self._journal: DeliveryJournal | None = None
+        self._discovery: Any = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._started = False
+        self._closed = False
+        self.draining = False
+        self._halt_event: asyncio.Event | None = None
+        self.pub_port = 0
+        self.router_port = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Node:
+        await self.astart()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def astart(self) -> None:
+        """Bind sockets, replay the journal, start heartbeats and discovery.
+
+        Raises:
+            ConfigError: a port is taken or an interface cannot be bound.
+        """
+        if self._started:
+            return
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        self._inbox_event = asyncio.Event()
+        self._halt_event = asyncio.Event()
+        cfg = self.config
+        self._ctx = zmq.Context()
+        try:
+            # XPUB rather than PUB: it tells us who subscribed to what, so callers can
+            # wait for subscribers instead of guessing (the "slow joiner" problem).
+            self._pub = self._socket(zmq.XPUB)
+            self._pub.setsockopt(zmq.XPUB_VERBOSER, 1)
+            self.pub_port = self._bind(self._pub, cfg.pub_port)
+            self._router = self._socket(zmq.ROUTER)
+            self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            self.router_port = self._bind(self._router, cfg.router_port)
+            self._sub = self._socket(zmq.SUB)
+        except zmq.ZMQError as exc:
+            self._close_sockets()
+            raise ConfigError(
+                f"cannot bind on {', '.join(cfg.interfaces)}: {exc.strerror}; choose other "
+                "ports (0 lets the OS pick) or another interface"
+            ) from None
+        for channel in (C.CHANNEL_CONTROL, *cfg.channels):
+            self.subscribe(channel)
+        if cfg.data_dir is not None:
+            self._journal = DeliveryJournal(cfg.data_dir / "inbox.journal")
+            for record in self._journal.replayed:
+                self._dtracker.observe_range(
+                    record.sender, _DIRECT_STREAM, record.incarnation,
+                    record.first_seq, record.count,
+                )
+        self._watch(self._sub, self._drain_sub)
+        self._watch(self._router, self._drain_router)
+        self._watch(self._pub, self._drain_xpub)
+        self._ticker = asyncio.ensure_future(self._tick_loop())
+        if cfg.discovery:
+            from porter_mesh.adapters.discovery import Discovery
+
+            self._discovery = Discovery(
+                mesh=cfg.mesh, interfaces=cfg.interfaces,
+                on_found=self._on_discovered, on_lost=self._on_discovery_lost,
+            )
+            announce = cfg.advertise and not cfg.observer
+            await self._discovery.astart(self.advert() if announce else None)
+        for seed in cfg.seeds:
+            self._hello_seed(seed)
+        log.info("node %s up: pub %d router %d incarnation %x", self.name, self.pub_port,
+                 self.router_port, self.incarnation)
+
+    async def aclose(self) -> None:
+        """Leave gracefully: say goodbye, unregister from mDNS, fail pending sends,
+        close every socket. Idempotent."""
+        if self._closed or not self._started:
+            self._closed = True
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self._flush()
+            self._publish_control(K_BYE, {})
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(BaseException):
+                await self._ticker
+        if self._discovery is not None:
+            with contextlib.suppress(Exception):
+                await self._discovery.aclose()
+        for entry in self._outbox.fail_all():
+            self._fail(entry.token, NodeClosedError(f"node {self.name} closed before "
+                                                    f"{entry.recipient} acknowledged"))
+        for items in self._pending_direct.values():
+            for _, fut, _ in items:
+                if not fut.done():
+                    fut.set_exception(NodeClosedError(f"node {self.name} closed"))
+        self._pending_direct.clear()
+        self._close_sockets()
+        if self._journal is not None:
+            self._journal.close()
+        if self._halt_event is not None:
+            self._halt_event.set()
+        if self._inbox_event is not None:
+            self._inbox_event.set()
+
+    def _close_sockets(self) -> None:
+        loop = self._loop
+        for sock in list(self._readers):
+            if loop is not None:
+                with contextlib.suppress(Exception):
+                    loop.remove_reader(_fd(sock))
+        self._readers.clear()
+        if self._pub is not None:
+            # Give queued broadcasts (the goodbye among them) a moment to leave.
+            self._pub.close(linger=500)
+            self._pub = None
+        socks: list[zmq.Socket[bytes] | None] = [
+            self._sub, self._router,
+            *(link.dealer for link in self._links.values()),
+            *self._seed_dealers.values(),
+        ]
+        for other in socks:
+            if other is not None:
+                other.close(linger=0)
+        self._sub = self._router = None
+        self._links.clear()
+        self._seed_dealers.clear()
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    # ------------------------------------------------------------------ sockets
+
+    def _socket(self, kind: int) -> zmq.Socket[bytes]:
+        assert self._ctx is not None
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, self.config.sndhwm)
+        sock.setsockopt(zmq.RCVHWM, self.config.rcvhwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
+        return sock
+
+    def _bind(self, sock: zmq.Socket[bytes], port: int) -> int:
+        chosen = port
+        for host in self.config.interfaces:
+            addr = f"[{host}]" if ":" in host else host
+            if ":" in host:
+                sock.setsockopt(zmq.IPV6, 1)
+            if chosen == 0:
+                endpoint = sock.bind_to_random_port(f"tcp://{addr}")
+                chosen = endpoint
+            else:
+                sock.bind(f"tcp://{addr}:{chosen}")
+        return chosen
+
+    def _watch(self, sock: zmq.Socket[bytes], drain: Callable[[], None]) -> None:
+        assert self._loop is not None
+        self._readers[sock] = drain
+        self._loop.add_reader(_fd(sock), drain)
+        # Input may already be waiting: the edge may have fired before we watched.
+        self._loop.call_soon(drain)
+
+    def _unwatch(self, sock: zmq.Socket[bytes]) -> None:
+        if self._readers.pop(sock, None) is not None and self._loop is not None:
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(_fd(sock))
+
+    def _after_send(self, sock: zmq.Socket[bytes]) -> None:
+        """A send can consume the edge of ZeroMQ's descriptor: re-check for input."""
+        drain = self._readers.get(sock)
+        if drain is not None and cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            assert self._loop is not None
+            self._loop.call_soon(drain)
+
+    # ------------------------------------------------------------------ adverts
+
+    def advert(self) -> PeerAdvert:
+        """This node's discovery record."""
+        return PeerAdvert(
+            name=self.name, role=self.config.role, mesh=self.config.mesh,
+            pub_port=self.pub_port, router_port=self.router_port,
+            version=C.PROTOCOL_VERSION, incarnation=self.incarnation,
+            addresses=tuple(self.config.interfaces), slots=self.config.slots,
+            tools=tuple(self.config.tools),
+        )
+
+    def _on_discovered(self, advert: PeerAdvert) -> None:
+        if advert.name == self.name or self._closed:
+            return
+        self._found(advert)
+
+    def _on_discovery_lost(self, name: str) -> None:
+        # mDNS removal is only a hint; liveness is decided by heartbeats and goodbyes.
+        log.debug("mDNS says %s is gone", name)
+
+    def _found(self, advert: PeerAdvert) -> None:
+        if advert.mesh != self.config.mesh or advert.name == self.name:
+            return
+        if advert.version != C.PROTOCOL_VERSION:
+            self._drop("version", advert.name, "peer %s speaks protocol version %s, not %s; "
+                       "upgrade one side", advert.name, advert.version, C.PROTOCOL_VERSION)
+            return
+        if not advert.addresses:
+            self._drop("bad-advert", advert.name, "advert of %s has no address", advert.name)
+            return
+        self._apply_peer_events(self._peers.found(advert, time.monotonic()))
+
+    def _apply_peer_events(self, events: Iterable[PeerEvent]) -> None:
+        for event in events:
+            peer = event.peer
+            if event.kind is PeerEventKind.JOINED:
+                self._connect(peer.advert)
+            elif event.kind is PeerEventKind.LEFT:
+                self._disconnect(peer.name)
+                if event.reason == "restarted":
+                    self._btracker.forget(peer.name)
+                    self._dtracker.forget(peer.name)
+            elif event.kind is PeerEventKind.UPDATED:
+                link = self._links.get(peer.name)
+                if link is not None and (link.advert.endpoint_pub() != peer.advert.endpoint_pub()
+                                         or link.advert.endpoint_router()
+                                         != peer.advert.endpoint_router()):
+                    self._disconnect(peer.name)
+                    self._connect(peer.advert)
+            self.counters["peer." + event.kind.value] += 1
+            log.info("peer %s %s%s", peer.name, event.kind.value,
+                     f" ({event.reason})" if event.reason else "")
+            for listener in list(self._peer_listeners):
+                try:
+                    listener(event)
+                except Exception:
+                    log.exception("peer listener failed")
+
+    def _connect(self, advert: PeerAdvert) -> None:
+        assert self._sub is not None
+        pub = advert.endpoint_pub()
+        self._sub.connect(pub)
+        dealer = self._socket(zmq.DEALER)
+        dealer.setsockopt(zmq.ROUTING_ID, f"{self.name}/{self.incarnation:x}".encode())
+        dealer.setsockopt(zmq.IMMEDIATE, 0)
+        dealer.connect(advert.endpoint_router())
+        self._links[advert.name] = _PeerLink(advert, dealer, pub)
+        self._watch(dealer, functools.partial(self._drain_dealer, dealer, advert.name))
+        self._send_hello(dealer)
+        # Anything still in flight to this name goes to the new connection now.
+        now = time.monotonic()
+        for entry in self._outbox.retry_now(advert.name, now):
+            self._send_frames(dealer, entry.frames)
+
+    def _disconnect(self, name: str) -> None:
+        link = self._links.pop(name, None)
+        if link is None:
+            return
+        if self._sub is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sub.disconnect(link.pub_endpoint)
+        self._unwatch(link.dealer)
+        link.dealer.close(linger=0)
+
+    # ------------------------------------------------------------------ hello / seeds
+
+    def _hello_body(self) -> dict[str, Any]:
+        peers = [[encode_txt(p.advert), list(p.advert.addresses)] for p in self._peers]
+        me = self.advert()
+        return {"a": encode_txt(me), "x": list(me.addresses), "p": peers}
+
+    def _send_hello(self, dealer: zmq.Socket[bytes]) -> None:
+        if self.config.observer:
+            return
+        self._send_control_direct(dealer, K_HELLO, self._hello_body())
+
+    def _hello_seed(self, seed: str) -> None:
+        if seed in self._seed_dealers:
+            return
+        host, _, port = seed.rpartition(":")
+        dealer = self._socket(zmq.DEALER)
+        dealer.setsockopt(zmq.ROUTING_ID, f"{self.name}/{self.incarnation:x}/s".encode())
+        if ":" in host.strip("[]"):
+            dealer.setsockopt(zmq.IPV6, 1)
+        dealer.connect(f"tcp://{host}:{port}")
+        self._seed_dealers[seed] = dealer
+        self._watch(dealer, functools.partial(self._drain_dealer, dealer, None))
+        self._send_hello(dealer)
+
+    def _adverts_from_body(self, body: dict[str, Any], origin: str) -> list[PeerAdvert]:
+        adverts = []
+        try:
+            adverts.append(decode_txt(body["a"], addresses=body["x"]))
+            for txt, addrs in body.get("p", [])[:1024]:
+                adverts.append(decode_txt(txt, addresses=addrs))
+        except (ProtocolError, KeyError, TypeError, ValueError) as exc:
+            self._drop("bad-hello", origin, "bad hello from %s: %s", origin, exc)
+        return adverts
+
+    # ------------------------------------------------------------------ subscribe
+
+    def subscribe(self, channel: str) -> None:
+        """Receive broadcasts on ``channel`` from now on (idempotent)."""
+        if channel not in self._channels:
+            self._channels.add(channel)
+            if self._sub is not None:
+                self._sub.setsockopt(zmq.SUBSCRIBE, encode_topic(channel))
+
+    def unsubscribe(self, channel: str) -> None:
+        """Stop receiving ``channel`` (``control`` cannot be dropped)."""
+        if channel == C.CHANNEL_CONTROL or channel not in self._channels:
+            return
+        self._channels.discard(channel)
+        if self._sub is not None:
+            self._sub.setsockopt(zmq.UNSUBSCRIBE, encode_topic(channel))
+
+    def observe_direct(self) -> None:
+        """Also receive copies of direct messages delivered anywhere on the mesh
+        (for observers such as ``porter-mesh tail``)."""
+        assert self._sub is not None
+        self._sub.setsockopt(zmq.SUBSCRIBE, _OBSERVE_PREFIX)
+
+    @property
+    def channels(self) -> frozenset[str]:
+        """Channels this node receives."""
+        return frozenset(self._channels)
+
+    # ------------------------------------------------------------------ sending
+
+    def _check_open(self) -> None:
+        if self._closed or not self._started:
+            raise NodeClosedError(
+                f"node {self.name} is {'closed' if self._closed else 'not started'}; "
+                "start it with astart() (or use it as a context manager)"
+            )
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)
+
+    def async_publish(self, channel: str, activity: Activity) -> None:
+        """Queue ``activity`` for broadcast on ``channel`` (loop thread only).
+
+        Raises:
+            NodeClosedError: the node is not running.
+            ConfigError: ``channel`` is a direct inbox (use ``send``).
+        """
+        self._check_open()
+        if channel.startswith(C.DIRECT_PREFIX):
+            raise ConfigError(f"{channel!r} is a direct inbox; use send() to reach one agent")
+        queue = self._pending_bcast.get(channel)
+        if queue is None:
+            self._pending_bcast[channel] = [activity]
+        else:
+            queue.append(activity)
+        self._schedule_flush()
+
+    async def publish(self, channel: str, activity: Activity) -> None:
+        """Broadcast ``activity`` on ``channel`` (best effort, ordered per sender)."""
+        self.async_publish(channel, activity)
+
+    def async_send_nowait(
+        self, recipient: str, activity: Activity, *, timeout: float | None = None
+    ) -> asyncio.Future[None]:
+        """Queue a direct message; the future completes when the recipient acknowledges.
+
+        Args:
+            recipient: agent name (or ``task:<name>``).
+            timeout: seconds until the send fails (default ``send_timeout``).
+
+        Raises:
+            UnknownPeerError: the recipient is not on the mesh.
+        """
+        self._check_open()
+        if recipient.startswith(C.DIRECT_PREFIX):
+            recipient = recipient[len(C.DIRECT_PREFIX):]
+        if recipient not in self._links:
+            known = ", ".join(sorted(self._links)) or "none yet"
+            raise UnknownPeerError(
+                f"no agent named {recipient!r} on mesh {self.config.mesh!r} (known: {known}); "
+                "check the name, or wait for discovery with wait_for_peer()",
+                recipient=recipient,
+            )
+        assert self._loop is not None
+        fut: asyncio.Future[None] = self._loop.create_future()
+        deadline = time.monotonic() + (timeout if timeout is not None
+                                       else self.config.send_timeout)
+        queue = self._pending_direct.get(recipient)
+        if queue is None:
+            self._pending_direct[recipient] = [(activity, fut, deadline)]
+        else:
+            queue.append((activity, fut, deadline))
+        self._schedule_flush()
+        return fut
+
+    async def send(self, recipient: str, activity: Activity, *,
+                   timeout: float | None = None) -> None:
+        """Deliver ``activity`` to one agent and wait for its acknowledgement.
+
+        Raises:
+            UnknownPeerError: no such agent.
+            DeliveryTimeout: not acknowledged before the deadline.
+            DeliveryError: too many messages to this agent are in flight.
+        """
+        await self.async_send_nowait(recipient, activity, timeout=timeout)
+
+    async def send_to_channel(self, channel: str, activity: Activity, *,
+                              timeout: float | None = None) -> None:
+        """``task:<agent>`` goes direct (acknowledged); any other channel is broadcast."""
+        if channel.startswith(C.DIRECT_PREFIX):
+            await self.send(channel, activity, timeout=timeout)
+        else:
+            self.async_publish(channel, activity)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._closed and self._pub is None:
+            return
+        if self._pending_bcast:
+            pending, self._pending_bcast = self._pending_bcast, {}
+            for channel, activities in pending.items():
+                self._flush_broadcast(channel, activities)
+        if self._pending_direct:
+            pending_d, self._pending_direct = self._pending_direct, {}
+            for recipient, items in pending_d.items():
+                self._flush_direct(recipient, items)
+        if self._pending_acks:
+            self._flush_acks()
+
+    def _envelope(self, channel: str, seq: int, count: int, *, recipient: str | None = None,
+                  kind: str | None = None, ref: str | None = None) -> Envelope:
+        return Envelope(
+            C.PROTOCOL_VERSION, make_msg_id(self.incarnation, channel, seq), self.name, channel,
+            seq, self.incarnation, self._clock.now(_wall_ms()), recipient, ref, count, kind,
+        )
+
+    def _flush_broadcast(self, channel: str, activities: list[Activity]) -> None:
+        assert self._pub is not None
+        step = self.config.batch_max
+        last = self._bseq.get(channel, 0)
+        for start in range(0, len(activities), step):
+            chunk = activities[start:start + step]
+            env = self._envelope(channel, last + 1, len(chunk))
+            last += len(chunk)
+            frames = encode_broadcast(env, encode_payload(chunk))
+            try:
+                self._pub.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                self.counters["dropped.pub-hwm"] += len(chunk)
+        self._bseq[channel] = last
+        self.counters["sent.broadcast"] += len(activities)
+
+    def _flush_direct(
+        self, recipient: str, items: list[tuple[Activity, asyncio.Future[None], float]]
+    ) -> None:
+        link = self._links.get(recipient)
+        now = time.monotonic()
+        step = self.config.batch_max
+        blocked = False
+        for start in range(0, len(items), step):
+            chunk = items[start:start + step]
+            futs = [fut for _, fut, _ in chunk]
+            try:
+                first = self._outbox.allocate(recipient, len(chunk))
+            except OverflowError:
+                self._fail(futs, DeliveryError(
+                    f"{self.config.max_pending} messages to {recipient} are already waiting "
+                    "for acknowledgement; the receiver is slow or stopped, retry later",
+                    recipient=recipient))
+                continue
+            env = self._envelope(C.DIRECT_PREFIX + recipient, first, len(chunk),
+                                 recipient=recipient)
+            frames = encode_direct(env, encode_payload([a for a, _, _ in chunk]))
+            deadline = min(d for _, _, d in chunk)
+            self._outbox.add(recipient, first, len(chunk), frames, deadline=deadline, now=now,
+                             token=futs)
+            if link is not None and not blocked:
+                # After one refused send, keep the rest for the retry timer so that the
+                # stream stays in order (the receiver's window then never sees old gaps).
+                blocked = not self._send_frames(link.dealer, frames)
+            self.counters["sent.direct"] += len(chunk)
+
+    def _send_frames(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> bool:
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.counters["backpressure.dealer"] += 1
+            return False
+        finally:
+            self._after_send(sock)
+        return True
+
+    def _send_control_direct(self, sock: zmq.Socket[bytes], kind: str,
+                             body: dict[str, Any], *, ident: bytes | None = None) -> None:
+        env = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=kind)
+        frames = encode_direct(env, encode_control(body))
+        if ident is not None:
+            frames = [ident, *frames]
+        self._send_frames(sock, frames)
+
+    def _publish_control(self, kind: str, body: dict[str, Any]) -> None:
+        if self._pub is None:
+            return
+        last = self._bseq.get(C.CHANNEL_CONTROL, 0) + 1
+        self._bseq[C.CHANNEL_CONTROL] = last
+        env = self._envelope(C.CHANNEL_CONTROL, last, 1, kind=kind)
+        with contextlib.suppress(zmq.Again):
+            self._pub.send_multipart(encode_broadcast(env, encode_control(body)), zmq.NOBLOCK)
+
+    def async_control(self, kind: str, *, target: str | None = None,
+                      body: dict[str, Any] | None = None) -> None:
+        """Broadcast a control message (``drain``, ``halt``...) to ``target`` or everyone."""
+        self._check_open()
+        payload = dict(body or {})
+        if target is not None:
+            payload["to"] = target
+        self._publish_control(kind, payload)
+
+    def _fail(self, futs: list[asyncio.Future[None]], exc: Exception) -> None:
+        for fut in futs:
+            if not fut.done():
+                fut.set_exception(exc)
+
+    # ------------------------------------------------------------------ receiving
+
+    def _drain_sub(self) -> None:
+        sock = self._sub
+        if sock is None:
+            return
+        handle = self._on_broadcast
+        n = 0
+        try:
+            while n < _DRAIN_LIMIT:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+                n += 1
+                handle(frames)
+        except zmq.Again:
+            pass
+        except zmq.ZMQError:
+            if not self._closed:
+                raise
+            return
+        if n >= _DRAIN_LIMIT and self._loop is not None:
+            self._loop.call_soon(self._drain_sub)
+        self._after_batch()
+
+    def _drain_xpub(self) -> None:
+        sock = self._pub
+        if sock is None:
+            return
+        subs = self._subscribers
+        try:
+            for _ in range(_DRAIN_LIMIT):
+                frame = sock.recv(zmq.NOBLOCK)
+                if frame[:1] == b"\x01":
+                    subs[frame[1:]] += 1
+                elif frame[:1] == b"\x00" and subs[frame[1:]] > 0:
+                    subs[frame[1:]] -= 1
+        except zmq.Again:
+            return
+        except zmq.ZMQError:
+            return
+        assert self._loop is not None
+        self._loop.call_soon(self._drain_xpub)
+
+    def subscriber_count(self, channel: str) -> int:
+        """How many subscriber sockets currently receive ``channel`` from this node."""
+        return self._subscribers[encode_topic(channel)]
+
+    async def wait_for_subscribers(self, channel: str, count: int, timeout: float) -> None:
+        """Wait until ``count`` subscribers receive ``channel`` from this node.
+
+        Raises:
+            TimeoutError: fewer subscribed within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while self.subscriber_count(channel) < count:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"only {self.subscriber_count(channel)} of {count} subscribers on "
+                    f"{channel!r} within {timeout}s")
+            await asyncio.sleep(0.01)
+
+    def _after_batch(self) -> None:
+        if self._pending_acks or self._pending_bcast or self._pending_direct:
+            self._flush()
+
+    def _on_broadcast(self, frames: list[bytes]) -> None:
+        if frames and frames[0].startswith(_OBSERVE_PREFIX):
+            self._on_observed(frames)
+            return
+        try:
+            env, payload = decode_broadcast(frames)
+        except ProtocolError as exc:
+            self._drop(exc.reason, "?", "dropped a broadcast that cannot be decoded: %s", exc)
+            return
+        known, events = self._peers.heard(env.sender, env.incarnation, time.monotonic())
+        if events:
+            self._apply_peer_events(events)
+        if not known:
+            self._drop("unknown-peer", env.sender,
+                       "broadcast from %s (incarnation %x) which is not on the roster",
+                       env.sender, env.incarnation)
+            return
+        try:
+            self._clock.update(env.hlc, _wall_ms())
+        except ClockError as exc:
+            self._drop("clock", env.sender, "dropped a message from %s: %s", env.sender, exc)
+            return
+        if env.kind is not None:
+            self._on_control(env, payload, None)
+            return
+        result = self._btracker.observe_range(env.sender, env.channel, env.incarnation,
+                                             env.seq, env.count)
+        self._count_seq(result)
+        self._deliver(env, payload, direct=False)
+
+    def _count_seq(self, result: Any) -> None:
+        if result.verdict is SeqVerdict.GAP and result.missing is not None:
+            lo, hi = result.missing
+            self.counters["lost.broadcast"] += hi - lo + 1
+        elif result.verdict is SeqVerdict.DUPLICATE:
+            self.counters["duplicate.broadcast"] += 1
+
+    def _deliver(self, env: Envelope, payload: bytes, *, direct: bool,
+                 skip: int = 0) -> int:
+        try:
+            activities = decode_payload(payload, env.count)
+        except ProtocolError as exc:
+            self._drop(exc.reason, env.sender, "dropped %d activities from %s on %s: %s",
+                       env.count, env.sender, env.channel, exc)
+            return 0
+        inbox = self._inbox
+        limit = self.config.inbox_size
+        handlers = self._handlers
+        delivered = 0
+        for i, activity in enumerate(activities):
+            if i < skip:
+                continue
+            msg = Message(env.channel, env.sender, activity, env, env.seq + i, direct)
+            for handler in handlers:
+                try:
+                    handler(msg)
+                except Exception:
+                    log.exception("message handler failed on %s", env.msg_id)
+            if len(inbox) >= limit:
+                self.counters["dropped.inbox-full"] += 1
+                continue
+            inbox.append(msg)
+            delivered += 1
+        self.counters["received.direct" if direct else "received.broadcast"] += len(activities)
+        if delivered and self._inbox_event is not None:
+            self._inbox_event.set()
+        return delivered
+
+    def _on_observed(self, frames: list[bytes]) -> None:
+        """A copy of a direct message, republished by its receiver for observers."""
+        try:
+            env, payload = decode_broadcast(frames)
+        except ProtocolError as exc:
+            self._drop(exc.reason, "?", "dropped an observed message: %s", exc)
+            return
+        self._deliver(env, payload, direct=True)
+
+    def _drain_router(self) -> None:
+        sock = self._router
+        if sock is None:
+            return
+        n = 0
+        records: list[JournalRecord] = []
+        mirror: list[list[bytes]] = []
+        try:
+            while n < _DRAIN_LIMIT:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+                n += 1
+                self._on_direct(frames, records, mirror)
+        except zmq.Again:
+            pass
+        except zmq.ZMQError:
+            if not self._closed:
+                raise
+            return
+        if records and self._journal is not None:
+            self._journal.append(records)
+        if mirror and self._pub is not None:
+            for frames in mirror:
+                with contextlib.suppress(zmq.Again):
+                    self._pub.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        if n >= _DRAIN_LIMIT and self._loop is not None:
+            self._loop.call_soon(self._drain_router)
+        self._after_batch()
+
+    def _on_direct(self, frames: list[bytes], records: list[JournalRecord],
+                   mirror: list[list[bytes]]) -> None:
+        if len(frames) < 2:
+            self._drop("frames", "?", "dropped a direct message with %d frames", len(frames))
+            return
+        ident = frames[0]
+        origin = ident[:64].decode("utf-8", "replace")
+        try:
+            env, payload = decode_direct(frames[1:])
+        except ProtocolError as exc:
+            self._drop(exc.reason, origin, "dropped a direct message from %s: %s", origin, exc)
+            return
+        if env.kind is not None:
+            self._on_control(env, payload, ident)
+            return
+        known, events = self._peers.heard(env.sender, env.incarnation, time.monotonic())
+        if events:
+            self._apply_peer_events(events)
+        if not known:
+            # No ack: the sender retries, by which time its hello has introduced it.
+            self._drop("unknown-peer", env.sender,
+                       "direct message from %s which has not said hello", env.sender)
+            return
+        if env.recipient != self.name:
+            self._drop("misaddressed", env.sender, "direct message from %s for %r reached %s",
+                       env.sender, env.recipient, self.name)
+            return
+        try:
+            self._clock.update(env.hlc, _wall_ms())
+        except ClockError as exc:
+            self._drop("clock", env.sender, "dropped a message from %s: %s", env.sender, exc)
+            return
+        if len(self._inbox) + env.count > self.config.inbox_size:
+            self.counters["backpressure.inbox"] += 1
+            return  # not acknowledged: the sender will retry when we have room
+        result = self._dtracker.observe_range(env.sender, _DIRECT_STREAM, env.incarnation,
+                                             env.seq, env.count)
+        fresh = result.verdict is not SeqVerdict.DUPLICATE
+        if fresh:
+            self._deliver(env, payload, direct=True)
+            if self._journal is not None:
+                records.append(JournalRecord(env.sender, env.incarnation, env.seq,
+                                             env.count, env.channel, payload))
+            mirror.append([encode_topic(env.channel), frames[1], payload])
+        else:
+            self.counters["duplicate.direct"] += env.count
+        acks = self._pending_acks.get(ident)
+        if acks is None:
+            self._pending_acks[ident] = [env.seq]
+        else:
+            acks.append(env.seq)
+
+    def _flush_acks(self) -> None:
+        router = self._router
+        pending, self._pending_acks = self._pending_acks, {}
+        if router is None:
+            return
+        for ident, seqs in pending.items():
+            env = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=K_ACK)
+            frames = [ident, *encode_direct(env, encode_control({"f": seqs}))]
+            try:
+                router.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            except zmq.ZMQError:
+                self.counters["dropped.ack"] += 1
+        self._after_send(router)
+
+    def _drain_dealer(self, sock: zmq.Socket[bytes], peer: str | None) -> None:
+        if sock.closed:
+            return
+        n = 0
+        try:
+            while n < _DRAIN_LIMIT:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+                n += 1
+                self._on_dealer(frames, peer)
+        except zmq.Again:
+            pass
+        except zmq.ZMQError:
+            if not self._closed and not sock.closed:
+                raise
+            return
+        if n >= _DRAIN_LIMIT and self._loop is not None:
+            self._loop.call_soon(lambda: self._drain_dealer(sock, peer))
+        self._after_batch()
+
+    def _on_dealer(self, frames: list[bytes], peer: str | None) -> None:
+        origin = peer or "seed"
+        try:
+            env, payload = decode_direct(frames)
+            body = decode_control(payload) if env.kind is not None else None
+        except ProtocolError as exc:
+            self._drop(exc.reason, origin, "dropped a reply from %s: %s", origin, exc)
+            return
+        if body is None:
+            self._drop("unexpected", origin, "unexpected non-control reply from %s", origin)
+            return
+        if env.kind == K_ACK:
+            self._on_ack(env, body)
+        elif env.kind == K_WELCOME:
+            for advert in self._adverts_from_body(body, env.sender):
+                self._found(advert)
+            if peer is None:
+                self._close_seed_for(env.sender)
+        else:
+            self._drop("unexpected", origin, "unexpected %r reply from %s", env.kind, origin)
+
+    def _close_seed_for(self, name: str) -> None:
+        # The seed introduced itself; its regular link replaces the seed connection.
+        for seed, dealer in list(self._seed_dealers.items()):
+            if self._links.get(name) is not None:
+                self._unwatch(dealer)
+                dealer.close(linger=0)
+                del self._seed_dealers[seed]
+
+    def _on_ack(self, env: Envelope, body: dict[str, Any]) -> None:
+        seqs = body.get("f")
+        if not isinstance(seqs, list):
+            self._drop("bad-ack", env.sender, "malformed ack from %s", env.sender)
+            return
+        _, events = self._peers.heard(env.sender, env.incarnation, time.monotonic())
+        if events:
+            self._apply_peer_events(events)
+        for first in seqs:
+            if not isinstance(first, int):
+                continue
+            entry = self._outbox.acked(env.sender, first)
+            if entry is not None:
+                for fut in entry.token:
+                    if not fut.done():
+                        fut.set_result(None)
+
+    def _on_control(self, env: Envelope, payload: bytes, ident: bytes | None) -> None:
+        try:
+            body = decode_control(payload)
+        except ProtocolError as exc:
+            self._drop(exc.reason, env.sender, "dropped control %r from %s: %s", env.kind,
+                       env.sender, exc)
+            return
+        kind = env.kind
+        if kind == K_HEARTBEAT:
+            self._on_heartbeat(env, body)
+        elif kind == K_HELLO and ident is not None:
+            for advert in self._adverts_from_body(body, env.sender):
+                self._found(advert)
+            if self._router is not None:
+                self._send_control_direct(self._router, K_WELCOME, self._hello_body(),
+                                          ident=ident)
+        elif kind == K_BYE:
+            self._apply_peer_events(self._peers.left(env.sender, env.incarnation))
+        elif kind in (K_DRAIN, K_HALT) or kind is not None:
+            target = body.get("to")
+            if target not in (None, self.name):
+                return
+            if kind == K_DRAIN:
+                self.draining = True
+            for listener in list(self._control_listeners):
+                try:
+                    listener(kind, env.sender, body)
+                except Exception:
+                    log.exception("control listener failed")
+            if kind == K_HALT and self._halt_event is not None:
+                self._halt_event.set()
+
+    def _on_heartbeat(self, env: Envelope, body: dict[str, Any]) -> None:
+        seqs = body.get("s")
+        info = self._peers.get(env.sender)
+        if info is None or info.incarnation != env.incarnation:
+            return
+        info.draining = bool(body.get("d"))
+        if not isinstance(seqs, dict):
+            return
+        for channel, last in seqs.items():
+            if channel in self._channels and isinstance(channel, str) and isinstance(last, int):
+                info.last_seqs[channel] = last
+                self._count_seq(self._btracker.observe_last(env.sender, channel,
+                                                           env.incarnation, last))
+
+    # ------------------------------------------------------------------ timers
+
+    async def _tick_loop(self) -> None:
+        interval = self.config.heartbeat_interval
+        last_beat = 0.0
+        last_tick = time.monotonic()
+        while True:
+            await asyncio.sleep(_TICK)
+            now = time.monotonic()
+            gap = now - last_tick
+            last_tick = now
+            if gap > self.config.evasive_after:
+                # This process was stopped (SIGSTOP, a debugger, a suspended VM): forgive
+                # the silence and re-introduce ourselves to everyone.
+                log.warning("node %s was paused for %.1fs; re-announcing", self.name, gap)
+                self._peers.shift_clock(gap)
+                for link in list(self._links.values()):
+                    self._send_hello(link.dealer)
+            try:
+                self._tick(now, force_beat=now - last_beat >= interval)
+            except Exception:
+                log.exception("node tick failed")
+            if now - last_beat >= interval:
+                last_beat = now
+
+    def _tick(self, now: float, *, force_beat: bool) -> None:
+        resend, failed = self._outbox.poll(now)
+        blocked: set[str] = set()
+        for entry in resend:
+            link = self._links.get(entry.recipient)
+            if (link is not None and entry.recipient not in blocked
+                    and not self._send_frames(link.dealer, entry.frames)):
+                blocked.add(entry.recipient)
+        for entry in failed:
+            self._fail(entry.token, DeliveryTimeout(
+                f"{entry.recipient} did not acknowledge {entry.count} message(s) after "
+                f"{entry.attempts} attempt(s); it may be stopped, overloaded or gone",
+                recipient=entry.recipient))
+        if force_beat and not self.config.observer:
+            self._publish_control(K_HEARTBEAT, {
+                "s": {ch: seq for ch, seq in self._bseq.items() if ch != C.CHANNEL_CONTROL},
+                "d": self.draining,
+            })
+        if force_beat:
+            self._apply_peer_events(self._peers.tick(now))
+            for seed in self.config.seeds:
+                dealer = self._seed_dealers.get(seed)
+                if dealer is not None:
+                    self._send_hello(dealer)
+
+    # ------------------------------------------------------------------ application
+
+    def add_handler(self, handler: Callable[[Message], None]) -> Callable[[], None]:
+        """Call ``handler`` for every delivered message (on the loop thread, in order).
+
+        Returns a function that removes the handler.
+        """
+        self._handlers.append(handler)
+        return lambda: self._handlers.remove(handler)
+
+    def add_peer_listener(self, listener: Callable[[PeerEvent], None]) -> Callable[[], None]:
+        """Call ``listener`` on every roster change (joined, evasive, alive, left)."""
+        self._peer_listeners.append(listener)
+        return lambda: self._peer_listeners.remove(listener)
+
+    def add_control_listener(
+        self, listener: Callable[[str, str, dict[str, Any]], None]
+    ) -> Callable[[], None]:
+        """Call ``listener(kind, sender, body)`` for control messages addressed to us."""
+        self._control_listeners.append(listener)
+        return lambda: self._control_listeners.remove(listener)
+
+    def drain(self, *, limit: int | None = None) -> list[Message]:
+        """Take up to ``limit`` messages from the inbox without waiting."""
+        inbox = self._inbox
+        n = len(inbox) if limit is None else min(limit, len(inbox))
+        out = [inbox.popleft() for _ in range(n)]
+        if not inbox and self._inbox_event is not None:
+            self._inbox_event.clear()
+        return out
+
+    async def receive(self, timeout: float | None = None) -> Message:
+        """The next message from the inbox, waiting up to ``timeout`` seconds.
+
+        Raises:
+            TimeoutError: nothing arrived in time.
+            NodeClosedError: the node closed while waiting.
+        """
+        assert self._inbox_event is not None, "node not started"
+        async with asyncio.timeout(timeout):
+            while not self._inbox:
+                if self._closed:
+                    raise NodeClosedError(f"node {self.name} closed")
+                self._inbox_event.clear()
+                await self._inbox_event.wait()
+        msg = self._inbox.popleft()
+        return msg
+
+    async def wait_readable(self) -> None:
+        """Wait until the inbox holds at least one message (or the node closes)."""
+        assert self._inbox_event is not None, "node not started"
+        while not self._inbox and not self._closed:
+            self._inbox_event.clear()
+            await self._inbox_event.wait()
+
+    def peers(self) -> list[PeerInfo]:
+        """A snapshot of the roster."""
+        return self._peers.snapshot()
+
+    def peer(self, name: str) -> PeerInfo | None:
+        """The roster entry of ``name``, if any."""
+        info = self._peers.get(name)
+        return info.copy() if info is not None else None
+
+    async def wait_for_peers(self, names: Iterable[str] | int, timeout: float) -> list[PeerInfo]:
+        """Wait until every named agent (or this many agents) is on the roster.
+
+        Raises:
+            TimeoutError: not all arrived within ``timeout`` seconds (the message says who).
+        """
+        deadline = time.monotonic() + timeout
+        want = set() if isinstance(names, int) else set(names)
+        count = names if isinstance(names, int) else len(want)
+        while True:
+            have = {p.name for p in self._peers if p.name in self._links}
+            if (want and want <= have) or (not want and len(have) >= count):
+                return self.peers()
+            if time.monotonic() >= deadline:
+                missing = sorted(want - have) if want else f"{count - len(have)} more"
+                raise TimeoutError(f"node {self.name}: peers not found within {timeout}s: "
+                                   f"{missing}; have {sorted(have)}")
+            await asyncio.sleep(0.02)
+
+    async def wait_halted(self) -> None:
+        """Wait until a ``halt`` control message arrives or the node closes."""
+        assert self._halt_event is not None, "node not started"
+        await self._halt_event.wait()
+
+    def stats(self) -> dict[str, int]:
+        """Counters: sent, received, dropped (by reason), lost, duplicates, retries..."""
+        out = dict(self.counters)
+        out["inbox"] = len(self._inbox)
+        out["outbox"] = len(self._outbox)
+        out["retries"] = self._outbox.resent
+        out["peers"] = len(self._peers)
+        return out
+
+    def endpoints(self) -> dict[str, str]:
+        """``{"pub": ..., "router": ...}`` endpoints on the first interface."""
+        host = self.config.interfaces[0]
+        addr = f"[{host}]" if ":" in host else host
+        return {"pub": f"tcp://{addr}:{self.pub_port}", "router": f"tcp://{addr}:{self.router_port}"}
+

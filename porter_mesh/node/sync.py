@@ -1,0 +1,177 @@
+"""A synchronous facade over :class:`~porter_mesh.node.node.Node`.
+
+The node runs on an event loop in a daemon thread owned by the facade. Every call is
+handed to that loop and waited for with a timeout: a call that cannot complete raises
+:class:`~porter_mesh.errors.OperationTimeout` instead of hanging the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, TypeVar
+
+from porter_mesh.core.as2 import Activity
+from porter_mesh.core.peers import PeerEvent, PeerInfo
+from porter_mesh.errors import NodeClosedError, OperationTimeout
+from porter_mesh.node.config import NodeConfig
+from porter_mesh.node.node import Message, Node
+
+__all__ = ["SyncNode"]
+
+T = TypeVar("T")
+
+#: Seconds a facade call may take unless the caller says otherwise.
+DEFAULT_CALL_TIMEOUT = 30.0
+
+
+class SyncNode:
+    """A node for scripts and simple agents: blocking calls, each with a timeout.
+
+    Args:
+        config: a :class:`NodeConfig`, or its fields as keyword arguments.
+        start_timeout: seconds to wait for the node to start.
+
+    Raises:
+        OperationTimeout: the node did not start in time.
+    """
+
+    def __init__(self, config: NodeConfig | None = None, *, start_timeout: float = 30.0,
+                 **settings: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._run, name=f"porter-mesh-node-{settings.get('name', '')}", daemon=True
+        )
+        self._thread.start()
+        self._closed = False
+        try:
+            self.node = self._call(self._make(config, settings), start_timeout)
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    async def _make(self, config: NodeConfig | None, settings: dict[str, Any]) -> Node:
+        node = Node(config, **settings)
+        await node.astart()
+        return node
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+        self._loop.close()
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
+        if self._loop.is_closed() or not self._thread.is_alive():
+            coro.close()
+            raise NodeClosedError("the node's loop has stopped; create a new SyncNode")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(DEFAULT_CALL_TIMEOUT if timeout is None else timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise OperationTimeout(
+                f"call did not complete within {timeout}s; the node may be overloaded or "
+                "stuck (see its log), pass a larger timeout"
+            ) from None
+
+    def _in_loop(self, func: Callable[[], T], timeout: float | None = None) -> T:
+        async def run() -> T:
+            return func()
+
+        return self._call(run(), timeout)
+
+    @property
+    def name(self) -> str:
+        """The agent name."""
+        return self.node.name
+
+    def publish(self, channel: str, activity: Activity) -> None:
+        """Broadcast ``activity`` on ``channel``."""
+        self._in_loop(lambda: self.node.async_publish(channel, activity))
+
+    def send(self, recipient: str, activity: Activity, *, timeout: float | None = None) -> None:
+        """Deliver to one agent and wait for the acknowledgement.
+
+        Raises:
+            UnknownPeerError, DeliveryTimeout, DeliveryError: as :meth:`Node.send`.
+        """
+        wait = (timeout if timeout is not None else self.node.config.send_timeout) + 5.0
+        self._call(self.node.send(recipient, activity, timeout=timeout), wait)
+
+    def send_to_channel(self, channel: str, activity: Activity, *,
+                        timeout: float | None = None) -> None:
+        """``task:<agent>`` goes direct (acknowledged); other channels are broadcast."""
+        wait = (timeout if timeout is not None else self.node.config.send_timeout) + 5.0
+        self._call(self.node.send_to_channel(channel, activity, timeout=timeout), wait)
+
+    def receive(self, timeout: float) -> Message:
+        """The next message, waiting up to ``timeout`` seconds.
+
+        Raises:
+            OperationTimeout: nothing arrived in time.
+        """
+        try:
+            return self._call(self.node.receive(timeout), timeout + 5.0)
+        except TimeoutError as exc:
+            if isinstance(exc, OperationTimeout):
+                raise
+            raise OperationTimeout(f"no message within {timeout}s") from None
+
+    def drain(self) -> list[Message]:
+        """Every message waiting in the inbox, without blocking."""
+        return self._in_loop(self.node.drain)
+
+    def peers(self) -> list[PeerInfo]:
+        """The roster."""
+        return self._in_loop(self.node.peers)
+
+    def wait_for_peers(self, names: Iterable[str] | int, timeout: float) -> list[PeerInfo]:
+        """Block until the named agents (or that many) are on the roster.
+
+        Raises:
+            OperationTimeout: they did not all appear in time.
+        """
+        wanted = names if isinstance(names, int) else list(names)
+        try:
+            return self._call(self.node.wait_for_peers(wanted, timeout), timeout + 5.0)
+        except TimeoutError as exc:
+            raise OperationTimeout(str(exc)) from None
+
+    def subscribe(self, channel: str) -> None:
+        """Receive ``channel`` from now on."""
+        self._in_loop(lambda: self.node.subscribe(channel))
+
+    def add_peer_listener(self, listener: Callable[[PeerEvent], None]) -> Callable[[], None]:
+        """Call ``listener`` (on the node's thread) on every roster change."""
+        return self._in_loop(lambda: self.node.add_peer_listener(listener))
+
+    def control(self, kind: str, *, target: str | None = None) -> None:
+        """Broadcast a control message (``drain``, ``halt``)."""
+        self._in_loop(lambda: self.node.async_control(kind, target=target))
+
+    def stats(self) -> dict[str, int]:
+        """The node's counters."""
+        return self._in_loop(self.node.stats)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Leave the mesh gracefully and stop the loop thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._call(self.node.aclose(), timeout)
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10.0)
+
+    def __enter__(self) -> SyncNode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
