@@ -345,9 +345,7 @@ def decode_envelope(data: bytes) -> Envelope:
             reason="bad-msgpack",
         ) from exc
     if type(m) is not dict:
-        raise FrameError(
-            f"envelope is a msgpack {type(m).__name__}, not a map", reason="not-a-map"
-        )
+        raise FrameError(f"envelope is a msgpack {type(m).__name__}, not a map", reason="not-a-map")
     get = m.get
     try:
         env: Envelope = _tuple_new(
@@ -479,8 +477,7 @@ def decode_broadcast(frames: Sequence[bytes]) -> tuple[Envelope, bytes]:
     """
     if len(frames) != 3:
         raise FrameError(
-            f"broadcast message has {len(frames)} frames, expected 3 "
-            f"(topic, envelope, payload)",
+            f"broadcast message has {len(frames)} frames, expected 3 (topic, envelope, payload)",
             reason="frame-count",
         )
     topic, header, payload = frames
@@ -601,9 +598,7 @@ def decode_payload(payload: bytes, count: int) -> list[Activity]:
     if count == 1:
         return [parse_activity(payload)]
     if type(count) is not int or not 1 < count <= MAX_BATCH:
-        raise FrameError(
-            f"activity count {count!r} is outside 1..{MAX_BATCH}", reason="bad-count"
-        )
+        raise FrameError(f"activity count {count!r} is outside 1..{MAX_BATCH}", reason="bad-count")
     activities = activities_from_json_array(payload)
     if len(activities) != count:
         raise FrameError(
@@ -676,14 +671,12 @@ def decode_control(data: bytes) -> dict[str, Any]:
         raise
     except Exception as exc:
         raise FrameError(
-            f"control payload is not one well-formed msgpack value with string map keys "
-            f"({exc})",
+            f"control payload is not one well-formed msgpack value with string map keys ({exc})",
             reason="bad-msgpack",
         ) from exc
     if type(body) is not dict or not all(type(key) is str for key in body):
         raise FrameError(
-            f"control payload must be a msgpack map with string keys, got "
-            f"{type(body).__name__}",
+            f"control payload must be a msgpack map with string keys, got {type(body).__name__}",
             reason="bad-control",
         )
     return body

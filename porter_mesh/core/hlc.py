@@ -115,9 +115,7 @@ def hlc_physical_ms(ts: int) -> int:
 
 def _check_ts(ts: int, what: str) -> None:
     if type(ts) is not int or not 0 <= ts <= HLC_MAX:
-        raise ClockError(
-            f"{what} {ts!r} is not an unsigned 64-bit integer", reason="out-of-range"
-        )
+        raise ClockError(f"{what} {ts!r} is not an unsigned 64-bit integer", reason="out-of-range")
 
 
 def _check_wall(wall_ms: int) -> None:

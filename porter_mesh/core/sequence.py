@@ -324,9 +324,7 @@ class SequenceTracker:
             return result
         return SeqResult(result.verdict, missing, dups)
 
-    def observe_last(
-        self, sender: str, stream: str, incarnation: int, last_seq: int
-    ) -> SeqResult:
+    def observe_last(self, sender: str, stream: str, incarnation: int, last_seq: int) -> SeqResult:
         """Record that a sender says ``last_seq`` is the last sequence it sent on a stream.
 
         Nothing is marked received: this only moves the known top of the stream, so that

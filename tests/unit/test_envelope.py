@@ -1,0 +1,416 @@
+"""The wire codec: envelopes, topics, frames, payloads and control bodies."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import msgpack
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from porter_mesh.core.as2 import Activity, parse_activity
+from porter_mesh.core.constants import MAX_BATCH, MAX_MESSAGE_BYTES, PROTOCOL_VERSION
+from porter_mesh.core.envelope import (
+    KIND_ACK,
+    KIND_HEARTBEAT,
+    MAX_ENVELOPE_BYTES,
+    MAX_KIND_CHARS,
+    Envelope,
+    decode_broadcast,
+    decode_control,
+    decode_direct,
+    decode_envelope,
+    decode_payload,
+    decode_topic,
+    encode_broadcast,
+    encode_control,
+    encode_direct,
+    encode_envelope,
+    encode_payload,
+    encode_topic,
+    make_msg_id,
+    new_incarnation,
+)
+from porter_mesh.errors import ActivityError, FrameError
+
+INC = 0x5EED_1234_ABCD_0042
+HLC = 1_778_000_000_000 << 16 | 3
+ANNOUNCE = {
+    "type": "Announce",
+    "actor": "worker-backend",
+    "summary": "All tests passing",
+    "context": "urn:porter:task:a3f9",
+    "object": {"type": "Note", "content": "14 tests passing, 0 failures. Coverage: 87%."},
+}
+
+
+def envelope(**changes: Any) -> Envelope:
+    base = Envelope(
+        version=PROTOCOL_VERSION,
+        msg_id=make_msg_id(INC, "log", 7),
+        sender="worker-backend",
+        channel="log",
+        seq=7,
+        incarnation=INC,
+        hlc=HLC,
+    )
+    return base._replace(**changes)
+
+
+def raw_map(**changes: Any) -> dict[Any, Any]:
+    """The wire map of ``envelope()``, with keys changed or (value ``...``) removed."""
+    m: dict[Any, Any] = msgpack.unpackb(encode_envelope(envelope()))
+    for key, value in changes.items():
+        if value is ...:
+            m.pop(key, None)
+        else:
+            m[key] = value
+    return m
+
+
+def reason(exc_info: pytest.ExceptionInfo[FrameError]) -> str:
+    return exc_info.value.reason
+
+
+# -- envelope ------------------------------------------------------------------------
+
+
+def test_round_trip_minimal_envelope_uses_short_keys_and_omits_defaults() -> None:
+    env = envelope()
+    data = encode_envelope(env)
+    assert set(msgpack.unpackb(data)) == {"v", "id", "fr", "ch", "sq", "in", "ts"}
+    assert len(data) < 100
+    assert decode_envelope(data) == env
+
+
+def test_round_trip_full_envelope() -> None:
+    env = envelope(recipient="reviewer", ref="abc.task.3", count=5, kind=None, channel="task:x")
+    data = encode_envelope(env)
+    assert set(msgpack.unpackb(data)) >= {"to", "re", "n"}
+    assert decode_envelope(data) == env
+    ctl = envelope(kind=KIND_HEARTBEAT, seq=0)
+    assert msgpack.unpackb(encode_envelope(ctl))["k"] == "hb"
+    assert decode_envelope(encode_envelope(ctl)) == ctl
+
+
+def test_unknown_keys_are_ignored() -> None:
+    data = msgpack.packb(raw_map(zz=[1, 2], extra={"a": 1}, **{"7": None}))
+    assert decode_envelope(data) == envelope()
+    data = msgpack.packb({**raw_map(), 42: "int key", (1, 2): "array key"})
+    assert decode_envelope(data) == envelope()
+
+
+def test_make_msg_id_is_unique_and_parseable() -> None:
+    ids = {make_msg_id(INC, ch, s) for ch in ("log", "task", "a.b") for s in range(1, 50)}
+    assert len(ids) == 3 * 49
+    assert make_msg_id(255, "task:w.1", 12) == "ff.task:w.1.12"
+    inc = new_incarnation()
+    assert 0 < inc < 2**63
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"", "bad-msgpack"),
+        (b"\xc1", "bad-msgpack"),  # never-used msgpack byte
+        (b"\x81\xa1v", "bad-msgpack"),  # truncated
+        (msgpack.packb({"v": 1}) + b"\x00", "bad-msgpack"),  # trailing bytes
+        (b"\x81\xa2\xff\xfe\x01", "bad-msgpack"),  # key that is not UTF-8
+        (msgpack.packb([1, "id", "w", "log", 1, 1, 1]), "not-a-map"),
+        (msgpack.packb(7), "not-a-map"),
+        (b"x" * (MAX_ENVELOPE_BYTES + 1), "too-large"),
+    ],
+)
+def test_malformed_frames(data: bytes, why: str) -> None:
+    with pytest.raises(FrameError) as info:
+        decode_envelope(data)
+    assert reason(info) == why
+
+
+@pytest.mark.parametrize("key", ["v", "id", "fr", "ch", "sq", "in", "ts"])
+def test_missing_required_key(key: str) -> None:
+    with pytest.raises(FrameError) as info:
+        decode_envelope(msgpack.packb(raw_map(**{key: ...})))
+    assert reason(info) == "missing-key"
+    assert repr(key) in str(info.value)
+
+
+@pytest.mark.parametrize("version", [0, 2, "1", True, 1.0])
+def test_unknown_version(version: object) -> None:
+    with pytest.raises(FrameError) as info:
+        decode_envelope(msgpack.packb(raw_map(v=version)))
+    assert reason(info) == "bad-version"
+    assert "version" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "field"),
+    [
+        ("id", "", "msg_id"),
+        ("id", 5, "msg_id"),
+        ("fr", b"bytes", "sender"),
+        ("fr", "", "sender"),
+        ("ch", "lo\0g", "channel"),
+        ("ch", None, "channel"),
+        ("sq", -1, "seq"),
+        ("sq", 1.5, "seq"),
+        ("sq", True, "seq"),
+        ("sq", 2**63, "seq"),
+        ("in", -5, "incarnation"),
+        ("in", 2**63, "incarnation"),
+        ("ts", -1, "hlc"),
+        ("ts", "now", "hlc"),
+        ("to", "", "recipient"),
+        ("to", 3, "recipient"),
+        ("re", [1], "ref"),
+        ("n", 0, "count"),
+        ("n", MAX_BATCH + 1, "count"),
+        ("n", None, "count"),
+        ("k", "", "kind"),
+        ("k", "x" * (MAX_KIND_CHARS + 1), "kind"),
+    ],
+)
+def test_bad_field_values(key: str, value: object, field: str) -> None:
+    with pytest.raises(FrameError) as info:
+        decode_envelope(msgpack.packb(raw_map(**{key: value})))
+    assert reason(info) == "bad-field"
+    assert repr(field) in str(info.value)
+
+
+def test_sequence_range_overflow() -> None:
+    with pytest.raises(FrameError) as info:
+        decode_envelope(msgpack.packb(raw_map(sq=2**63 - 2, n=3)))
+    assert "2**63" in str(info.value)
+
+
+def test_encode_refuses_what_a_peer_would_refuse() -> None:
+    with pytest.raises(FrameError) as info:
+        encode_envelope(envelope(seq=-1))
+    assert reason(info) == "bad-field"
+    with pytest.raises(FrameError):
+        encode_envelope(envelope(version=99))
+    with pytest.raises(FrameError):
+        encode_envelope(("not", "an", "envelope"))  # type: ignore[arg-type]
+    with pytest.raises(FrameError) as info:
+        encode_envelope(envelope(sender="w" * MAX_ENVELOPE_BYTES))
+    assert reason(info) == "too-large"
+
+
+# -- topics and frames -------------------------------------------------------------------
+
+
+def test_topic_round_trip_and_prefix_safety() -> None:
+    assert encode_topic("task") == b"task\0"
+    assert decode_topic(encode_topic("task:worker-1")) == "task:worker-1"
+    assert decode_topic(encode_topic("journal-ü")) == "journal-ü"
+    # A SUB socket subscribed to b"task\0" must not see task:<agent> traffic.
+    assert not encode_topic("task:worker-1").startswith(encode_topic("task"))
+
+
+@pytest.mark.parametrize("channel", ["", "a\0b", "\udc80", 5])
+def test_encode_topic_refuses_bad_channels(channel: object) -> None:
+    with pytest.raises(FrameError) as info:
+        encode_topic(channel)  # type: ignore[arg-type]
+    assert reason(info) == "bad-channel"
+
+
+@pytest.mark.parametrize("topic", [b"task", b"\0", b"ta\0sk\0", b"\xff\0", b"", "task\0", None])
+def test_decode_topic_refuses_bad_topics(topic: object) -> None:
+    with pytest.raises(FrameError) as info:
+        decode_topic(topic)  # type: ignore[arg-type]
+    assert reason(info) == "bad-topic"
+
+
+def test_broadcast_and_direct_frames() -> None:
+    env = envelope()
+    payload = encode_payload([Activity.from_dict(ANNOUNCE)])
+    frames = encode_broadcast(env, payload)
+    assert frames[0] == b"log\0"
+    assert decode_broadcast(frames) == (env, payload)
+    direct = envelope(channel="task:reviewer", recipient="reviewer")
+    assert decode_direct(encode_direct(direct, payload)) == (direct, payload)
+
+
+def test_broadcast_frame_errors() -> None:
+    frames = encode_broadcast(envelope(), b"{}")
+    with pytest.raises(FrameError) as info:
+        decode_broadcast(frames[:2])
+    assert reason(info) == "frame-count"
+    with pytest.raises(FrameError) as info:
+        decode_broadcast([b"task\0", frames[1], frames[2]])
+    assert reason(info) == "topic-mismatch"
+    with pytest.raises(FrameError) as info:
+        decode_direct(frames)
+    assert reason(info) == "frame-count"
+
+
+# -- payloads -----------------------------------------------------------------------------
+
+
+def test_single_payload_round_trip() -> None:
+    activity = Activity.from_dict(ANNOUNCE)
+    payload = encode_payload([activity])
+    assert orjson.loads(payload) == ANNOUNCE
+    assert decode_payload(payload, 1) == [activity]
+
+
+def test_batch_payload_round_trip() -> None:
+    batch = [Activity.from_dict({**ANNOUNCE, "summary": f"step {i}"}) for i in range(10)]
+    payload = encode_payload(batch)
+    assert isinstance(orjson.loads(payload), list)
+    assert decode_payload(payload, 10) == batch
+    # Activities decoded from the wire (no cached JSON yet) encode the same way.
+    assert encode_payload(decode_payload(payload, 10)) == payload
+
+
+def test_plain_text_payload_falls_back_to_note() -> None:
+    (note,) = decode_payload(b"hello there", 1)
+    assert note.type == "Note"
+    assert note.content == "hello there"
+
+
+def test_payload_errors() -> None:
+    activity = Activity.from_dict(ANNOUNCE)
+    with pytest.raises(FrameError) as info:
+        encode_payload([])
+    assert reason(info) == "bad-count"
+    with pytest.raises(FrameError):
+        encode_payload([activity] * (MAX_BATCH + 1))
+    with pytest.raises(FrameError):
+        encode_payload(["not an activity", "x"])  # type: ignore[list-item]
+    batch = encode_payload([activity] * 3)
+    with pytest.raises(FrameError) as info:
+        decode_payload(batch, 4)
+    assert reason(info) == "bad-count"
+    for count in (0, MAX_BATCH + 1, "3"):
+        with pytest.raises(FrameError):
+            decode_payload(batch, count)  # type: ignore[arg-type]
+    with pytest.raises(ActivityError):
+        decode_payload(b"not json at all", 2)
+    with pytest.raises(ActivityError):
+        decode_payload(b'{"type": "Announce"}', 1)  # JSON but not a valid activity
+    with pytest.raises(FrameError) as info:
+        decode_payload(b" " * (MAX_MESSAGE_BYTES + 1), 2)
+    assert reason(info) == "too-large"
+
+
+# -- control bodies --------------------------------------------------------------------
+
+
+def test_control_round_trip() -> None:
+    body = {"last": {"log": 12, "task": 3}, "slots": 2, "tags": ["a"], "blob": b"\x00\x01"}
+    assert decode_control(encode_control(body)) == body
+
+
+def test_control_errors() -> None:
+    with pytest.raises(FrameError) as info:
+        encode_control({1: "int key"})  # type: ignore[dict-item]
+    assert reason(info) == "bad-control"
+    with pytest.raises(FrameError):
+        encode_control({"x": object()})
+    with pytest.raises(FrameError):
+        encode_control(["not", "a", "map"])  # type: ignore[arg-type]
+    for data, why in [
+        (msgpack.packb([1, 2]), "bad-control"),
+        (msgpack.packb({b"k": 1}), "bad-control"),
+        (msgpack.packb({"k": msgpack.ExtType(5, b"x")}), "bad-control"),
+        (b"\xc1", "bad-msgpack"),
+        (msgpack.packb({1: 2}), "bad-msgpack"),
+    ]:
+        with pytest.raises(FrameError) as info:
+            decode_control(data)
+        assert reason(info) == why, data
+
+
+# -- properties ------------------------------------------------------------------------
+
+names = st.text(min_size=1, max_size=40)
+channels = st.text(st.characters(blacklist_characters="\0", codec="utf-8"), min_size=1, max_size=40)
+envelopes = st.builds(
+    Envelope,
+    version=st.just(PROTOCOL_VERSION),
+    msg_id=names,
+    sender=names,
+    channel=channels,
+    seq=st.integers(0, 2**62),
+    incarnation=st.integers(0, 2**63 - 1),
+    hlc=st.integers(0, 2**64 - 1),
+    recipient=st.none() | names,
+    ref=st.none() | names,
+    count=st.integers(1, MAX_BATCH),
+    kind=st.none() | st.text(min_size=1, max_size=MAX_KIND_CHARS),
+)
+
+
+@given(envelopes)
+def test_any_valid_envelope_round_trips(env: Envelope) -> None:
+    data = encode_envelope(env)
+    assert decode_envelope(data) == env
+    assert decode_broadcast(encode_broadcast(env, b"p")) == (env, b"p")
+    assert decode_direct(encode_direct(env, b"p")) == (env, b"p")
+
+
+@given(st.binary(max_size=300))
+def test_random_bytes_never_crash_decoders(data: bytes) -> None:
+    for decoder in (decode_envelope, decode_topic, decode_control):
+        with contextlib.suppress(FrameError):
+            decoder(data)
+    with contextlib.suppress(FrameError, ActivityError):
+        decode_payload(data, 1)
+
+
+@given(st.lists(st.binary(max_size=60), max_size=5))
+def test_random_frame_lists_never_crash(frames: list[bytes]) -> None:
+    for decoder in (decode_broadcast, decode_direct):
+        with contextlib.suppress(FrameError):
+            decoder(frames)
+
+
+msgpack_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text()
+    | st.binary(max_size=10),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@given(st.dictionaries(st.text(max_size=8), msgpack_values, max_size=6))
+def test_unknown_keys_of_any_kind_decode(extra: dict[str, Any]) -> None:
+    known = raw_map()
+    optional = {"to", "re", "n", "k"}
+    m = {**{k: v for k, v in extra.items() if k not in optional}, **known}
+    assert decode_envelope(msgpack.packb(m)) == envelope()
+
+
+WIRE_KEYS = ["v", "id", "fr", "ch", "sq", "in", "ts", "to", "re", "n", "k", "x"]
+
+
+@given(st.dictionaries(st.sampled_from(WIRE_KEYS), msgpack_values))
+def test_random_maps_decode_or_raise_frame_error(m: dict[str, Any]) -> None:
+    try:
+        env = decode_envelope(msgpack.packb(m))
+    except FrameError:
+        return
+    assert decode_envelope(encode_envelope(env)) == env
+
+
+@given(st.dictionaries(st.text(max_size=8), msgpack_values, max_size=6))
+def test_control_bodies_round_trip(body: dict[str, Any]) -> None:
+    decoded = decode_control(encode_control(body))
+    assert decoded.keys() == body.keys()
+
+
+def test_decoded_payload_is_an_activity() -> None:
+    (activity,) = decode_payload(orjson.dumps(ANNOUNCE), 1)
+    assert activity == parse_activity(orjson.dumps(ANNOUNCE))
+    assert activity.to_dict() == ANNOUNCE
+    assert KIND_ACK == "ack"
