@@ -1,0 +1,633 @@
+"""Mesh node benchmark: the node side by side with raw pyzmq and eclipse-zenoh.
+
+Run from the repository root::
+
+    .venv/bin/python -m bench.bench_node            # full counts (a few minutes)
+    .venv/bin/python -m bench.bench_node --quick    # small counts (well under a minute)
+    .venv/bin/python -m bench.bench_node --profile  # then profile the mesh's processes
+
+Every measurement crosses a process boundary: each publisher, subscriber, sender and
+echo server is its own ``python -m bench.node_peer`` process on 127.0.0.1 with
+OS-chosen ports, reporting JSON on stdout. The payload is the AS2 profile's status
+``Announce`` example. Nothing waits on a sleep: publishers wait for their subscribers
+(the node's XPUB count, an XPUB handshake for raw pyzmq, a ready message for zenoh),
+every count is bounded and every measurement has a hard time limit.
+
+Measured:
+
+* broadcast 1->1 and 1->4 (rate per subscriber), for the mesh, raw pyzmq with
+  pre-encoded bytes and with ``orjson`` per message, and zenoh (peer mode, multicast
+  scouting off, explicit ``tcp/127.0.0.1`` endpoints) with the same two payload modes;
+* direct sends acknowledged per second, with a bounded window of futures in flight;
+* direct round-trip latency (request and direct reply, one at a time) against raw pyzmq
+  DEALER/ROUTER ping-pong of the same bytes;
+* discovery: ten nodes with zeroconf on loopback, time until every one sees the nine
+  others.
+
+Targets (from the node's issue): broadcast 1->1 at least 1.0x zenoh's orjson rate in
+the same run; at least 100k acknowledged direct messages/s; round-trip p50 at most 1.5x
+raw pyzmq's; ten nodes fully discovered within 5 s.
+
+Output: a table on stdout, ``bench/results/node.json`` and ``bench/results/node.png``.
+Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import pstats
+import secrets
+import selectors
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from porter_mesh.errors import PorterError
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+
+#: Broadcast variants, each a ``node_peer`` role prefix and payload mode.
+SYSTEMS: dict[str, tuple[str, str]] = {
+    "mesh": ("mesh", "orjson"),
+    "zmq-raw": ("zmq", "raw"),
+    "zmq-orjson": ("zmq", "orjson"),
+    "zenoh-raw": ("zenoh", "raw"),
+    "zenoh-orjson": ("zenoh", "orjson"),
+}
+MEASURES = ("broadcast", "direct", "rtt", "discovery")
+
+#: Seconds a peer process may take to start (interpreter, imports, sockets).
+STARTUP_ALLOWANCE = 20.0
+
+
+class PeerProcessError(PorterError):
+    """A benchmark peer process failed, exited early or missed its deadline."""
+
+
+@dataclass(frozen=True)
+class Counts:
+    """How much each measurement does, and for how long at most."""
+
+    broadcast: int
+    direct: int
+    window: int
+    rtt: int
+    warmup: int
+    nodes: int
+    subs: int
+    limit: float
+    idle: float
+
+
+FULL = Counts(broadcast=200_000, direct=100_000, window=20_000, rtt=5_000, warmup=200,
+              nodes=10, subs=4, limit=60.0, idle=3.0)
+QUICK = Counts(broadcast=20_000, direct=20_000, window=5_000, rtt=500, warmup=50,
+               nodes=10, subs=4, limit=20.0, idle=2.0)
+
+
+def progress(text: str) -> None:
+    """One progress line on stderr."""
+    sys.stderr.write(f"[bench] {text}\n")
+    sys.stderr.flush()
+
+
+# -- peer processes ---------------------------------------------------------------------
+
+
+class Peer:
+    """One ``bench.node_peer`` process and the JSON events it writes."""
+
+    def __init__(self, role: str, options: dict[str, Any]) -> None:
+        cmd = [sys.executable, "-m", "bench.node_peer", role]
+        for key, value in options.items():
+            flag = "--" + key.replace("_", "-")
+            if value is True:
+                cmd.append(flag)
+            elif value not in (None, False, ""):
+                cmd += [flag, str(value)]
+        self.role = role
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE)
+        self._buffer = b""
+        self._events: list[dict[str, Any]] = []
+
+    def expect(self, event: str, deadline: float) -> dict[str, Any]:
+        """The next ``event`` this peer writes, waiting until ``deadline`` (monotonic).
+
+        Raises:
+            PeerProcessError: the peer exited first or the deadline passed.
+        """
+        while True:
+            for i, ev in enumerate(self._events):
+                if ev.get("event") == event:
+                    return self._events.pop(i)
+            self._read(event, deadline)
+
+    def _read(self, event: str, deadline: float) -> None:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    raise PeerProcessError(f"{self.role} (pid {self.proc.pid}) did not report "
+                                           f"{event!r} in time")
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    self.proc.wait(5.0)
+                    raise PeerProcessError(f"{self.role} (pid {self.proc.pid}) exited with "
+                                           f"status {self.proc.returncode} before {event!r}; "
+                                           "see its message on stderr")
+                self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        with contextlib.suppress(ValueError):
+            self._events.append(json.loads(line))
+
+    def tell(self, line: str) -> None:
+        """Write one command line to the peer's stdin."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def close_input(self) -> None:
+        """Close the peer's stdin: the signal to finish."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the peer to finish, then end it by its id if it does not."""
+        self.close_input()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5.0)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+@contextlib.contextmanager
+def peer_group() -> Iterator[Callable[..., Peer]]:
+    """A factory of peers that are all stopped when the block ends, whatever happens."""
+    peers: list[Peer] = []
+
+    def spawn(role: str, **options: Any) -> Peer:
+        peer = Peer(role, options)
+        peers.append(peer)
+        return peer
+
+    try:
+        yield spawn
+    finally:
+        for peer in peers:
+            peer.close_input()
+        for peer in peers:
+            peer.stop()
+
+
+def _deadline(counts: Counts) -> float:
+    return time.monotonic() + counts.limit + STARTUP_ALLOWANCE
+
+
+# -- measurements -----------------------------------------------------------------------
+
+
+def measure_broadcast(system: str, subs: int, counts: Counts,
+                      profile: Path | None = None) -> dict[str, Any]:
+    """Publish ``counts.broadcast`` messages to ``subs`` subscriber processes."""
+    kind, mode = SYSTEMS[system]
+    deadline = _deadline(counts)
+    common = {"count": counts.broadcast, "limit": counts.limit, "mode": mode}
+    with peer_group() as spawn:
+        pub = spawn(f"{kind}-pub", subs=subs, **common)
+        port = pub.expect("ready", deadline)["port"]
+        where = {"seed": f"127.0.0.1:{port}"} if kind == "mesh" else {"port": port}
+        receivers = [
+            spawn(f"{kind}-sub", name=f"sub-{i}", idle=counts.idle, **where, **common,
+                  profile=profile if profile and i == 0 else None)
+            for i in range(subs)
+        ]
+        results = [r.expect("result", deadline) for r in receivers]
+        sent = pub.expect("result", deadline)
+    rates = [r["rate"] for r in results]
+    return {
+        "system": system, "subscribers": subs, "sent": counts.broadcast,
+        "received": [r["received"] for r in results], "rates": rates,
+        "mean": sum(rates) / len(rates), "min": min(rates),
+        "publisher_rate": sent["rate"],
+        "stats": [r.get("stats") for r in results] + [sent.get("stats")],
+    }
+
+
+def measure_direct(counts: Counts, profile: Path | None = None) -> dict[str, Any]:
+    """Acknowledged direct sends per second, ``counts.window`` in flight."""
+    deadline = _deadline(counts)
+    with peer_group() as spawn:
+        recv = spawn("mesh-recv", limit=counts.limit + STARTUP_ALLOWANCE,
+                     profile=profile.with_suffix(".recv.prof") if profile else None)
+        port = recv.expect("ready", deadline)["port"]
+        send = spawn("mesh-send", seed=f"127.0.0.1:{port}", count=counts.direct,
+                     window=counts.window, limit=counts.limit,
+                     profile=profile.with_suffix(".send.prof") if profile else None)
+        result = send.expect("result", deadline)
+        recv.close_input()
+        result["receiver_stats"] = recv.expect("result", deadline)["stats"]
+    result["window"] = counts.window
+    return result
+
+
+def measure_rtt(system: str, counts: Counts, profile: Path | None = None) -> dict[str, Any]:
+    """Round trips one at a time: the mesh (direct and direct reply) or raw pyzmq."""
+    deadline = _deadline(counts)
+    with peer_group() as spawn:
+        if system == "mesh":
+            echo = spawn("mesh-recv", echo=True, limit=counts.limit + STARTUP_ALLOWANCE,
+                         profile=profile.with_suffix(".echo.prof") if profile else None)
+            port = echo.expect("ready", deadline)["port"]
+            ping = spawn("mesh-ping", seed=f"127.0.0.1:{port}", count=counts.rtt,
+                         warmup=counts.warmup, limit=counts.limit,
+                         profile=profile.with_suffix(".ping.prof") if profile else None)
+        else:
+            echo = spawn("zmq-echo", limit=counts.limit + STARTUP_ALLOWANCE)
+            port = echo.expect("ready", deadline)["port"]
+            ping = spawn("zmq-ping", port=port, count=counts.rtt, warmup=counts.warmup,
+                         limit=counts.limit)
+        result = ping.expect("result", deadline)
+    result["system"] = system
+    return result
+
+
+def measure_discovery(counts: Counts) -> dict[str, Any]:
+    """Start ``counts.nodes`` nodes with zeroconf on loopback; time full discovery.
+
+    The processes first load their modules and wait; then all are told to start their
+    node at once, so the figure is discovery, not interpreter start-up.
+    """
+    mesh = f"bench-{os.getpid()}-{secrets.token_hex(3)}"
+    n = counts.nodes
+    deadline = _deadline(counts)
+    with peer_group() as spawn:
+        spawned = time.monotonic()
+        nodes = [spawn("mesh-discover", name=f"node-{i}", mesh=mesh, expect=n - 1,
+                       limit=counts.limit) for i in range(n)]
+        for node in nodes:
+            node.expect("loaded", deadline)
+        loaded = time.monotonic()
+        for node in nodes:
+            node.tell("go")
+        seen = [node.expect("seen", deadline) for node in nodes]
+    starts = [s["start"] for s in seen]
+    ok = all(s["seen"] is not None for s in seen)
+    per_node = [s["seen"] - s["start"] if s["seen"] is not None else None for s in seen]
+    last_seen = max(s["seen"] for s in seen) if ok else None
+    return {
+        "nodes": n, "all_seen": ok, "peers_seen": [s["peers"] for s in seen],
+        "from_last_start": last_seen - max(starts) if last_seen is not None else None,
+        "from_first_start": last_seen - min(starts) if last_seen is not None else None,
+        "per_node": per_node,
+        "per_node_max": max(per_node) if ok else None,  # type: ignore[type-var]
+        "start_spread": max(starts) - min(starts),
+        "spawn_to_loaded": loaded - spawned,
+    }
+
+
+# -- summary ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the summary table."""
+
+    measure: str
+    unit: str
+    ours: float | None
+    baseline: float | None
+    baseline_name: str
+    target: str
+    #: "ratio>=", "ratio<=", "abs>=", "abs<=" or "" (reported only).
+    rule: str = ""
+    threshold: float = 0.0
+
+    @property
+    def ratio(self) -> float | None:
+        if self.ours is None:
+            return None
+        if self.rule.startswith("abs"):
+            return self.ours / self.threshold
+        if self.baseline:
+            return self.ours / self.baseline
+        return None
+
+    @property
+    def verdict(self) -> str:
+        if not self.rule:
+            return "info"
+        if self.ours is None or self.ratio is None:
+            return "MISS"
+        value = self.ratio if self.rule.startswith("ratio") else self.ours
+        ok = value >= self.threshold if self.rule.endswith(">=") else value <= self.threshold
+        return "PASS" if ok else "MISS"
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "msg/s":
+        return f"{value:,.0f}/s"
+    if unit == "us":
+        return f"{value:,.1f} us"
+    return f"{value:.2f} s"
+
+
+def summarize(res: dict[str, Any]) -> list[Row]:
+    """The table rows from a results dict (missing measurements show as ``-``)."""
+    bc = res.get("broadcast", {})
+
+    def rate(system: str, subs: int) -> float | None:
+        entry = bc.get(f"{system}/1->{subs}")
+        return entry.get("mean") if isinstance(entry, dict) else None
+
+    subs = res["counts"]["subs"]
+    rtt = res.get("rtt", {})
+    disc = res.get("discovery", {})
+    direct = res.get("direct", {})
+    mesh_rtt, zmq_rtt = rtt.get("mesh", {}), rtt.get("zmq", {})
+    nodes = res["counts"]["nodes"]
+    return [
+        Row("broadcast 1->1", "msg/s", rate("mesh", 1), rate("zenoh-orjson", 1),
+            "zenoh orjson", ">= 1.0x zenoh", "ratio>=", 1.0),
+        Row(f"broadcast 1->{subs} per sub", "msg/s", rate("mesh", subs),
+            rate("zenoh-orjson", subs), "zenoh orjson", "(report)"),
+        Row("direct with acks", "msg/s", direct.get("rate"), None, "-",
+            ">= 100,000/s", "abs>=", 100_000.0),
+        Row("round trip p50", "us", mesh_rtt.get("p50_us"), zmq_rtt.get("p50_us"),
+            "pyzmq DEALER/ROUTER", "<= 1.5x pyzmq", "ratio<=", 1.5),
+        Row("round trip p99", "us", mesh_rtt.get("p99_us"), zmq_rtt.get("p99_us"),
+            "pyzmq DEALER/ROUTER", "(report)"),
+        Row(f"discovery {nodes} nodes", "s", disc.get("from_last_start"), None, "-",
+            "<= 5 s", "abs<=", 5.0),
+    ]
+
+
+def _table(header: list[str], lines: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    out.append("  ".join("-" * w for w in widths))
+    for r in lines:
+        out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+    return "\n".join(out)
+
+
+def render(res: dict[str, Any], rows: list[Row]) -> str:
+    """The summary table and the per-system broadcast table, as text."""
+    main = _table(
+        ["measure", "ours", "baseline", "ratio", "target", "result"],
+        [[r.measure, _fmt(r.ours, r.unit),
+          f"{_fmt(r.baseline, r.unit)} ({r.baseline_name})" if r.baseline is not None else "-",
+          f"{r.ratio:.2f}x" if r.ratio is not None else "-", r.target, r.verdict]
+         for r in rows])
+    bc = res.get("broadcast", {})
+    subs = res["counts"]["subs"]
+    lines = []
+    for system in SYSTEMS:
+        cells = [system]
+        for n in (1, subs):
+            entry = bc.get(f"{system}/1->{n}")
+            if isinstance(entry, dict):
+                lost = sum(entry["sent"] - got for got in entry["received"])
+                cells += [_fmt(entry["mean"], "msg/s"), _fmt(entry["min"], "msg/s"), str(lost)]
+            else:
+                cells += ["error" if entry else "-", "-", "-"]
+        lines.append(cells)
+    detail = _table(["broadcast", "1->1", "min", "lost", f"1->{subs} mean/sub", "min/sub",
+                     "lost"], lines)
+    return f"{main}\n\n{detail}"
+
+
+def plot(res: dict[str, Any], rows: list[Row], path: Path) -> None:
+    """Bar chart of each ratio against its target, and the broadcast rates."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    colors = {"PASS": "tab:green", "MISS": "tab:red", "info": "tab:gray"}
+    labels, values, bar_colors, targets = [], [], [], []
+    for r in rows:
+        if r.ratio is None:
+            continue
+        against = "target" if r.rule.startswith("abs") else r.baseline_name
+        labels.append(f"{r.measure}\n(vs {against})")
+        values.append(r.ratio)
+        bar_colors.append(colors[r.verdict])
+        targets.append(1.0 if r.rule.startswith("abs") else r.threshold if r.rule else None)
+    xs = range(len(values))
+    left.bar(xs, values, color=bar_colors)
+    for x, t in zip(xs, targets, strict=True):
+        if t is not None:
+            left.hlines(t, x - 0.4, x + 0.4, colors="black", linestyles="dashed")
+    for x, v in zip(xs, values, strict=True):
+        left.annotate(f"{v:.2f}x", (x, v), ha="center", va="bottom", fontsize=8)
+    left.set_xticks(list(xs), labels, fontsize=7)
+    left.set_ylabel("ours / baseline (absolute targets: ours / target)")
+    left.set_title("node vs targets (dashed: target; latency and time: lower is better)",
+                   fontsize=9)
+
+    bc = res.get("broadcast", {})
+    subs = res["counts"]["subs"]
+    names = list(SYSTEMS)
+    width = 0.4
+    for k, n in enumerate((1, subs)):
+        vals = []
+        for s in names:
+            entry = bc.get(f"{s}/1->{n}")
+            vals.append(entry["mean"] if isinstance(entry, dict) else 0.0)
+        right.bar([i + k * width for i in range(len(names))], vals, width,
+                  label=f"1->{n}" + (" (per subscriber)" if n > 1 else ""))
+    right.set_xticks([i + width / 2 for i in range(len(names))], names, fontsize=8)
+    right.set_ylabel("messages/s received")
+    right.set_title("broadcast throughput, Announce payload", fontsize=9)
+    right.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- profiling --------------------------------------------------------------------------
+
+
+def profile_summary(path: Path, top: int = 25) -> dict[str, Any]:
+    """The most expensive functions (own time) in one cProfile dump."""
+    stats = pstats.Stats(str(path), stream=io.StringIO())
+    total = stats.total_tt  # type: ignore[attr-defined]
+    entries = []
+    for (file, line, func), (_cc, calls, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        short = file.split("porter_mesh/")[-1] if "porter_mesh/" in file else Path(file).name
+        entries.append({"function": f"{short}:{line}({func})", "calls": calls,
+                        "own_s": tt, "cumulative_s": ct})
+    entries.sort(key=lambda e: e["own_s"], reverse=True)
+    return {"file": str(path), "total_s": total, "top": entries[:top]}
+
+
+def run_profiles(counts: Counts, out: Path, only: set[str]) -> dict[str, Any]:
+    """Re-run the mesh side of the measurements under cProfile (numbers not reported)."""
+    prof = out / "profile"
+    prof.mkdir(parents=True, exist_ok=True)
+    found: dict[str, Any] = {}
+    if "broadcast" in only:
+        progress("profiling broadcast 1->1 (subscriber)")
+        measure_broadcast("mesh", 1, counts, profile=prof / "broadcast_sub.prof")
+        found["broadcast_sub"] = profile_summary(prof / "broadcast_sub.prof")
+    if "direct" in only:
+        progress("profiling direct with acks (sender and receiver)")
+        measure_direct(counts, profile=prof / "direct.prof")
+        found["direct_send"] = profile_summary(prof / "direct.send.prof")
+        found["direct_recv"] = profile_summary(prof / "direct.recv.prof")
+    if "rtt" in only:
+        progress("profiling round trip (ping and echo)")
+        measure_rtt("mesh", counts, profile=prof / "rtt.prof")
+        found["rtt_ping"] = profile_summary(prof / "rtt.ping.prof")
+        found["rtt_echo"] = profile_summary(prof / "rtt.echo.prof")
+    return found
+
+
+def print_profiles(found: dict[str, Any], top: int = 15) -> None:
+    """The top functions of each profile, on stdout."""
+    for name, summary in found.items():
+        print(f"\nprofile {name}: {summary['total_s']:.2f} s of own time in total")
+        for e in summary["top"][:top]:
+            share = 100.0 * e["own_s"] / summary["total_s"] if summary["total_s"] else 0.0
+            print(f"  {e['own_s']:7.3f} s {share:5.1f}%  {e['calls']:>9}  {e['function']}")
+
+
+# -- driver -----------------------------------------------------------------------------
+
+
+def _attempt(results: dict[str, Any], key: str, func: Callable[[], Any],
+             errors: dict[str, str]) -> None:
+    try:
+        results[key] = func()
+    except PorterError as exc:
+        progress(f"{key}: FAILED: {exc}")
+        errors[key] = str(exc)
+
+
+def run(counts: Counts, only: set[str]) -> dict[str, Any]:
+    """Every selected measurement, in one run; failures are recorded, never fatal."""
+    errors: dict[str, str] = {}
+    res: dict[str, Any] = {"counts": asdict(counts), "errors": errors}
+    if "broadcast" in only:
+        bc: dict[str, Any] = {}
+        for subs in (1, counts.subs):
+            for system in SYSTEMS:
+                key = f"{system}/1->{subs}"
+                progress(f"broadcast {key}: {counts.broadcast} messages")
+                _attempt(bc, key, lambda s=system, n=subs: measure_broadcast(s, n, counts),
+                         errors)
+                if key in bc:
+                    progress(f"  {bc[key]['mean']:,.0f} msg/s per subscriber "
+                             f"(received {bc[key]['received']})")
+        res["broadcast"] = bc
+    if "direct" in only:
+        progress(f"direct with acks: {counts.direct} messages, window {counts.window}")
+        _attempt(res, "direct", lambda: measure_direct(counts), errors)
+        if "direct" in res:
+            progress(f"  {res['direct']['rate']:,.0f} acknowledged msg/s "
+                     f"({res['direct']['acked']} acked, {res['direct']['failed']} failed)")
+    if "rtt" in only:
+        rtt: dict[str, Any] = {}
+        for system in ("mesh", "zmq"):
+            progress(f"round trip {system}: {counts.rtt} round trips")
+            _attempt(rtt, system, lambda s=system: measure_rtt(s, counts), errors)
+            if system in rtt:
+                progress(f"  p50 {rtt[system].get('p50_us', 0):.1f} us, "
+                         f"p99 {rtt[system].get('p99_us', 0):.1f} us")
+        res["rtt"] = rtt
+    if "discovery" in only:
+        progress(f"discovery: {counts.nodes} nodes with zeroconf on 127.0.0.1")
+        _attempt(res, "discovery", lambda: measure_discovery(counts), errors)
+        if "discovery" in res:
+            progress(f"  all seen after {res['discovery']['from_last_start']} s")
+    return res
+
+
+def _versions() -> dict[str, str]:
+    import orjson
+    import zmq
+
+    out = {"python": platform.python_version(), "pyzmq": zmq.__version__,
+           "libzmq": zmq.zmq_version(), "orjson": orjson.__version__}
+    with contextlib.suppress(Exception):
+        from importlib.metadata import version
+
+        out["eclipse-zenoh"] = version("eclipse-zenoh")
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options."""
+    p = argparse.ArgumentParser(prog="python -m bench.bench_node", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="much smaller counts")
+    p.add_argument("--only", default=",".join(MEASURES),
+                   help=f"comma-separated subset of {','.join(MEASURES)}")
+    p.add_argument("--out", type=Path, default=RESULTS, help="directory for node.json/png")
+    p.add_argument("--profile", action="store_true",
+                   help="afterwards, re-run the mesh's side under cProfile and print hot spots")
+    for name in ("broadcast", "direct", "window", "rtt", "nodes", "subs"):
+        p.add_argument(f"--{name}", type=int, default=None, help=f"override the {name} count")
+    p.add_argument("--limit", type=float, default=None, help="seconds per measurement")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; exit status 1 when a measurement failed (not on a MISS)."""
+    a = parse_args(argv)
+    only = {m.strip() for m in a.only.split(",") if m.strip()}
+    unknown = only - set(MEASURES)
+    if unknown:
+        sys.stderr.write(f"unknown measure(s) {sorted(unknown)}; choose from {MEASURES}\n")
+        return 2
+    counts = QUICK if a.quick else FULL
+    overrides = {k: getattr(a, k) for k in ("broadcast", "direct", "window", "rtt", "nodes",
+                                            "subs", "limit") if getattr(a, k) is not None}
+    counts = replace(counts, **overrides)
+    started = time.monotonic()
+    res = run(counts, only)
+    res["meta"] = {
+        "quick": a.quick, "measures": sorted(only), "seconds": time.monotonic() - started,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(), "versions": _versions(),
+        "payload": "AS2 profile 'Status announcement' (Announce), 189 bytes of JSON",
+    }
+    rows = summarize(res)
+    res["summary"] = [{**asdict(r), "ratio": r.ratio, "verdict": r.verdict} for r in rows]
+    if a.profile:
+        res["profile"] = run_profiles(counts, a.out, only)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "node.json").write_text(json.dumps(res, indent=2) + "\n")
+    plot(res, rows, a.out / "node.png")
+    print(render(res, rows))
+    if a.profile:
+        print_profiles(res["profile"])
+    print(f"\nwrote {a.out / 'node.json'} and {a.out / 'node.png'}")
+    return 1 if res["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

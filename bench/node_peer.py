@@ -1,0 +1,674 @@
+"""One side of a node-benchmark measurement, run as its own OS process.
+
+Usage (from the repository root): ``python -m bench.node_peer ROLE [options]``.
+
+Every role talks to the benchmark driver (:mod:`bench.bench_node`) through JSON lines
+on stdout: ``{"event": "ready", ...}`` once it listens or is connected, then
+``{"event": "result", ...}`` with what it measured. Roles that others depend on (a
+publisher, an echo server) stay up after their result until their stdin closes, so a
+peer is never cut off mid-stream. Errors go to stderr and end the process with status 2.
+
+Roles:
+
+* ``mesh-pub`` / ``mesh-sub``: broadcast on the ``log`` channel through :class:`Node`.
+* ``mesh-recv``: a node that drains its direct inbox (``--echo``: and answers every
+  direct message with a direct message back).
+* ``mesh-send``: direct sends with acknowledgement, ``--window`` futures in flight.
+* ``mesh-ping``: direct round trips against ``mesh-recv --echo``, one at a time.
+* ``mesh-discover``: a node with zeroconf discovery on loopback; reports when it sees
+  ``--expect`` others. Waits for a ``go`` line first, so interpreter start-up and
+  imports are not counted as discovery.
+* ``zmq-pub`` / ``zmq-sub``: raw pyzmq XPUB/SUB (``--mode raw``: the same pre-encoded
+  bytes every time; ``--mode orjson``: ``orjson.dumps`` per send, ``orjson.loads`` per
+  receive).
+* ``zmq-echo`` / ``zmq-ping``: raw pyzmq ROUTER/DEALER ping-pong of the same bytes.
+* ``zenoh-pub`` / ``zenoh-sub``: eclipse-zenoh peers, multicast scouting off, explicit
+  ``tcp/127.0.0.1`` endpoints, reliable (blocking congestion control) publication.
+
+Throughput is measured where messages arrive: messages received after the first
+arrival divided by the time from the first arrival to the last one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import json
+import os
+import selectors
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+#: The AS2 profile's status announcement, the payload of every measurement.
+ANNOUNCE: dict[str, Any] = {
+    "type": "Announce",
+    "actor": "worker-backend",
+    "summary": "All tests passing",
+    "context": "urn:porter:task:a3f9",
+    "object": {"type": "Note", "content": "14 tests passing, 0 failures. Coverage: 87%."},
+}
+PAYLOAD = orjson.dumps(ANNOUNCE)
+
+CHANNEL = "log"
+PUB_NAME = "pub"
+RECV_NAME = "recv"
+ZENOH_DATA_KEY = "bench/data"
+ZENOH_READY_KEY = "bench/ready"
+
+
+def emit(event: str, **fields: Any) -> None:
+    """Write one JSON event line on stdout for the driver."""
+    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def note(text: str) -> None:
+    """Progress for the human watching, on stderr."""
+    sys.stderr.write(f"  [{os.getpid()}] {text}\n")
+    sys.stderr.flush()
+
+
+class Arrivals:
+    """Counts received messages and times the first and the last arrival."""
+
+    __slots__ = ("count", "first", "first_batch", "last")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first = 0.0
+        self.first_batch = 0
+        self.last = 0.0
+
+    def add(self, n: int) -> None:
+        now = time.perf_counter()
+        if self.count == 0:
+            self.first = now
+            self.first_batch = n
+        self.count += n
+        self.last = now
+
+    def result(self) -> dict[str, Any]:
+        span = self.last - self.first
+        # The first batch arrived at `first`; only what came after it fills the span.
+        after_first = self.count - self.first_batch
+        rate = after_first / span if span > 0 and after_first > 0 else 0.0
+        return {"received": self.count, "seconds": span, "rate": rate}
+
+
+def percentiles(samples_ns: list[int]) -> dict[str, float]:
+    """p50/p90/p99/max/mean of nanosecond samples, in microseconds."""
+    if not samples_ns:
+        return {"n": 0}
+    ordered = sorted(samples_ns)
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000.0
+
+    return {
+        "n": len(ordered),
+        "p50_us": pick(0.50),
+        "p90_us": pick(0.90),
+        "p99_us": pick(0.99),
+        "max_us": ordered[-1] / 1000.0,
+        "mean_us": sum(ordered) / len(ordered) / 1000.0,
+    }
+
+
+def wait_stdin_closed(limit: float) -> None:
+    """Block until the driver closes our stdin (or ``limit`` seconds pass)."""
+    deadline = time.monotonic() + limit
+    with selectors.DefaultSelector() as sel:
+        sel.register(sys.stdin.fileno(), selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0:
+            if sel.select(left) and not os.read(sys.stdin.fileno(), 4096):
+                return
+
+
+async def async_stdin_closed(limit: float) -> None:
+    """Wait on the loop until our stdin closes (or ``limit`` seconds pass)."""
+    loop = asyncio.get_running_loop()
+    closed = loop.create_future()
+    fd = sys.stdin.fileno()
+
+    def readable() -> None:
+        if not os.read(fd, 4096) and not closed.done():
+            closed.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(closed, limit)
+    finally:
+        loop.remove_reader(fd)
+
+
+# -- the mesh ---------------------------------------------------------------------------
+
+
+def _node(name: str, **settings: Any) -> Any:
+    from porter_mesh.node.node import Node
+
+    settings.setdefault("discovery", False)
+    settings.setdefault("channels", ())
+    return Node(name=name, **settings)
+
+
+def _fresh_activity() -> Any:
+    from porter_mesh.core.as2 import Activity
+
+    return Activity.from_dict(ANNOUNCE)
+
+
+async def mesh_pub(a: argparse.Namespace) -> None:
+    async with _node(PUB_NAME) as node:
+        emit("ready", port=node.router_port)
+        await node.wait_for_subscribers(CHANNEL, a.subs, a.limit)
+        note(f"mesh-pub: {a.subs} subscriber(s), publishing {a.count}")
+        started = time.perf_counter()
+        for i in range(a.count):
+            # A fresh, validated activity per message, as an application would build it.
+            node.async_publish(CHANNEL, _fresh_activity())
+            if i & 255 == 255:
+                await asyncio.sleep(0)  # let the node flush what accumulated
+        await asyncio.sleep(0)
+        elapsed = time.perf_counter() - started
+        emit("result", sent=a.count, seconds=elapsed, rate=a.count / elapsed, stats=node.stats())
+        await async_stdin_closed(a.limit)
+
+
+async def _drain_until(
+    node: Any, count: int, limit: float, idle: float, keep: Callable[[Any], bool]
+) -> Arrivals:
+    arrivals = Arrivals()
+    deadline = time.monotonic() + limit
+    while arrivals.count < count:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            async with asyncio.timeout(min(left, idle) if arrivals.count else left):
+                await node.wait_readable()
+        except TimeoutError:
+            break
+        got = sum(1 for m in node.drain() if keep(m))
+        if got:
+            arrivals.add(got)
+    return arrivals
+
+
+async def mesh_sub(a: argparse.Namespace) -> None:
+    async with _node(a.name, seeds=(a.seed,), channels=(CHANNEL,)) as node:
+        await node.wait_for_peers([PUB_NAME], a.limit)
+        emit("ready")
+        arrivals = await _drain_until(
+            node, a.count, a.limit, a.idle, lambda m: m.channel == CHANNEL
+        )
+        emit("result", **arrivals.result(), stats=node.stats())
+
+
+async def mesh_recv(a: argparse.Namespace) -> None:
+    async with _node(RECV_NAME) as node:
+        if a.echo:
+
+            def forget(fut: asyncio.Future[None]) -> None:
+                if not fut.cancelled():
+                    fut.exception()  # retrieved, so asyncio does not log it
+
+            def answer(msg: Any) -> None:
+                if msg.direct:
+                    node.async_send_nowait(msg.sender, msg.activity).add_done_callback(forget)
+
+            node.add_handler(answer)
+        emit("ready", port=node.router_port)
+        drainer = asyncio.ensure_future(
+            _drain_until(node, 1 << 62, a.limit, a.limit, lambda m: m.direct)
+        )
+        await async_stdin_closed(a.limit)
+        drainer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await drainer
+        emit("result", stats=node.stats())
+
+
+async def mesh_send(a: argparse.Namespace) -> None:
+    async with _node("send", seeds=(a.seed,)) as node:
+        await node.wait_for_peers([RECV_NAME], a.limit)
+        emit("ready")
+        loop = asyncio.get_running_loop()
+        acked = failed = in_flight = 0
+        errors: list[str] = []
+        room = asyncio.Event()
+        low_water = max(1, a.window // 2)
+        last_ack = 0.0
+
+        def settled(fut: asyncio.Future[None]) -> None:
+            nonlocal acked, failed, in_flight, last_ack
+            in_flight -= 1
+            if fut.cancelled() or fut.exception() is not None:
+                failed += 1
+                if len(errors) < 3:
+                    errors.append(repr(fut.exception()) if not fut.cancelled() else "cancelled")
+            else:
+                acked += 1
+                last_ack = time.perf_counter()
+            if in_flight <= low_water:
+                room.set()
+
+        deadline = loop.time() + a.limit
+        sent = 0
+        started = time.perf_counter()
+        while sent < a.count and loop.time() < deadline:
+            burst = min(a.window - in_flight, a.count - sent, 1024)
+            for _ in range(burst):
+                node.async_send_nowait(RECV_NAME, _fresh_activity()).add_done_callback(settled)
+            sent += burst
+            in_flight += burst
+            if in_flight >= a.window:
+                room.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(room.wait(), max(0.0, deadline - loop.time()))
+            else:
+                await asyncio.sleep(0)
+        while in_flight and loop.time() < deadline:
+            room.clear()
+            low_water = 0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(room.wait(), max(0.0, deadline - loop.time()))
+        span = last_ack - started
+        emit(
+            "result",
+            sent=sent,
+            acked=acked,
+            failed=failed,
+            errors=errors,
+            seconds=span,
+            rate=acked / span if span > 0 else 0.0,
+            stats=node.stats(),
+        )
+
+
+async def mesh_ping(a: argparse.Namespace) -> None:
+    async with _node("ping", seeds=(a.seed,)) as node:
+        await node.wait_for_peers([RECV_NAME], a.limit)
+        emit("ready")
+        deadline = time.monotonic() + a.limit
+        samples: list[int] = []
+        for i in range(a.warmup + a.count):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            activity = _fresh_activity()
+            t0 = time.perf_counter_ns()
+            ack = node.async_send_nowait(RECV_NAME, activity)
+            reply = await node.receive(timeout=left)
+            t1 = time.perf_counter_ns()
+            await ack
+            if not reply.direct:
+                raise SystemExit(f"mesh-ping: expected a direct reply, got {reply.channel}")
+            if i >= a.warmup:
+                samples.append(t1 - t0)
+        emit("result", **percentiles(samples), stats=node.stats())
+
+
+async def mesh_discover(a: argparse.Namespace) -> None:
+    from porter_mesh.node.node import Node
+
+    emit("loaded")
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    if (await asyncio.wait_for(reader.readline(), a.limit)).strip() != b"go":
+        return
+    started = time.monotonic()
+    node = Node(name=a.name, mesh=a.mesh, interfaces=("127.0.0.1",), discovery=True)
+    async with node:
+        up = time.monotonic()
+        emit("up", start=started, up=up)
+        try:
+            await node.wait_for_peers(a.expect, a.limit)
+        except TimeoutError:
+            emit("seen", start=started, up=up, seen=None, peers=len(node.peers()))
+            return
+        emit("seen", start=started, up=up, seen=time.monotonic(), peers=len(node.peers()))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(reader.read(), a.limit)
+
+
+# -- raw pyzmq --------------------------------------------------------------------------
+
+
+def _zmq_context() -> Any:
+    import zmq
+
+    return zmq.Context()
+
+
+def zmq_pub(a: argparse.Namespace) -> None:
+    import zmq
+
+    ctx = _zmq_context()
+    sock = ctx.socket(zmq.XPUB)
+    sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # one notice per subscriber, not per topic
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        port = sock.bind_to_random_port("tcp://127.0.0.1")
+        emit("ready", port=port)
+        subscribed = 0
+        deadline = time.monotonic() + a.limit
+        while subscribed < a.subs:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sock.poll(int(left * 1000)):
+                raise SystemExit(f"zmq-pub: only {subscribed} of {a.subs} subscribed")
+            if sock.recv()[:1] == b"\x01":
+                subscribed += 1
+        note(f"zmq-pub ({a.mode}): {a.subs} subscriber(s), publishing {a.count}")
+        started = time.perf_counter()
+        send = sock.send
+        if a.mode == "orjson":
+            dumps, obj = orjson.dumps, ANNOUNCE
+            for _ in range(a.count):
+                send(dumps(obj))
+        else:
+            for _ in range(a.count):
+                send(PAYLOAD)
+        elapsed = time.perf_counter() - started
+        emit("result", sent=a.count, seconds=elapsed, rate=a.count / elapsed)
+        wait_stdin_closed(a.limit)
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def zmq_sub(a: argparse.Namespace) -> None:
+    import zmq
+
+    ctx = _zmq_context()
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(f"tcp://127.0.0.1:{a.port}")
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        emit("ready")
+        arrivals = Arrivals()
+        deadline = time.monotonic() + a.limit
+        loads = orjson.loads if a.mode == "orjson" else None
+        recv, again, noblock = sock.recv, zmq.Again, zmq.NOBLOCK
+        while arrivals.count < a.count:
+            left = deadline - time.monotonic()
+            wait = min(left, a.idle) if arrivals.count else left
+            if wait <= 0 or not sock.poll(int(wait * 1000)):
+                break
+            n = 0
+            try:
+                if arrivals.count == 0:  # the first arrival starts the clock on its own
+                    data = recv(noblock)
+                    if loads is not None:
+                        loads(data)
+                    arrivals.add(1)
+                room = a.count - arrivals.count
+                while n < room:
+                    data = recv(noblock)
+                    if loads is not None:
+                        loads(data)
+                    n += 1
+            except again:
+                pass
+            if n:
+                arrivals.add(n)
+        emit("result", **arrivals.result())
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def zmq_echo(a: argparse.Namespace) -> None:
+    import zmq
+
+    ctx = _zmq_context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        emit("ready", port=sock.bind_to_random_port("tcp://127.0.0.1"))
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(sys.stdin.fileno(), zmq.POLLIN)
+        deadline = time.monotonic() + a.limit
+        echoed = 0
+        while (left := deadline - time.monotonic()) > 0:
+            ready = dict(poller.poll(int(left * 1000)))
+            if sock in ready:
+                sock.send_multipart(sock.recv_multipart())
+                echoed += 1
+            if sys.stdin.fileno() in ready and not os.read(sys.stdin.fileno(), 4096):
+                break
+        emit("result", echoed=echoed)
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def zmq_ping(a: argparse.Namespace) -> None:
+    import zmq
+
+    ctx = _zmq_context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(f"tcp://127.0.0.1:{a.port}")
+        emit("ready")
+        deadline = time.monotonic() + a.limit
+        samples: list[int] = []
+        for i in range(a.warmup + a.count):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            t0 = time.perf_counter_ns()
+            sock.send(PAYLOAD)
+            if not sock.poll(int(left * 1000)):
+                break
+            reply = sock.recv()
+            t1 = time.perf_counter_ns()
+            if reply != PAYLOAD:
+                raise SystemExit("zmq-ping: the echo changed the message")
+            if i >= a.warmup:
+                samples.append(t1 - t0)
+        emit("result", **percentiles(samples))
+    finally:
+        sock.close()
+        ctx.term()
+
+
+# -- eclipse-zenoh ----------------------------------------------------------------------
+
+
+def _zenoh_session(*, connect: int | None) -> Any:
+    import zenoh
+
+    conf = zenoh.Config()
+    conf.insert_json5("mode", '"peer"')
+    conf.insert_json5("scouting/multicast/enabled", "false")
+    # Explicit loopback endpoints; the default would listen on every interface.
+    conf.insert_json5("listen/endpoints", '["tcp/127.0.0.1:0"]')
+    if connect is not None:
+        conf.insert_json5("connect/endpoints", json.dumps([f"tcp/127.0.0.1:{connect}"]))
+    else:
+        conf.insert_json5("adminspace/enabled", "true")  # to read back the chosen port
+    return zenoh.open(conf)
+
+
+def _zenoh_port(session: Any) -> int:
+    for reply in session.get(f"@/{session.zid()}/peer"):
+        if reply.ok is not None:
+            for locator in json.loads(reply.ok.payload.to_bytes())["locators"]:
+                if locator.startswith("tcp/127.0.0.1:"):
+                    return int(locator.rsplit(":", 1)[1])
+    raise SystemExit("zenoh-pub: could not read the listening port from the admin space")
+
+
+def zenoh_pub(a: argparse.Namespace) -> None:
+    import zenoh
+
+    session = _zenoh_session(connect=None)
+    try:
+        ready_subs: set[bytes] = set()
+        all_ready = threading.Event()
+
+        def on_ready(sample: Any) -> None:
+            ready_subs.add(sample.payload.to_bytes())
+            if len(ready_subs) >= a.subs:
+                all_ready.set()
+
+        ready_listener = session.declare_subscriber(ZENOH_READY_KEY, on_ready)
+        pub = session.declare_publisher(
+            ZENOH_DATA_KEY, congestion_control=zenoh.CongestionControl.BLOCK
+        )
+        emit("ready", port=_zenoh_port(session))
+        if not all_ready.wait(a.limit):
+            raise SystemExit(f"zenoh-pub: only {len(ready_subs)} of {a.subs} subscribed")
+        note(f"zenoh-pub ({a.mode}): {a.subs} subscriber(s), publishing {a.count}")
+        put = pub.put
+        started = time.perf_counter()
+        if a.mode == "orjson":
+            dumps, obj = orjson.dumps, ANNOUNCE
+            for _ in range(a.count):
+                put(dumps(obj))
+        else:
+            for _ in range(a.count):
+                put(PAYLOAD)
+        elapsed = time.perf_counter() - started
+        emit("result", sent=a.count, seconds=elapsed, rate=a.count / elapsed)
+        wait_stdin_closed(a.limit)
+        pub.undeclare()
+        ready_listener.undeclare()
+    finally:
+        session.close()
+
+
+def zenoh_sub(a: argparse.Namespace) -> None:
+    session = _zenoh_session(connect=a.port)
+    try:
+        arrivals = Arrivals()
+        done = threading.Event()
+        loads = orjson.loads if a.mode == "orjson" else None
+        count = a.count
+
+        def on_sample(sample: Any) -> None:
+            data = sample.payload.to_bytes()
+            if loads is not None:
+                loads(data)
+            arrivals.add(1)
+            if arrivals.count >= count:
+                done.set()
+
+        data_sub = session.declare_subscriber(ZENOH_DATA_KEY, on_sample)
+        # Say "ready" only once the publisher's ready-listener is known here; our
+        # subscription was declared before, on the same link, so it is known there.
+        matched = threading.Event()
+        ready_pub = session.declare_publisher(ZENOH_READY_KEY)
+        listener = ready_pub.declare_matching_listener(
+            lambda status: matched.set() if status.matching else None
+        )
+        if not (ready_pub.matching_status or matched.wait(a.limit)):
+            raise SystemExit("zenoh-sub: the publisher never appeared")
+        ready_pub.put(a.name.encode())
+        emit("ready")
+        deadline = time.monotonic() + a.limit
+        while not done.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            done.wait(min(left, 0.05))
+            if arrivals.count and time.perf_counter() - arrivals.last > a.idle:
+                break
+        emit("result", **arrivals.result())
+        listener.undeclare()
+        ready_pub.undeclare()
+        data_sub.undeclare()
+    finally:
+        session.close()
+
+
+ROLES: dict[str, Callable[[argparse.Namespace], Any]] = {
+    "mesh-pub": mesh_pub,
+    "mesh-sub": mesh_sub,
+    "mesh-recv": mesh_recv,
+    "mesh-send": mesh_send,
+    "mesh-ping": mesh_ping,
+    "mesh-discover": mesh_discover,
+    "zmq-pub": zmq_pub,
+    "zmq-sub": zmq_sub,
+    "zmq-echo": zmq_echo,
+    "zmq-ping": zmq_ping,
+    "zenoh-pub": zenoh_pub,
+    "zenoh-sub": zenoh_sub,
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Options shared by every role."""
+    p = argparse.ArgumentParser(
+        prog="python -m bench.node_peer",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("role", choices=sorted(ROLES))
+    p.add_argument("--count", type=int, default=1000, help="messages to send or expect")
+    p.add_argument("--subs", type=int, default=1, help="subscribers a publisher waits for")
+    p.add_argument("--window", type=int, default=20_000, help="direct sends in flight")
+    p.add_argument("--warmup", type=int, default=100, help="untimed round trips first")
+    p.add_argument("--limit", type=float, default=60.0, help="hard time limit (seconds)")
+    p.add_argument(
+        "--idle",
+        type=float,
+        default=3.0,
+        help="stop receiving after this many quiet seconds once data flowed",
+    )
+    p.add_argument("--mode", choices=("raw", "orjson"), default="orjson")
+    p.add_argument("--port", type=int, default=0, help="port of the peer to connect to")
+    p.add_argument("--seed", default="", help="HOST:PORT of the mesh peer to contact")
+    p.add_argument("--name", default="sub-0", help="agent name")
+    p.add_argument("--mesh", default="bench", help="mesh name (discovery)")
+    p.add_argument("--expect", type=int, default=9, help="peers to discover")
+    p.add_argument("--echo", action="store_true", help="mesh-recv answers every message")
+    p.add_argument("--profile", default="", help="write cProfile stats to this file")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one role; exit status 2 on failure."""
+    a = parse_args(argv)
+    func = ROLES[a.role]
+    profiler = cProfile.Profile() if a.profile else None
+    try:
+        if profiler is not None:
+            profiler.enable()
+        if asyncio.iscoroutinefunction(func):
+            asyncio.run(func(a))
+        else:
+            func(a)
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            sys.stderr.write(f"{a.role}: {exc.code}\n")
+            return 2
+        raise
+    except Exception as exc:
+        sys.stderr.write(f"{a.role}: {type(exc).__name__}: {exc}\n")
+        return 2
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(a.profile)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
