@@ -54,7 +54,8 @@ class NodeConfig:
         sndhwm / rcvhwm: ZeroMQ high-water marks (messages) per socket pipe.
         inbox_size: most undelivered messages held for the application; broadcast beyond
             it is dropped (counted); direct beyond it is not acknowledged, so the sender
-            retries later (backpressure, no loss).
+            retries later (backpressure, no loss). 0 disables the inbox: messages go
+            only to handlers.
         max_pending: most unacknowledged direct messages per recipient.
         batch_max: most activities packed into one ZeroMQ message under load.
         data_dir: where durable state lives (the direct-delivery journal); ``None`` keeps
@@ -123,7 +124,9 @@ class NodeConfig:
         for value_name in ("send_timeout", "retry_initial", "retry_max"):
             if getattr(self, value_name) <= 0:
                 raise ConfigError(f"{value_name} must be positive")
-        for count_name in ("inbox_size", "max_pending", "sndhwm", "rcvhwm", "max_message_bytes"):
+        if self.inbox_size < 0:
+            raise ConfigError("inbox_size must be >= 0 (0: no inbox, handlers only)")
+        for count_name in ("max_pending", "sndhwm", "rcvhwm", "max_message_bytes"):
             if getattr(self, count_name) <= 0:
                 raise ConfigError(f"{count_name} must be positive")
 

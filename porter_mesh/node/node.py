@@ -845,36 +845,38 @@ class Node:
         elif result.verdict is SeqVerdict.DUPLICATE:
             self.counters["duplicate.broadcast"] += 1
 
-    def _deliver(self, env: Envelope, payload: bytes, *, direct: bool,
-                 skip: int = 0) -> int:
+    def _deliver(self, env: Envelope, payload: bytes, *, direct: bool) -> None:
         try:
             activities = decode_payload(payload, env.count)
         except ProtocolError as exc:
             self._drop(exc.reason, env.sender, "dropped %d activities from %s on %s: %s",
                        env.count, env.sender, env.channel, exc)
-            return 0
+            return
+        self._deliver_activities(env, activities, direct=direct)
+
+    def _deliver_activities(self, env: Envelope, activities: list[Activity], *,
+                            direct: bool) -> None:
         inbox = self._inbox
         limit = self.config.inbox_size
         handlers = self._handlers
         delivered = 0
+        channel, sender, seq = env.channel, env.sender, env.seq
         for i, activity in enumerate(activities):
-            if i < skip:
-                continue
-            msg = Message(env.channel, env.sender, activity, env, env.seq + i, direct)
+            msg = Message(channel, sender, activity, env, seq + i, direct)
             for handler in handlers:
                 try:
                     handler(msg)
                 except Exception:
                     log.exception("message handler failed on %s", env.msg_id)
-            if len(inbox) >= limit:
-                self.counters["dropped.inbox-full"] += 1
-                continue
-            inbox.append(msg)
-            delivered += 1
+            if limit:
+                if len(inbox) >= limit:
+                    self.counters["dropped.inbox-full"] += 1
+                    continue
+                inbox.append(msg)
+                delivered += 1
         self.counters["received.direct" if direct else "received.broadcast"] += len(activities)
         if delivered and self._inbox_event is not None:
             self._inbox_event.set()
-        return delivered
 
     def _on_observed(self, frames: list[bytes]) -> None:
         """A copy of a direct message, republished by its receiver for observers."""
@@ -890,31 +892,42 @@ class Node:
         if sock is None:
             return
         n = 0
-        records: list[JournalRecord] = []
-        mirror: list[list[bytes]] = []
+        accepted: list[tuple[Envelope, bytes, bytes, list[Activity]]] = []
         try:
             while n < _DRAIN_LIMIT:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
                 n += 1
-                self._on_direct(frames, records, mirror)
+                self._on_direct(frames, accepted)
         except zmq.Again:
             pass
         except zmq.ZMQError:
             if not self._closed:
                 raise
             return
-        if records and self._journal is not None:
-            self._journal.append(records)
-        if mirror and self._pub is not None:
-            for frames in mirror:
-                with contextlib.suppress(zmq.Again):
-                    self._pub.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        if accepted:
+            # Journal first, then hand to the application, then acknowledge (in
+            # _after_batch): whatever the application saw is on record, so a restarted
+            # node never delivers it again.
+            if self._journal is not None:
+                self._journal.append([
+                    JournalRecord(env.sender, env.incarnation, env.seq, env.count,
+                                  env.channel, payload)
+                    for env, _, payload, _ in accepted
+                ])
+            pub = self._pub
+            for env, env_bytes, payload, activities in accepted:
+                self._deliver_activities(env, activities, direct=True)
+                if pub is not None:
+                    # A copy for observers (tail); dropped by ZeroMQ when nobody watches.
+                    with contextlib.suppress(zmq.Again):
+                        pub.send_multipart([encode_topic(env.channel), env_bytes, payload],
+                                           zmq.NOBLOCK, copy=False)
         if n >= _DRAIN_LIMIT and self._loop is not None:
             self._loop.call_soon(self._drain_router)
         self._after_batch()
 
-    def _on_direct(self, frames: list[bytes], records: list[JournalRecord],
-                   mirror: list[list[bytes]]) -> None:
+    def _on_direct(self, frames: list[bytes],
+                   accepted: list[tuple[Envelope, bytes, bytes, list[Activity]]]) -> None:
         if len(frames) < 2:
             self._drop("frames", "?", "dropped a direct message with %d frames", len(frames))
             return
@@ -945,18 +958,21 @@ class Node:
         except ClockError as exc:
             self._drop("clock", env.sender, "dropped a message from %s: %s", env.sender, exc)
             return
-        if len(self._inbox) + env.count > self.config.inbox_size:
+        waiting = len(self._inbox) + sum(e.count for e, _, _, _ in accepted[-64:])
+        if self.config.inbox_size and waiting + env.count > self.config.inbox_size:
             self.counters["backpressure.inbox"] += 1
             return  # not acknowledged: the sender will retry when we have room
         result = self._dtracker.observe_range(env.sender, _DIRECT_STREAM, env.incarnation,
-                                             env.seq, env.count)
-        fresh = result.verdict is not SeqVerdict.DUPLICATE
-        if fresh:
-            self._deliver(env, payload, direct=True)
-            if self._journal is not None:
-                records.append(JournalRecord(env.sender, env.incarnation, env.seq,
-                                             env.count, env.channel, payload))
-            mirror.append([encode_topic(env.channel), frames[1], payload])
+                                              env.seq, env.count)
+        if result.is_new:
+            try:
+                activities = decode_payload(payload, env.count)
+            except ProtocolError as exc:
+                # Acknowledged all the same: resending a poison message cannot help.
+                self._drop(exc.reason, env.sender, "dropped %d activities from %s: %s",
+                           env.count, env.sender, exc)
+            else:
+                accepted.append((env, frames[1], payload, activities))
         else:
             self.counters["duplicate.direct"] += env.count
         acks = self._pending_acks.get(ident)

@@ -1,0 +1,138 @@
+"""A mesh node in its own process, driven by JSON lines on stdin, reporting on stdout.
+
+Used by the integration tests. Every line printed is one JSON object with an ``ev`` key:
+``up`` (ports, incarnation), ``peer`` (roster change), ``msg`` (a delivered activity),
+``sent`` (a direct send was acknowledged), ``send-failed``, ``stats``.
+
+Commands (one JSON object per stdin line, ``op`` key): ``publish`` (channel, text, n),
+``send`` (to, n, start: numbered direct messages, pipelined), ``stats``, ``subscribe``,
+``quit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import pathlib
+import sys
+import time
+from typing import Any
+
+import orjson
+
+from porter_mesh.core.as2 import Activity
+from porter_mesh.core.peers import PeerEvent
+from porter_mesh.errors import PorterError
+from porter_mesh.node.node import Message, Node
+
+
+def emit(**fields: Any) -> None:
+    sys.stdout.write(orjson.dumps(fields).decode() + "\n")
+    sys.stdout.flush()
+
+
+def activity(actor: str, text: str) -> Activity:
+    return Activity.from_dict({"type": "Announce", "actor": actor, "summary": text})
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--mesh", default="test")
+    parser.add_argument("--interface", default="127.0.0.1")
+    parser.add_argument("--router-port", type=int, default=0)
+    parser.add_argument("--pub-port", type=int, default=0)
+    parser.add_argument("--seed", action="append", default=[])
+    parser.add_argument("--no-discovery", action="store_true")
+    parser.add_argument("--data-dir", type=pathlib.Path)
+    parser.add_argument("--heartbeat", type=float, default=0.2)
+    parser.add_argument("--evasive-after", type=float, default=0.8)
+    parser.add_argument("--expire-after", type=float, default=2.0)
+    parser.add_argument("--quiet-messages", action="store_true",
+                        help="report only a count of delivered messages")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(relativeCreated)d %(name)s %(message)s")
+    logging.getLogger("zeroconf").setLevel(logging.WARNING)
+    node = Node(
+        name=args.name, mesh=args.mesh, interfaces=(args.interface,),
+        router_port=args.router_port, pub_port=args.pub_port, seeds=tuple(args.seed),
+        discovery=not args.no_discovery, data_dir=args.data_dir,
+        heartbeat_interval=args.heartbeat, evasive_after=args.evasive_after,
+        expire_after=args.expire_after, retry_initial=0.1, retry_max=0.5, send_timeout=30.0,
+    )
+
+    def on_peer(event: PeerEvent) -> None:
+        emit(ev="peer", kind=event.kind.value, peer=event.peer.name,
+             inc=event.peer.incarnation, reason=event.reason)
+
+    delivered = 0
+
+    def on_msg(msg: Message) -> None:
+        nonlocal delivered
+        delivered += 1
+        if args.quiet_messages:
+            if delivered % 100 == 0:
+                emit(ev="count", n=delivered)
+        else:
+            emit(ev="msg", ch=msg.channel, sender=msg.sender, seq=msg.seq,
+                 inc=msg.envelope.incarnation, text=msg.activity.summary, direct=msg.direct)
+
+    # Listen before starting: peers can be found while discovery starts up.
+    node.add_peer_listener(on_peer)
+    node.add_handler(on_msg)
+    await node.astart()
+    emit(ev="up", name=node.name, pub=node.pub_port, router=node.router_port,
+         inc=node.incarnation)
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def send_many(to: str, start: int, n: int) -> None:
+        futs = []
+        for i in range(start, start + n):
+            futs.append(node.async_send_nowait(to, activity(node.name, f"m{i}")))
+            if len(futs) % 256 == 0:
+                await asyncio.sleep(0)
+        ok = 0
+        for fut in futs:
+            try:
+                await fut
+                ok += 1
+            except PorterError as exc:
+                emit(ev="send-failed", error=str(exc))
+        emit(ev="sent", to=to, ok=ok, n=n)
+
+    while True:
+        node.drain()  # the handler already reported; keep the inbox empty
+        line = await reader.readline()
+        if not line:
+            break
+        cmd = orjson.loads(line)
+        op = cmd["op"]
+        if op == "quit":
+            break
+        if op == "publish":
+            for i in range(cmd.get("n", 1)):
+                node.async_publish(cmd["channel"], activity(node.name, f"{cmd['text']}{i}"))
+        elif op == "send":
+            task = asyncio.ensure_future(send_many(cmd["to"], cmd.get("start", 0), cmd["n"]))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        elif op == "wait-subscribers":
+            try:
+                await node.wait_for_subscribers(cmd["channel"], cmd["n"], cmd.get("timeout", 10))
+                emit(ev="subscribers", channel=cmd["channel"], n=cmd["n"])
+            except TimeoutError as exc:
+                emit(ev="error", error=str(exc))
+        elif op == "stats":
+            emit(ev="stats", stats=node.stats(), t=time.monotonic())
+    for task in tasks:
+        task.cancel()
+    await node.aclose()
+    emit(ev="closed")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
