@@ -1244,6 +1244,23 @@ class Node:
         assert self._halt_event is not None, "node not started"
         await self._halt_event.wait()
 
+    async def wait_for_stats(self, predicate: Callable[[dict[str, int]], bool],
+                             timeout: float) -> dict[str, int]:
+        """Wait until ``predicate(stats())`` holds; returns those stats.
+
+        Raises:
+            TimeoutError: it did not hold within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = self.stats()
+            if predicate(stats):
+                return stats
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"node {self.name}: condition on stats not met within "
+                                   f"{timeout}s; stats {stats}")
+            await asyncio.sleep(0.01)
+
     def stats(self) -> dict[str, int]:
         """Counters: sent, received, dropped (by reason), lost, duplicates, retries..."""
         out = dict(self.counters)

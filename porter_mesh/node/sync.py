@@ -151,6 +151,20 @@ class SyncNode:
         """Broadcast a control message (``drain``, ``halt``)."""
         self._in_loop(lambda: self.node.async_control(kind, target=target))
 
+    def wait_for_stats(self, predicate: Callable[[dict[str, int]], bool],
+                       timeout: float) -> dict[str, int]:
+        """Block until ``predicate(stats())`` holds.
+
+        Raises:
+            OperationTimeout: it did not hold in time.
+        """
+        try:
+            return self._call(self.node.wait_for_stats(predicate, timeout), timeout + 5.0)
+        except TimeoutError as exc:
+            if isinstance(exc, OperationTimeout):
+                raise
+            raise OperationTimeout(str(exc)) from None
+
     def stats(self) -> dict[str, int]:
         """The node's counters."""
         return self._in_loop(self.node.stats)

@@ -1,0 +1,114 @@
+"""Hostile input from raw pyzmq sockets: the node drops it, counts it, keeps serving."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Iterator
+
+import msgpack
+import pytest
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from porter_mesh.core import constants as C
+from porter_mesh.core.as2 import Activity
+from porter_mesh.node.sync import SyncNode
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(60)]
+_ids = itertools.count()
+ANNOUNCE = Activity.from_dict({"type": "Announce", "actor": "good", "summary": "still here"})
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[SyncNode, SyncNode]]:
+    """A victim node and a well-behaved peer joined through a static seed."""
+    mesh = f"h{os.getpid()}-{next(_ids)}"
+    victim = SyncNode(name="victim", mesh=mesh, discovery=False, max_message_bytes=64 * 1024)
+    good = SyncNode(name="good", mesh=mesh, discovery=False,
+                    seeds=(f"127.0.0.1:{victim.node.router_port}",))
+    try:
+        victim.wait_for_peers(["good"], 10)
+        good.wait_for_peers(["victim"], 10)
+        yield victim, good
+    finally:
+        good.close()
+        victim.close()
+
+
+@pytest.fixture
+def raw() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+def still_serves(victim: SyncNode, good: SyncNode) -> None:
+    """The victim still accepts and acknowledges a direct message from a real peer."""
+    good.send("victim", ANNOUNCE, timeout=10)
+    msgs = [victim.receive(10)]
+    assert any(m.activity == ANNOUNCE and m.sender == "good" for m in msgs)
+
+
+def dropped(stats: dict[str, int]) -> int:
+    return sum(v for k, v in stats.items() if k.startswith("dropped."))
+
+
+def envelope(**over: object) -> bytes:
+    """An envelope as raw msgpack, so that tests can also build ones the encoder refuses."""
+    fields: dict[str, object] = {"v": C.PROTOCOL_VERSION, "id": "x.1", "fr": "good",
+                                 "ch": "task:victim", "sq": 1, "in": 1,
+                                 "ts": time.time_ns() // 1_000_000 << 16, "to": "victim"}
+    fields.update(over)
+    return msgpack.packb(fields)
+
+
+def test_garbage_frames_are_dropped_and_counted(pair: tuple[SyncNode, SyncNode],
+                                                raw: zmq.Context[zmq.Socket[bytes]]) -> None:
+    victim, good = pair
+    dealer = raw.socket(zmq.DEALER)
+    dealer.connect(f"tcp://127.0.0.1:{victim.node.router_port}")
+    bad_messages = [
+        [b"\xff\xfe garbage"],                                      # one frame
+        [b"not msgpack \xc1", b"{}"],                               # bad envelope bytes
+        [msgpack.packb([1, 2, 3]), b"{}"],                          # envelope not a map
+        [envelope(v=99), b"{}"],                                    # unknown version
+        [envelope(), b'{"type": "Announce"}'],                      # invalid activity
+        [b"a", b"b", b"c", b"d", b"e"],                             # wrong frame count
+    ]
+    for frames in bad_messages:
+        dealer.send_multipart(frames)
+    victim.wait_for_stats(lambda st: dropped(st) >= len(bad_messages), 10)
+    still_serves(victim, good)
+    dealer.close(0)
+
+
+def test_oversized_message_disconnects_only_that_peer(
+        pair: tuple[SyncNode, SyncNode], raw: zmq.Context[zmq.Socket[bytes]]) -> None:
+    victim, good = pair
+    monitor_target = raw.socket(zmq.DEALER)
+    mon = monitor_target.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    monitor_target.connect(f"tcp://127.0.0.1:{victim.node.router_port}")
+    monitor_target.send_multipart([envelope(), b"x" * (256 * 1024)])  # over the 64 KiB limit
+    assert mon.poll(10_000), "the node did not drop the connection of the oversized sender"
+    event = recv_monitor_message(mon)
+    assert event["event"] == zmq.EVENT_DISCONNECTED
+    still_serves(victim, good)
+    monitor_target.disable_monitor()
+    mon.close(0)
+    monitor_target.close(0)
+
+
+def test_flood_from_unknown_peer_does_not_starve_others(
+        pair: tuple[SyncNode, SyncNode], raw: zmq.Context[zmq.Socket[bytes]]) -> None:
+    victim, good = pair
+    dealer = raw.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.SNDHWM, 0)
+    dealer.connect(f"tcp://127.0.0.1:{victim.node.router_port}")
+    frames = [envelope(fr="stranger"), ANNOUNCE.to_json()]
+    for _ in range(20_000):  # bounded flood
+        dealer.send_multipart(frames)
+    still_serves(victim, good)
+    victim.wait_for_stats(lambda st: st.get("dropped.unknown-peer", 0) >= 1, 10)
+    dealer.close(0)

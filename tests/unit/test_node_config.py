@@ -1,0 +1,33 @@
+"""Node settings are checked once, with messages that say what to do."""
+
+from __future__ import annotations
+
+import pytest
+
+from porter_mesh.errors import ConfigError
+from porter_mesh.node.config import NodeConfig
+
+
+def test_defaults_are_loopback_and_valid() -> None:
+    cfg = NodeConfig(name="worker-1")
+    assert cfg.interfaces == ("127.0.0.1",) and cfg.loopback_only
+    assert cfg.pub_port == 0 and cfg.router_port == 0
+
+
+@pytest.mark.parametrize(("settings", "needle"), [
+    ({"name": "Bad Name"}, "name"),
+    ({"name": "w", "interfaces": ("eth0",)}, "not an IP address"),
+    ({"name": "w", "interfaces": ()}, "interfaces is empty"),
+    ({"name": "w", "pub_port": 70000}, "TCP port"),
+    ({"name": "w", "seeds": ("nohost",)}, "HOST:PORT"),
+    ({"name": "w", "heartbeat_interval": 5.0}, "timings"),
+    ({"name": "w", "batch_max": 0}, "batch_max"),
+    ({"name": "w", "inbox_size": -1}, "inbox_size"),
+])
+def test_bad_settings_are_refused_clearly(settings: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        NodeConfig(**settings)  # type: ignore[arg-type]
+
+
+def test_non_loopback_is_noticed() -> None:
+    assert not NodeConfig(name="w", interfaces=("10.0.0.5",)).loopback_only
