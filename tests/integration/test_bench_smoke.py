@@ -1,0 +1,61 @@
+"""A tiny end-to-end run of the node benchmark: real processes, real sockets, real output.
+
+The counts are far too small for meaningful figures; the point is that every measurement
+runs across processes, ends on its own, and writes its table, JSON and chart.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.network
+
+
+def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
+    cmd = [
+        sys.executable, "-m", "bench.bench_node", "--quick", "--out", str(tmp_path),
+        "--broadcast", "300", "--direct", "300", "--window", "100", "--rtt", "30",
+        "--subs", "2", "--nodes", "3", "--limit", "10", "--repeat", "1",
+        "--systems", "mesh,zenoh-orjson",
+    ]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    res = json.loads((tmp_path / "node.json").read_text())
+    assert res["errors"] == {}
+    for system in ("mesh", "zenoh-orjson"):
+        for subs in (1, 2):
+            entry = res["broadcast"][f"{system}/1->{subs}"]
+            # Loopback, a few hundred messages, subscribers waited for: nothing is lost.
+            assert entry["received"] == [300] * subs, (system, subs, entry["received"])
+    direct = res["direct"]
+    assert (direct["acked"], direct["failed"]) == (300, 0)
+    assert direct["rate"] > 0
+    assert direct["receiver_stats"]["received.direct"] == 300
+    for system in ("mesh", "zmq"):
+        rtt = res["rtt"][system]
+        assert rtt["n"] == 30
+        assert 0 < rtt["p50_us"] <= rtt["p99_us"]
+    disc = res["discovery"]
+    assert disc["all_seen"] and disc["peers_seen"] == [2, 2, 2]
+    assert disc["from_last_start"] > 0
+
+    verdicts = {row["measure"]: row["verdict"] for row in res["summary"]}
+    assert set(verdicts) == {"broadcast 1->1", "broadcast 1->2 per sub", "direct with acks",
+                             "round trip p50", "round trip p99", "discovery 3 nodes"}
+    assert set(verdicts.values()) <= {"PASS", "MISS", "info"}
+    for row in res["summary"]:
+        assert row["ours"] is not None, row
+
+    assert (tmp_path / "node.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = done.stdout
+    for heading in ("measure", "ours", "baseline", "ratio", "target", "result"):
+        assert heading in table
+    assert "broadcast 1->1" in table and "round trip p50" in table
