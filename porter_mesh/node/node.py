@@ -83,6 +83,7 @@ from porter_mesh.errors import (
     DeliveryError,
     DeliveryTimeout,
     NodeClosedError,
+    PorterError,
     ProtocolError,
     UnknownPeerError,
 )
@@ -128,6 +129,12 @@ class Message(NamedTuple):
     envelope: Envelope
     seq: int
     direct: bool
+
+
+#: Answers the sender of a message of a registered kind: ``reply(kind, payload)``.
+Reply = Callable[[str, bytes], None]
+#: Handles a registered kind: ``handler(envelope, raw payload, reply)``.
+KindHandler = Callable[[Envelope, bytes, Reply], None]
 
 
 class _OnceLog:
@@ -207,6 +214,7 @@ class Node:
         self._handlers: list[Callable[[Message], None]] = []
         self._peer_listeners: list[Callable[[PeerEvent], None]] = []
         self._control_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
+        self._kind_handlers: dict[str, KindHandler] = {}
         self._channels: set[str] = set()
         self._subscribers: collections.Counter[bytes] = collections.Counter()
         self._pending_bcast: dict[str, list[Activity]] = {}
@@ -1018,6 +1026,10 @@ class Node:
         origin = peer or "seed"
         try:
             env, payload = decode_direct(frames)
+            handler = self._kind_handlers.get(env.kind or "")
+            if handler is not None and peer is not None:
+                self._run_kind(handler, env, payload, self._reply_to(env))
+                return
             body = decode_control(payload) if env.kind is not None else None
         except ProtocolError as exc:
             self._drop(exc.reason, origin, "dropped a reply from %s: %s", origin, exc)
@@ -1034,6 +1046,65 @@ class Node:
                 self._close_seed_for(env.sender)
         else:
             self._drop("unexpected", origin, "unexpected %r reply from %s", env.kind, origin)
+
+    # ------------------------------------------------------------------ extension kinds
+
+    def register_kind(self, kind: str, handler: KindHandler) -> None:
+        """Route the mesh's own messages of ``kind`` (e.g. knowledge sync) to ``handler``.
+
+        The handler gets the envelope, the raw payload (it decodes and validates it) and
+        a ``reply(kind, payload)`` function that answers the sender directly. It runs on
+        the loop thread and must not block.
+        """
+        if kind in (K_HEARTBEAT, K_ACK, K_HELLO, K_WELCOME, K_BYE):
+            raise ConfigError(f"kind {kind!r} is the node's own")
+        self._kind_handlers[kind] = handler
+
+    def async_send_kind(self, peer: str, kind: str, payload: bytes) -> None:
+        """Send a message of a registered ``kind`` to one peer (unacknowledged; the
+        protocol on top retries as it needs).
+
+        Raises:
+            UnknownPeerError: ``peer`` is not connected.
+        """
+        self._check_open()
+        link = self._links.get(peer)
+        if link is None:
+            raise UnknownPeerError(f"no connected peer {peer!r}", recipient=peer)
+        env = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=kind, recipient=peer)
+        self._send_frames(link.dealer, encode_direct(env, payload))
+
+    def async_publish_kind(self, kind: str, payload: bytes) -> None:
+        """Broadcast a message of a registered ``kind`` on ``control``."""
+        self._check_open()
+        if self._pub is None:
+            return
+        last = self._bseq.get(C.CHANNEL_CONTROL, 0) + 1
+        self._bseq[C.CHANNEL_CONTROL] = last
+        env = self._envelope(C.CHANNEL_CONTROL, last, 1, kind=kind)
+        with contextlib.suppress(zmq.Again):
+            self._pub.send_multipart(encode_broadcast(env, payload), zmq.NOBLOCK)
+
+    def _reply_to(self, env: Envelope, *, ident: bytes | None = None) -> Reply:
+        def reply(kind: str, payload: bytes) -> None:
+            if ident is not None and self._router is not None:
+                out = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=kind, recipient=env.sender)
+                self._send_frames(self._router, [ident, *encode_direct(out, payload)])
+            elif env.sender in self._links:
+                self.async_send_kind(env.sender, kind, payload)
+
+        return reply
+
+    def _run_kind(self, handler: KindHandler, env: Envelope, payload: bytes,
+                  reply: Reply) -> None:
+        try:
+            handler(env, payload, reply)
+        except PorterError as exc:
+            reason = getattr(exc, "reason", None) or type(exc).__name__
+            self._drop(f"{env.kind}.{reason}", env.sender, "refused %r from %s: %s", env.kind,
+                       env.sender, exc)
+        except Exception:
+            log.exception("handler for %r failed on a message from %s", env.kind, env.sender)
 
     def _close_seed_for(self, name: str) -> None:
         # The seed introduced itself; its regular link replaces the seed connection.
@@ -1061,6 +1132,10 @@ class Node:
                         fut.set_result(None)
 
     def _on_control(self, env: Envelope, payload: bytes, ident: bytes | None) -> None:
+        handler = self._kind_handlers.get(env.kind or "")
+        if handler is not None:
+            self._run_kind(handler, env, payload, self._reply_to(env, ident=ident))
+            return
         try:
             body = decode_control(payload)
         except ProtocolError as exc:
