@@ -1,0 +1,519 @@
+"""The tools of one agent, bundled: :class:`Toolbox`.
+
+A tool-calling loop (scripted or LLM-driven) needs three things from here: the tool
+descriptions for its role (:meth:`Toolbox.specs`, or the OpenAI/MCP exports in
+:mod:`porter_mesh.tools.schemas`), a way to run a call by name with untrusted arguments
+(:meth:`Toolbox.call`, which returns text for the model or raises
+:class:`~porter_mesh.errors.ToolError` with a message the model can act on), and the
+system-prompt sections (:meth:`Toolbox.system_prompt`).
+
+Task context
+------------
+The toolbox remembers the task the agent is working on, so that the model never has to
+copy ``urn:porter:task:...`` strings around:
+
+* an ``Offer`` addressed to this agent (its direct channel or ``target``; for a
+  reviewer, also a review ``Offer`` on ``review``) makes that task current, and its
+  ``attempt`` number is kept for the task;
+* a message sent with an explicit ``context``, or an ``Offer`` on a task channel (which
+  mints a new task id when none is given), makes that task current;
+* every message and every file or command record about a task carries the kept
+  ``attempt`` back, which is how the architect's board fences stale claims
+  (:mod:`porter_mesh.core.tasks`);
+* a withdrawal of the task (a ``Delete`` of it, for the kept attempt) forgets it.
+
+Records
+-------
+``bash`` records an ``Invoke`` (command and the end of its output) on ``log``;
+``write_file`` records a ``Create`` (new file) or ``Update`` (replaced file) and
+``edit_file`` an ``Update``, each with the file as a ``Document``; ``memory_query``
+records a ``Recall`` with its rows; ``memory_write`` hands a ``Remember`` to the node.
+A record that cannot be sent is logged and does not fail the tool call: the work it
+describes has already happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from porter_mesh.core import as2
+from porter_mesh.core.as2 import Activity
+from porter_mesh.core.constants import (
+    CHANNEL_CONTROL,
+    CHANNEL_LOG,
+    CHANNEL_REVIEW,
+    CHANNEL_TASK,
+    DIRECT_PREFIX,
+)
+from porter_mesh.core.taskid import new_task_id
+from porter_mesh.core.tasks import ATTEMPT_FIELD, attempt_of, is_task_delete
+from porter_mesh.errors import (
+    ActivityError,
+    ConfigError,
+    DeliveryError,
+    KnowledgeError,
+    NodeClosedError,
+    PorterError,
+    ToolError,
+    UnknownPeerError,
+)
+from porter_mesh.tools import memory, messaging
+from porter_mesh.tools.port import InboxItem, MeshPort
+from porter_mesh.tools.prompt import system_prompt_sections
+from porter_mesh.tools.schemas import (
+    DEFAULT_BASH_TIMEOUT,
+    MAX_BASH_TIMEOUT,
+    ToolSpec,
+    check_arguments,
+    specs_for,
+)
+from porter_mesh.tools.shell import DEFAULT_GRACE, DEFAULT_TAIL_BYTES, run_command
+from porter_mesh.tools.workspace import Workspace
+
+__all__ = ["Toolbox"]
+
+_log = logging.getLogger("porter_mesh.tools")
+
+#: How much of a command and its output goes into the ``Invoke`` record (bytes of text).
+RECORD_LIMIT: Final = 4096
+
+#: Messages one ``read_messages`` call takes from the inbox.
+DEFAULT_INBOX_LIMIT: Final = 50
+
+def _clip_end(text: str, limit: int = RECORD_LIMIT) -> str:
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def _clip_start(text: str, limit: int = RECORD_LIMIT) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class Toolbox:
+    """The tools of one agent.
+
+    Args:
+        port: the node, as the tools see it.
+        workspace: the agent's workspace directory (or a :class:`Workspace`); needed
+            by ``bash`` and the file tools, ``None`` for roles without them.
+        role: ``architect``, ``worker`` or ``reviewer``; picks the tool set and the
+            default message types.
+        tools: explicit tool names, overriding the role's set.
+        bash_timeout: default ``bash`` timeout, seconds.
+        grace: seconds between SIGTERM and SIGKILL when a command is stopped.
+        tail_bytes: bytes of the end of a command's output returned to the agent.
+        inbox_limit: messages one ``read_messages`` call takes.
+
+    Raises:
+        ConfigError: unknown role or tool, or a file/shell tool without a workspace.
+        ToolError: the workspace is not an existing directory.
+    """
+
+    def __init__(
+        self,
+        port: MeshPort,
+        workspace: Workspace | str | os.PathLike[str] | None = None,
+        *,
+        role: str = "worker",
+        tools: Iterable[str] | None = None,
+        bash_timeout: float = DEFAULT_BASH_TIMEOUT,
+        grace: float = DEFAULT_GRACE,
+        tail_bytes: int = DEFAULT_TAIL_BYTES,
+        inbox_limit: int = DEFAULT_INBOX_LIMIT,
+    ) -> None:
+        self.port = port
+        self.role = role
+        self._specs = {s.name: s for s in specs_for(role, tools)}
+        needs_workspace = [n for n, s in self._specs.items() if s.group in ("files", "shell")]
+        if workspace is None:
+            if needs_workspace:
+                raise ConfigError(
+                    f"tools {', '.join(needs_workspace)} need a workspace directory"
+                )
+            self.workspace: Workspace | None = None
+        else:
+            self.workspace = (
+                workspace if isinstance(workspace, Workspace) else Workspace(Path(workspace))
+            )
+        if not 0 < bash_timeout <= MAX_BASH_TIMEOUT:
+            raise ConfigError(f"bash_timeout must be in (0, {MAX_BASH_TIMEOUT}] seconds")
+        if inbox_limit < 1:
+            raise ConfigError("inbox_limit must be >= 1")
+        self.bash_timeout = bash_timeout
+        self.grace = grace
+        self.tail_bytes = tail_bytes
+        self.inbox_limit = inbox_limit
+        self.context: str | None = None
+        self._attempts: dict[str, int] = {}
+
+    # -- the loop's interface -------------------------------------------------------------
+
+    @property
+    def agent_name(self) -> str:
+        """The agent these tools act for."""
+        return self.port.agent_name
+
+    def specs(self) -> list[ToolSpec]:
+        """The tools this agent may call."""
+        return list(self._specs.values())
+
+    def system_prompt(self) -> str:
+        """The messaging and live team sections for the agent's system prompt."""
+        return system_prompt_sections(self.port, role=self.role)
+
+    def attempt_for(self, context: str) -> int | None:
+        """The claim attempt kept for a task, if one was offered with it."""
+        return self._attempts.get(context)
+
+    def call(self, name: str, arguments: Mapping[str, Any] | None) -> str:
+        """Run one tool call.
+
+        Args:
+            name: the tool name.
+            arguments: the decoded arguments (``None`` means none).
+
+        Returns:
+            The tool's result as text for the model.
+
+        Raises:
+            ToolError: unknown tool, bad arguments, or the tool failed; the message says
+                what to do.
+        """
+        spec = self._specs.get(name)
+        if spec is None:
+            raise ToolError(
+                f"unknown tool {name!r}; your tools are: {', '.join(self._specs)}"
+            )
+        args = dict(arguments) if arguments is not None else {}
+        if name == "memory_query" and "sparql" in args and "query" not in args:
+            args["query"] = args.pop("sparql")  # the profile's own name for it
+        checked = check_arguments(spec, args)
+        method = getattr(self, name)
+        result: str = method(**checked)
+        return result
+
+    # -- messaging ----------------------------------------------------------------------------
+
+    def send_message(
+        self,
+        channel: str,
+        message: str,
+        type: str | None = None,
+        context: str | None = None,
+        tag: list[str] | None = None,
+    ) -> str:
+        """Send a plain-text message as an AS2 activity (see :mod:`.messaging`).
+
+        Args:
+            channel: ``log``, ``task``, ``review`` or ``task:<agent>``.
+            message: first line summary, then details.
+            type: the activity type; by default from the channel and role.
+            context: the task; by default the current task (a new one for an Offer on
+                a task channel).
+            tag: labels.
+
+        Returns:
+            A confirmation naming the type, channel and task.
+
+        Raises:
+            ToolError: bad channel or text, unknown recipient, or delivery failed.
+        """
+        me = self.agent_name
+        chan = messaging.check_channel(channel, me)
+        kind = type or messaging.default_type(chan, self.role, message)
+        on_task_channel = chan == CHANNEL_TASK or chan.startswith(DIRECT_PREFIX)
+        if context is not None:
+            ctx: str | None = messaging.normalise_context(context)
+        elif kind == "Offer" and on_task_channel:
+            ctx = new_task_id()
+        else:
+            ctx = self.context
+        attempt = self._attempts.get(ctx) if ctx is not None else None
+        activity = messaging.compose(
+            actor=me, channel=chan, text=message, kind=kind, context=ctx, tag=tag,
+            attempt=attempt,
+        )
+        self._send(chan, activity)
+        if ctx is not None and (context is not None or kind == "Offer"):
+            self.context = ctx
+        where = f" about task {ctx}" if ctx else ""
+        return f"Sent {kind} on {chan}{where}."
+
+    def read_messages(self, channel: str | None = None) -> str:
+        """Drain the inbox and return it as text (see :mod:`.messaging`).
+
+        Args:
+            channel: only this channel; the others stay queued.
+
+        Returns:
+            One line per message, or ``No new messages.``.
+
+        Raises:
+            ToolError: a bad channel name, or the node is closed.
+        """
+        me = self.agent_name
+        chan: str | None = None
+        if channel is not None:
+            chan = channel.strip()
+            if chan != DIRECT_PREFIX + me:
+                chan = messaging.check_channel(chan, me)
+        try:
+            items = self.port.drain_inbox(chan, self.inbox_limit)
+        except NodeClosedError as exc:
+            raise ToolError(f"read_messages: the mesh node is closed ({exc})") from exc
+        shown = []
+        for item in items:
+            if item.channel == CHANNEL_CONTROL or item.sender == me:
+                continue
+            self._track(item)
+            shown.append(item)
+        return messaging.render_inbox(shown, more_waiting=len(items) >= self.inbox_limit)
+
+    def _track(self, item: InboxItem) -> None:
+        """Follow the task context through received offers and withdrawals."""
+        activity = item.activity
+        ctx = activity.context
+        if ctx is None or activity.is_fallback:
+            return
+        me = self.agent_name
+        to_me = item.channel == DIRECT_PREFIX + me or activity.target == me
+        attempt = attempt_of(activity)
+        if activity.type == "Offer":
+            review_for_me = self.role == "reviewer" and item.channel == CHANNEL_REVIEW
+            if to_me or review_for_me:
+                self.context = ctx
+                if attempt is not None:
+                    self._attempts[ctx] = attempt
+        elif is_task_delete(activity) and to_me:
+            kept = self._attempts.get(ctx)
+            if attempt is None or kept is None or attempt == kept:
+                self._attempts.pop(ctx, None)
+                if self.context == ctx:
+                    self.context = None
+
+    # -- memory -------------------------------------------------------------------------------
+
+    def memory_write(self, about: str, finding: str, severity: str | None = None) -> str:
+        """Record a finding in the shared knowledge graph.
+
+        Args:
+            about: what it is about.
+            finding: the finding.
+            severity: optional severity label.
+
+        Returns:
+            A confirmation.
+
+        Raises:
+            ToolError: the node refused it.
+        """
+        summary = messaging.split_text(f"Finding about {about.strip()}")[0]
+        try:
+            activity = as2.remember(
+                self.agent_name,
+                summary,
+                about.strip(),
+                finding.strip(),
+                context=self.context,
+                severity=severity,
+                extra=self._attempt_extra(),
+            )
+            self.port.remember(activity)
+        except (KnowledgeError, ActivityError) as exc:
+            raise ToolError(f"memory_write: not stored: {exc}") from exc
+        except (DeliveryError, NodeClosedError) as exc:
+            raise ToolError(f"memory_write: the mesh could not take it: {exc}") from exc
+        return f"Remembered about {about.strip()}: {finding.strip()}"
+
+    def memory_query(self, query: str) -> str:
+        """Search the shared knowledge graph (keywords or SPARQL).
+
+        Args:
+            query: keywords, or a read-only SPARQL query.
+
+        Returns:
+            The rows as text.
+
+        Raises:
+            ToolError: the query was refused or failed; the message says why.
+        """
+        sparql = query if memory.is_sparql(query) else memory.keyword_query(query)
+        try:
+            result = self.port.recall(sparql)
+        except KnowledgeError as exc:
+            raise ToolError(f"memory_query: {exc}") from exc
+        except NodeClosedError as exc:
+            raise ToolError(f"memory_query: the mesh node is closed ({exc})") from exc
+        rows = [dict(row) for row in result.rows[: memory.ROW_LIMIT]]
+        summary = messaging.split_text(query)[0]
+        self._record(
+            lambda: as2.recall(
+                self.agent_name,
+                f"Query: {summary}",
+                _clip_start(sparql),
+                result_items=rows,
+                context=self.context,
+                extra=self._attempt_extra(),
+            )
+        )
+        return memory.render_rows(result)
+
+    # -- shell and files ---------------------------------------------------------------------
+
+    def _require_workspace(self) -> Workspace:
+        if self.workspace is None:  # the constructor prevents this for enabled tools
+            raise ToolError("this agent has no workspace")
+        return self.workspace
+
+    def bash(self, command: str, timeout: float | None = None) -> str:
+        """Run a command in the workspace and record it as an ``Invoke``.
+
+        Args:
+            command: the shell command.
+            timeout: seconds (default ``bash_timeout``).
+
+        Returns:
+            The end of the output and the exit status.
+
+        Raises:
+            ToolError: the command is empty or cannot start.
+        """
+        ws = self._require_workspace()
+        result = run_command(
+            command,
+            cwd=ws.root,
+            timeout=float(timeout if timeout is not None else self.bash_timeout),
+            grace=self.grace,
+            tail_bytes=self.tail_bytes,
+        )
+        text = result.render()
+        first = messaging.split_text(command)[0]
+        self._record(
+            lambda: as2.invoke(
+                self.agent_name,
+                f"Ran: {_clip_start(first, 100)} {result.status_line()}",
+                _clip_start(command),
+                _clip_end(text),
+                context=self.context,
+                extra=self._attempt_extra(),
+            )
+        )
+        return text
+
+    def read_file(self, path: str) -> str:
+        """Read a workspace file.
+
+        Args:
+            path: relative to the workspace.
+
+        Returns:
+            The content (its beginning, with a note, for large files).
+
+        Raises:
+            WorkspaceError: the path leaves the workspace.
+            ToolError: missing, binary or unreadable file.
+        """
+        outcome = self._require_workspace().read(path)
+        if outcome.truncated:
+            shown = len(outcome.text.encode())
+            return (
+                f"{outcome.text}\n[truncated: {outcome.path} is {outcome.size} bytes; the "
+                f"first {shown} are shown. Read the rest with bash, e.g. "
+                f"tail -c +{shown + 1} {outcome.path} | head -c 100000]"
+            )
+        return outcome.text
+
+    def write_file(self, path: str, content: str) -> str:
+        """Create or replace a workspace file; records ``Create`` or ``Update``.
+
+        Args:
+            path: relative to the workspace.
+            content: the whole new content.
+
+        Returns:
+            A confirmation with the size.
+
+        Raises:
+            WorkspaceError: the path leaves the workspace.
+            ToolError: too large, or not writable.
+        """
+        outcome = self._require_workspace().write(path, content)
+        verb = "Created" if outcome.created else "Replaced"
+        build = as2.create if outcome.created else as2.update
+        self._record(
+            lambda: build(
+                self.agent_name,
+                f"{verb} {outcome.path}",
+                as2.document(outcome.path),
+                context=self.context,
+                instrument=("file",),
+                extra=self._attempt_extra(),
+            )
+        )
+        return f"{verb} {outcome.path} ({outcome.size} bytes)."
+
+    def edit_file(self, path: str, old: str, new: str) -> str:
+        """Replace the single occurrence of ``old`` in a file; records ``Update``.
+
+        Args:
+            path: relative to the workspace.
+            old: exact text occurring once.
+            new: its replacement.
+
+        Returns:
+            A confirmation.
+
+        Raises:
+            WorkspaceError: the path leaves the workspace.
+            ToolError: missing file, ``old`` absent or not unique, or too large.
+        """
+        outcome = self._require_workspace().edit(path, old, new)
+        self._record(
+            lambda: as2.update(
+                self.agent_name,
+                f"Edited {outcome.path}",
+                as2.document(outcome.path),
+                context=self.context,
+                instrument=("file",),
+                extra=self._attempt_extra(),
+            )
+        )
+        return (
+            f"Edited {outcome.path}: replaced {outcome.removed_lines} line(s) with "
+            f"{outcome.added_lines} ({outcome.size} bytes now)."
+        )
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _attempt_extra(self) -> dict[str, Any] | None:
+        if self.context is None:
+            return None
+        attempt = self._attempts.get(self.context)
+        return None if attempt is None else {ATTEMPT_FIELD: attempt}
+
+    def _send(self, channel: str, activity: Activity) -> None:
+        try:
+            self.port.send(channel, activity)
+        except UnknownPeerError as exc:
+            names = ", ".join(sorted(e.name for e in self.port.roster())) or "nobody"
+            raise ToolError(
+                f"send_message: {exc.recipient or channel} is not on the mesh; "
+                f"online now: {names}"
+            ) from exc
+        except DeliveryError as exc:
+            raise ToolError(
+                f"send_message: not delivered on {channel}: {exc}; try again later or "
+                "tell the team on 'log'"
+            ) from exc
+        except NodeClosedError as exc:
+            raise ToolError(f"send_message: the mesh node is closed ({exc})") from exc
+
+    def _record(self, build: Callable[[], Activity]) -> None:
+        """Send a record on ``log``; a failure is logged, never raised."""
+        try:
+            self.port.send(CHANNEL_LOG, build())
+        except PorterError as exc:
+            _log.warning("could not record a tool call on %s: %s", CHANNEL_LOG, exc)
