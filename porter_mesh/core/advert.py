@@ -58,6 +58,7 @@ __all__ = [
     "TOOL_NAME_RE",
     "TXT_KEYS",
     "PeerAdvert",
+    "TxtProperties",
     "check_agent_name",
     "check_mesh_name",
     "decode_txt",
@@ -103,6 +104,10 @@ TXT_KEYS: Final = frozenset(
 _REQUIRED: Final = (_K_NAME, _K_MESH, _K_ROLE, _K_PUB, _K_ROUTER, _K_VERSION, _K_INCARNATION)
 # Decimal integers only: no sign, no spaces, no underscores (int() accepts all of those).
 _DECIMAL_RE: Final = re.compile(r"[0-9]{1,20}")
+
+_Value = bytes | str | None
+#: TXT properties as zeroconf gives them (bytes) or as a caller writes them (str).
+TxtProperties = Mapping[bytes, _Value] | Mapping[str, _Value] | Mapping[bytes | str, _Value]
 
 
 def check_agent_name(name: object) -> str:
@@ -346,9 +351,7 @@ def _decimal(text: str, what: str) -> int:
     return int(text)
 
 
-def decode_txt(
-    properties: Mapping[bytes | str, bytes | str | None], *, addresses: Sequence[str] = ()
-) -> PeerAdvert:
+def decode_txt(properties: TxtProperties, *, addresses: Sequence[str] = ()) -> PeerAdvert:
     """Decode zeroconf TXT properties into an advert.
 
     Args:
