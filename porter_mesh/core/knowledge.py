@@ -1,0 +1,1261 @@
+"""Knowledge records, their identity, the replica state and the sync messages (pure).
+
+Theory of operation
+-------------------
+The knowledge graph is replicated as a set of immutable **records**. A record is either
+an :class:`Observation` (a fact: ``about``, ``finding``, who found it, when, optional
+task context and severity) or a :class:`Retraction` (the permanent withdrawal of one
+observation). Each record is written once by its **origin** (the agent that made it),
+which numbers its records ``1, 2, 3 ...``: the pair ``(origin, seq)`` is the record's
+place in the replication log, and is the only ordering the mesh ever uses. Timestamps
+are data, never order, so clock skew between machines can neither reorder nor lose a
+record.
+
+Identity is content-derived. An observation's id is the SHA-256 of a canonical,
+length-prefixed encoding of *all* its fields (about, finding, discoveredBy, context,
+severity, generatedAtTime); its RDF subject is ``urn:porter:obs:<hex id>``. The same
+observation received twice (by broadcast and again by a pull) is therefore stored once,
+and a record whose content does not hash to the id it carries is refused as forged or
+corrupted. ``generatedAtTime`` is part of the identity on purpose: stating a fact again
+later is a new observation, so a retraction (which is permanent) never forbids a fact
+from being learned again.
+
+Merge is set union and therefore idempotent and commutative: a record already held is a
+duplicate, a new record is appended, and the graph an observer sees is *observations
+held* minus *observations retracted*. A retraction that arrives before its observation
+leaves a tombstone, so the observation, when it comes, is not resurrected. Two records
+that claim the same ``(origin, seq)`` with different content are a conflict: a forged or
+broken peer; the whole message carrying it is refused (:class:`SyncError`) and nothing
+is changed.
+
+:class:`ReplicaState` holds what replication needs in memory, 24 bytes per record: per
+origin, an array of *locators* (where the adapter stored the record, e.g. a journal
+offset) indexed by ``seq``, and a 16-byte record key per slot. From it come the
+**version vector** (per origin, the highest ``seq`` up to which nothing is missing), the
+gaps to pull, the ranges to serve, and the **digest**. Changes happen in two steps so
+that a refused message leaves no trace: :meth:`ReplicaState.plan` validates a batch and
+says what it would change, and, once the adapter has made the new records durable,
+:meth:`ReplicaState.apply` commits the plan.
+
+Anti-entropy uses range digests over bucketed record keys, as Zenoh's storage alignment
+and negentropy do for immutable hash-identified items. Record keys (the first 16 bytes
+of the content id) are spread over :data:`DIGEST_BUCKETS` buckets by their first byte;
+a bucket's fingerprint hashes its count and the sum of its keys modulo 2**128, so adding
+a record updates one bucket in O(1) and two replicas compare in one 4 KiB message. Only
+differing buckets are then listed (``(origin, seq, key)`` entries), and what is missing
+is pulled by ordinary ``(origin, first, last)`` range requests. The version vector
+repairs ordinary loss cheaply; the digest catches what it cannot see (a hole above the
+contiguous point that nobody announced, or a replica that diverged).
+
+Sync messages are msgpack maps with a one-letter-ish ``"t"`` tag; ``encode_*`` and
+:func:`decode_sync` are plain functions. Decoding checks every field, every limit and
+every record's hash before anything is applied.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import re
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final, TypeAlias
+
+import msgpack
+
+from porter_mesh.core.advert import AGENT_NAME_RE
+from porter_mesh.core.constants import MAX_MESSAGE_BYTES, PORTER_VOCAB, PROV_NS
+from porter_mesh.errors import KnowledgeError, SyncError
+
+__all__ = [
+    "DIGEST_BUCKETS",
+    "MAX_ABOUT_CHARS",
+    "MAX_CATCHUP_RECORDS",
+    "MAX_CONTEXT_CHARS",
+    "MAX_ENTRIES",
+    "MAX_FINDING_CHARS",
+    "MAX_PULL_SPAN",
+    "MAX_RECORDS_PER_MESSAGE",
+    "MAX_SEQ",
+    "MAX_SEQ_AHEAD",
+    "MAX_SEVERITY_CHARS",
+    "OBS_IRI_PREFIX",
+    "BucketEntries",
+    "CatchupChunk",
+    "CatchupRequest",
+    "Digest",
+    "MergePlan",
+    "Observation",
+    "PullReply",
+    "PullRequest",
+    "Record",
+    "RecordKind",
+    "Records",
+    "ReplicaState",
+    "Retraction",
+    "SyncMessage",
+    "decode_record",
+    "decode_sync",
+    "encode_record",
+    "encode_sync",
+    "format_timestamp",
+    "observation_id_from_iri",
+    "observation_iri",
+    "pull_requests_for",
+]
+
+# --- vocabulary -------------------------------------------------------------------------
+
+RDF_TYPE: Final = "http://www.w3.org/1999/02/22-rdf-syntax-ns#type"
+XSD_DATETIME: Final = "http://www.w3.org/2001/XMLSchema#dateTime"
+OBSERVATION_CLASS: Final = PORTER_VOCAB + "Observation"
+P_ABOUT: Final = PORTER_VOCAB + "about"
+P_FINDING: Final = PORTER_VOCAB + "finding"
+P_DISCOVERED_BY: Final = PORTER_VOCAB + "discoveredBy"
+P_CONTEXT: Final = PORTER_VOCAB + "context"
+P_SEVERITY: Final = PORTER_VOCAB + "severity"
+P_GENERATED_AT: Final = PROV_NS + "generatedAtTime"
+#: Subject IRI of an observation: this prefix and the hex of its id.
+OBS_IRI_PREFIX: Final = "urn:porter:obs:"
+
+# --- limits -----------------------------------------------------------------------------
+
+MAX_ABOUT_CHARS: Final = 2048
+MAX_FINDING_CHARS: Final = 16384
+MAX_CONTEXT_CHARS: Final = 256
+MAX_SEVERITY_CHARS: Final = 32
+#: Largest sequence number (so that it fits every msgpack integer and a JSON double).
+MAX_SEQ: Final = (1 << 53) - 1
+#: A record may claim at most this many sequence numbers beyond the highest one already
+#: held from its origin (plus the size of the batch carrying it). A replica further
+#: behind than this catches up by a chunked catch-up, which brings records in order.
+MAX_SEQ_AHEAD: Final = 1 << 16
+#: Most sequence numbers one pull may ask for.
+MAX_PULL_SPAN: Final = 4096
+#: Most records one message may carry (the byte limit, MAX_MESSAGE_BYTES, also applies).
+MAX_RECORDS_PER_MESSAGE: Final = 4096
+#: Most records a catch-up request may ask for per chunk.
+MAX_CATCHUP_RECORDS: Final = MAX_RECORDS_PER_MESSAGE
+#: Most (origin, seq, key) entries in one bucket listing.
+MAX_ENTRIES: Final = 16384
+#: Buckets of the anti-entropy digest (fixed by the protocol: both sides must agree).
+DIGEST_BUCKETS: Final = 256
+#: Most origins a version vector may name.
+MAX_ORIGINS: Final = 4096
+
+_ID_BYTES: Final = 32
+_KEY_BYTES: Final = 16
+_FP_BYTES: Final = 16
+_KEY_MOD: Final = 1 << (8 * _KEY_BYTES)
+_SEVERITY_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,32}")
+_TIMESTAMP_RE: Final = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,6})?Z")
+_OBS_TAG: Final = b"porter-observation/1\n"
+_OPTIONAL_FIELDS: Final = frozenset({"context", "severity"})
+_RETRACT_TAG: Final = b"porter-retraction/1\n"
+
+
+def _fail(message: str, *, local: bool) -> KnowledgeError:
+    """A local caller's mistake is a KnowledgeError; a peer's is a SyncError."""
+    return KnowledgeError(message) if local else SyncError(message)
+
+
+_KNOWN_ORIGINS: set[str] = set()  # names already checked (bounded below)
+
+
+def _check_origin(value: object, *, local: bool) -> str:
+    if value.__class__ is str and value in _KNOWN_ORIGINS:
+        return value
+    if not isinstance(value, str) or not AGENT_NAME_RE.fullmatch(value):
+        raise _fail(
+            f"origin {value!r} is not an agent name (1-63 of a-z 0-9 - _)", local=local
+        )
+    if len(_KNOWN_ORIGINS) < MAX_ORIGINS:
+        _KNOWN_ORIGINS.add(value)
+    return value
+
+
+def _check_seq(value: object, what: str, *, local: bool) -> int:
+    if type(value) is not int or not 1 <= value <= MAX_SEQ:
+        raise _fail(f"{what} must be an integer in 1..{MAX_SEQ}, got {value!r}", local=local)
+    return value
+
+
+def _check_timestamp(value: object, what: str, *, local: bool) -> str:
+    if not isinstance(value, str) or not _TIMESTAMP_RE.fullmatch(value):
+        raise _fail(
+            f"{what} must be an xsd:dateTime in UTC such as 2026-01-31T12:00:00.000000Z, "
+            f"got {value!r}",
+            local=local,
+        )
+    try:
+        datetime.fromisoformat(value[:-1] + "+00:00")
+    except ValueError:
+        raise _fail(f"{what} {value!r} is not a real date and time", local=local) from None
+    return value
+
+
+def format_timestamp(epoch_seconds: float) -> str:
+    """Format a POSIX time as the canonical ``generatedAtTime`` text.
+
+    Args:
+        epoch_seconds: seconds since the epoch (``time.time()``).
+
+    Returns:
+        ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` in UTC.
+    """
+    stamp = datetime.fromtimestamp(epoch_seconds, tz=UTC)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _encoded_field(value: object, what: str, limit: int) -> bytes:
+    """Check a text field and return its canonical form: 0x00, 4-byte length, UTF-8."""
+    if not isinstance(value, str):
+        raise KnowledgeError(f"{what} must be a string, got {type(value).__name__}")
+    if not value or len(value) > limit:
+        raise KnowledgeError(f"{what} must be 1-{limit} characters (got {len(value)})")
+    try:
+        data = value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise KnowledgeError(f"{what} is not valid Unicode text (lone surrogate)") from None
+    return b"\x00" + len(data).to_bytes(4, "big") + data
+
+
+def observation_iri(obs_id: bytes) -> str:
+    """The RDF subject IRI of the observation with id ``obs_id``."""
+    return OBS_IRI_PREFIX + obs_id.hex()
+
+
+def observation_id_from_iri(text: str) -> bytes:
+    """Parse an observation id from its IRI (``urn:porter:obs:<hex>``) or bare hex.
+
+    Args:
+        text: the IRI, or the 64 hex digits alone.
+
+    Returns:
+        The 32-byte id.
+
+    Raises:
+        KnowledgeError: ``text`` is neither.
+    """
+    hex_part = text[len(OBS_IRI_PREFIX):] if text.startswith(OBS_IRI_PREFIX) else text
+    try:
+        raw = bytes.fromhex(hex_part)
+    except ValueError:
+        raw = b""
+    if len(raw) != _ID_BYTES:
+        raise KnowledgeError(
+            f"{text!r} is not an observation id: expected {OBS_IRI_PREFIX}<64 hex digits>"
+        )
+    return raw
+
+
+# --- records ----------------------------------------------------------------------------
+
+
+class RecordKind(enum.IntEnum):
+    """What a record carries. The value is its tag on the wire."""
+
+    OBSERVATION = 0
+    RETRACTION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One immutable fact in the knowledge graph.
+
+    Attributes:
+        about: what the finding is about (an IRI-like name such as
+            ``urn:porter:file:server.ts``, stored as a plain literal).
+        finding: the fact itself, in words.
+        discovered_by: the agent that made the observation (its origin).
+        generated_at: when, as canonical UTC ``xsd:dateTime`` text (see
+            :func:`format_timestamp`). Data only: never used for ordering.
+        context: the task it belongs to (``urn:porter:task:<id>``), if any.
+        severity: a short token such as ``info`` or ``high``, if any.
+        id: SHA-256 of the canonical content (computed, not given).
+
+    Raises:
+        KnowledgeError: a field is missing, too long or malformed.
+    """
+
+    about: str
+    finding: str
+    discovered_by: str
+    generated_at: str
+    context: str | None = None
+    severity: str | None = None
+    id: bytes = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # One pass that checks each field and builds the canonical bytes; this runs for
+        # every record merged, so it is written for speed (no call per field).
+        parts = [_OBS_TAG]
+        for value, what, limit in (
+            (self.about, "about", MAX_ABOUT_CHARS),
+            (self.finding, "finding", MAX_FINDING_CHARS),
+            (self.discovered_by, "discoveredBy", 64),
+            (self.context, "context", MAX_CONTEXT_CHARS),
+            (self.severity, "severity", MAX_SEVERITY_CHARS),
+            (self.generated_at, "generatedAtTime", 64),
+        ):
+            if value is None and what in _OPTIONAL_FIELDS:
+                parts.append(b"\xff")
+                continue
+            if value.__class__ is not str or not 0 < len(value) <= limit:
+                raise KnowledgeError(
+                    f"{what} must be a string of 1-{limit} characters, got {value!r:.80}"
+                )
+            try:
+                data = value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise KnowledgeError(f"{what} is not valid Unicode text") from None
+            parts.append(b"\x00" + len(data).to_bytes(4, "big") + data)
+        _check_origin(self.discovered_by, local=True)
+        if self.severity is not None and not _SEVERITY_RE.fullmatch(self.severity):
+            raise KnowledgeError(
+                f"severity {self.severity!r} must be 1-{MAX_SEVERITY_CHARS} of A-Z a-z 0-9 _ -"
+                " (for example info, low, medium, high, critical)"
+            )
+        _check_timestamp(self.generated_at, "generatedAtTime", local=True)
+        object.__setattr__(self, "id", hashlib.sha256(b"".join(parts)).digest())
+
+    @property
+    def iri(self) -> str:
+        """The RDF subject, ``urn:porter:obs:<hex id>``."""
+        return observation_iri(self.id)
+
+
+@dataclass(frozen=True, slots=True)
+class Retraction:
+    """The permanent withdrawal of one observation, replicated like any record.
+
+    Attributes:
+        target: the id of the observation withdrawn.
+        retracted_by: the agent that withdrew it (its origin).
+        retracted_at: when, as canonical UTC ``xsd:dateTime`` text (data only).
+        id: SHA-256 of the canonical content (computed).
+
+    Raises:
+        KnowledgeError: a field is malformed.
+    """
+
+    target: bytes
+    retracted_by: str
+    retracted_at: str
+    id: bytes = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.target, bytes) or len(self.target) != _ID_BYTES:
+            raise KnowledgeError("a retraction's target must be a 32-byte observation id")
+        _check_origin(self.retracted_by, local=True)
+        _check_timestamp(self.retracted_at, "retractedAt", local=True)
+        canonical = b"".join((
+            _RETRACT_TAG,
+            self.target,
+            _encoded_field(self.retracted_by, "retractedBy", 64),
+            _encoded_field(self.retracted_at, "retractedAt", 64),
+        ))
+        object.__setattr__(self, "id", hashlib.sha256(canonical).digest())
+
+
+Body: TypeAlias = Observation | Retraction
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One entry of the replication log: a body placed at ``(origin, seq)``.
+
+    Attributes:
+        origin: the agent that wrote the record (``discovered_by`` / ``retracted_by``).
+        seq: its place in the origin's log, from 1, never reused.
+        body: the :class:`Observation` or :class:`Retraction`.
+        key: the first 16 bytes of ``body.id``; what the digest is made of, and what
+            tells two different records claiming the same slot apart.
+        wire: the record's encoding, when it is already known (kept to avoid re-encoding
+            what was read from disk); not part of equality.
+
+    Raises:
+        KnowledgeError: ``origin`` does not match the body's author, or ``seq`` is out of
+            range.
+    """
+
+    origin: str
+    seq: int
+    body: Body
+    key: bytes = field(init=False, repr=False)
+    wire: bytes | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_seq(self.seq, "seq", local=True)
+        author = (
+            self.body.discovered_by
+            if isinstance(self.body, Observation)
+            else self.body.retracted_by
+        )
+        if author != self.origin:
+            raise KnowledgeError(
+                f"record origin {self.origin!r} differs from its author {author!r}: "
+                "a record is written by the agent that made it"
+            )
+        object.__setattr__(self, "key", self.body.id[:_KEY_BYTES])
+
+    @property
+    def kind(self) -> RecordKind:
+        """Whether the body is an observation or a retraction."""
+        if isinstance(self.body, Observation):
+            return RecordKind.OBSERVATION
+        return RecordKind.RETRACTION
+
+
+def encode_record(record: Record) -> bytes:
+    """Encode one record (a msgpack array) for the journal or the wire.
+
+    Args:
+        record: the record.
+
+    Returns:
+        ``[0, origin, seq, id, about, finding, generatedAt, context, severity]`` or
+        ``[1, origin, seq, id, target, retractedAt]`` packed with msgpack.
+    """
+    if record.wire is not None:
+        return record.wire
+    body = record.body
+    if isinstance(body, Observation):
+        item: list[Any] = [
+            0, record.origin, record.seq, body.id, body.about, body.finding,
+            body.generated_at, body.context, body.severity,
+        ]
+    else:
+        item = [1, record.origin, record.seq, body.id, body.target, body.retracted_at]
+    return msgpack.packb(item, use_bin_type=True)
+
+
+def _record_from_item(item: object, *, wire: bytes | None) -> Record:
+    """Build a record from its decoded msgpack array; every problem is a SyncError."""
+    if not isinstance(item, list) or not item:
+        raise SyncError("a record must be a non-empty array")
+    kind = item[0]
+    try:
+        if kind == RecordKind.OBSERVATION and len(item) == 9:
+            _, origin, seq, claimed, about, finding, at, context, severity = item
+            origin = _check_origin(origin, local=False)
+            _check_seq(seq, "seq", local=False)
+            body: Body = Observation(about, finding, origin, at, context, severity)
+        elif kind == RecordKind.RETRACTION and len(item) == 6:
+            _, origin, seq, claimed, target, at = item
+            origin = _check_origin(origin, local=False)
+            _check_seq(seq, "seq", local=False)
+            body = Retraction(target, origin, at)
+        else:
+            raise SyncError(
+                f"a record must be [0, ...8 fields] or [1, ...5 fields]; got kind {kind!r} "
+                f"with {len(item) - 1} fields"
+            )
+    except SyncError:
+        raise
+    except KnowledgeError as exc:  # a field rule from the dataclasses: the peer's fault
+        raise SyncError(f"record refused: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise SyncError(f"record refused: malformed field ({exc})") from None
+    if not isinstance(claimed, bytes) or claimed != body.id:
+        raise SyncError(
+            f"record ({origin}, {seq}) refused: its content does not hash to the id it "
+            "carries (forged or corrupted)"
+        )
+    return Record(origin, seq, body, wire=wire)
+
+
+def decode_record(data: bytes) -> Record:
+    """Decode one record encoded by :func:`encode_record`, checking every field.
+
+    Args:
+        data: the msgpack bytes.
+
+    Returns:
+        The record.
+
+    Raises:
+        SyncError: the bytes are not a valid record, or its content does not match its id.
+    """
+    try:
+        item = msgpack.unpackb(data, raw=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise SyncError(f"record is not valid msgpack: {exc}") from None
+    return _record_from_item(item, wire=bytes(data))
+
+
+# --- sync messages ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Records:
+    """Records pushed to a peer (a fresh Remember, or what a digest showed it lacks)."""
+
+    records: tuple[Record, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PullRequest:
+    """Ask a peer for ``origin``'s records ``first..last`` (inclusive).
+
+    Raises:
+        SyncError: the range is empty, inverted or longer than :data:`MAX_PULL_SPAN`.
+    """
+
+    origin: str
+    first: int
+    last: int
+
+    def __post_init__(self) -> None:
+        _check_origin(self.origin, local=False)
+        _check_seq(self.first, "first", local=False)
+        _check_seq(self.last, "last", local=False)
+        if self.first > self.last:
+            raise SyncError(f"pull range {self.first}..{self.last} is inverted (first > last)")
+        if self.last - self.first + 1 > MAX_PULL_SPAN:
+            raise SyncError(
+                f"pull range {self.first}..{self.last} spans more than {MAX_PULL_SPAN} "
+                "sequence numbers; split it, or use a catch-up"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class PullReply:
+    """The records a peer holds in the range asked for (holes are simply absent)."""
+
+    origin: str
+    first: int
+    last: int
+    records: tuple[Record, ...]
+
+    def __post_init__(self) -> None:
+        PullRequest(self.origin, self.first, self.last)  # same range rules
+        for record in self.records:
+            if record.origin != self.origin or not self.first <= record.seq <= self.last:
+                raise SyncError(
+                    f"pull reply for {self.origin} {self.first}..{self.last} carries "
+                    f"record ({record.origin}, {record.seq}) outside that range"
+                )
+
+
+@dataclass(frozen=True, slots=True)
+class CatchupRequest:
+    """Ask for every record after ``vv``, in chunks (a snapshot when ``vv`` is empty).
+
+    Attributes:
+        vv: the requester's version vector (origin -> highest contiguous seq held).
+        cursor: where the previous chunk stopped (``(origin, seq)``), or ``None`` to start.
+        done: records received so far in this catch-up (echoed for progress).
+        limit: most records wanted in the chunk.
+    """
+
+    vv: Mapping[str, int]
+    cursor: tuple[str, int] | None = None
+    done: int = 0
+    limit: int = MAX_CATCHUP_RECORDS
+
+    def __post_init__(self) -> None:
+        _check_vv(self.vv)
+        if self.cursor is not None:
+            _check_cursor(self.cursor)
+        _check_count(self.done, "done")
+        if type(self.limit) is not int or not 1 <= self.limit <= MAX_CATCHUP_RECORDS:
+            raise SyncError(f"catch-up limit must be 1..{MAX_CATCHUP_RECORDS}, got {self.limit!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class CatchupChunk:
+    """One chunk of a catch-up. Progress is ``done`` of ``total`` records.
+
+    Attributes:
+        records: the records, ordered by origin then seq.
+        done: records sent so far including these.
+        total: records the catch-up will send in all (an estimate that can grow if the
+            sender receives more meanwhile).
+        cursor: where to resume, or ``None`` when this is the last chunk.
+    """
+
+    records: tuple[Record, ...]
+    done: int
+    total: int
+    cursor: tuple[str, int] | None
+
+    def __post_init__(self) -> None:
+        _check_count(self.done, "done")
+        _check_count(self.total, "total")
+        if self.done > self.total:
+            raise SyncError(f"catch-up chunk says done={self.done} > total={self.total}")
+        if self.cursor is not None:
+            _check_cursor(self.cursor)
+
+
+@dataclass(frozen=True, slots=True)
+class Digest:
+    """A replica's anti-entropy summary: record count and one fingerprint per bucket."""
+
+    count: int
+    fingerprints: tuple[bytes, ...]
+
+    def __post_init__(self) -> None:
+        _check_count(self.count, "count")
+        if len(self.fingerprints) != DIGEST_BUCKETS or any(
+            not isinstance(fp, bytes) or len(fp) != _FP_BYTES for fp in self.fingerprints
+        ):
+            raise SyncError(
+                f"a digest must carry {DIGEST_BUCKETS} fingerprints of {_FP_BYTES} bytes"
+            )
+
+    @property
+    def top(self) -> bytes:
+        """One hash over all buckets: equal tops mean equal replicas."""
+        return hashlib.sha256(b"".join(self.fingerprints)).digest()[:_FP_BYTES]
+
+
+@dataclass(frozen=True, slots=True)
+class BucketEntries:
+    """The records a replica holds in some digest buckets, as ``(origin, seq, key)``.
+
+    Attributes:
+        buckets: the bucket numbers listed.
+        entries: ``(origin, seq, key)`` of every record held in those buckets.
+        more: ``True`` when the listing was cut at :data:`MAX_ENTRIES` (ask again later).
+    """
+
+    buckets: tuple[int, ...]
+    entries: tuple[tuple[str, int, bytes], ...]
+    more: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.buckets) > DIGEST_BUCKETS or any(
+            type(b) is not int or not 0 <= b < DIGEST_BUCKETS for b in self.buckets
+        ):
+            raise SyncError(f"bucket numbers must be 0..{DIGEST_BUCKETS - 1}")
+        if len(self.entries) > MAX_ENTRIES:
+            raise SyncError(f"a bucket listing carries at most {MAX_ENTRIES} entries")
+        wanted = set(self.buckets)
+        for origin, seq, key in self.entries:
+            _check_origin(origin, local=False)
+            _check_seq(seq, "seq", local=False)
+            if not isinstance(key, bytes) or len(key) != _KEY_BYTES:
+                raise SyncError(f"an entry key must be {_KEY_BYTES} bytes")
+            if key[0] % DIGEST_BUCKETS not in wanted:
+                raise SyncError("a bucket listing carries an entry from a bucket not listed")
+
+
+SyncMessage: TypeAlias = (
+    Records | PullRequest | PullReply | CatchupRequest | CatchupChunk | Digest | BucketEntries
+)
+
+
+def _check_count(value: object, what: str) -> int:
+    if type(value) is not int or not 0 <= value <= MAX_SEQ:
+        raise SyncError(f"{what} must be an integer in 0..{MAX_SEQ}, got {value!r}")
+    return value
+
+
+def _check_cursor(cursor: object) -> None:
+    if not isinstance(cursor, tuple) or len(cursor) != 2:
+        raise SyncError("a catch-up cursor must be [origin, seq]")
+    _check_origin(cursor[0], local=False)
+    _check_seq(cursor[1], "cursor seq", local=False)
+
+
+def _check_vv(vv: object) -> None:
+    if not isinstance(vv, Mapping):
+        raise SyncError("a version vector must be a map of origin -> seq")
+    if len(vv) > MAX_ORIGINS:
+        raise SyncError(f"a version vector names at most {MAX_ORIGINS} origins")
+    for origin, seq in vv.items():
+        _check_origin(origin, local=False)
+        _check_count(seq, f"version vector entry for {origin}")
+
+
+def _pack_records(packer: msgpack.Packer, records: Sequence[Record]) -> bytes:
+    return packer.pack_array_header(len(records)) + b"".join(encode_record(r) for r in records)
+
+
+def encode_sync(message: SyncMessage) -> bytes:
+    """Encode a sync message as a msgpack map.
+
+    Args:
+        message: any of the sync message dataclasses.
+
+    Returns:
+        The bytes to carry as a control payload.
+
+    Raises:
+        SyncError: the encoding would exceed MAX_MESSAGE_BYTES or
+            MAX_RECORDS_PER_MESSAGE (the caller should have made smaller chunks).
+    """
+    packer = msgpack.Packer(use_bin_type=True)  # one per call: a Packer is not reentrant
+    records: Sequence[Record] = ()
+    if isinstance(message, Records):
+        head: dict[str, Any] = {"t": "rec"}
+        records = message.records
+    elif isinstance(message, PullRequest):
+        head = {"t": "pull", "o": message.origin, "f": message.first, "l": message.last}
+    elif isinstance(message, PullReply):
+        head = {"t": "pulled", "o": message.origin, "f": message.first, "l": message.last}
+        records = message.records
+    elif isinstance(message, CatchupRequest):
+        head = {"t": "cu", "vv": dict(message.vv), "c": _cursor_out(message.cursor),
+                "d": message.done, "n": message.limit}
+    elif isinstance(message, CatchupChunk):
+        head = {"t": "cc", "d": message.done, "tot": message.total,
+                "c": _cursor_out(message.cursor)}
+        records = message.records
+    elif isinstance(message, Digest):
+        head = {"t": "dg", "n": message.count, "b": list(message.fingerprints)}
+    else:
+        head = {"t": "be", "b": list(message.buckets),
+                "e": [list(e) for e in message.entries], "more": message.more}
+    if len(records) > MAX_RECORDS_PER_MESSAGE:
+        raise SyncError(f"{len(records)} records exceed {MAX_RECORDS_PER_MESSAGE} per message")
+    carries = isinstance(message, Records | PullReply | CatchupChunk)
+    out = packer.pack_map_header(len(head) + (1 if carries else 0))
+    out += b"".join(packer.pack(k) + packer.pack(v) for k, v in head.items())
+    if carries:
+        out += packer.pack("r") + _pack_records(packer, records)
+    if len(out) > MAX_MESSAGE_BYTES:
+        raise SyncError(f"sync message of {len(out)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    return out
+
+
+def _cursor_out(cursor: tuple[str, int] | None) -> list[Any] | None:
+    return None if cursor is None else [cursor[0], cursor[1]]
+
+
+def _cursor_in(value: object) -> tuple[str, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2:
+        raise SyncError("a catch-up cursor must be [origin, seq] or nil")
+    return (value[0], value[1])
+
+
+def _records_in(value: object) -> tuple[Record, ...]:
+    if not isinstance(value, list):
+        raise SyncError("'r' must be an array of records")
+    if len(value) > MAX_RECORDS_PER_MESSAGE:
+        raise SyncError(
+            f"{len(value)} records in one message exceed the limit of {MAX_RECORDS_PER_MESSAGE}"
+        )
+    return tuple(_record_from_item(item, wire=None) for item in value)
+
+
+def decode_sync(data: bytes) -> SyncMessage:
+    """Decode and fully validate a sync message.
+
+    Args:
+        data: the bytes received.
+
+    Returns:
+        The message dataclass. Every record in it has had its content hash checked.
+
+    Raises:
+        SyncError: the message is too big, not msgpack, of an unknown type, missing a
+            field, or breaks any rule (see the dataclasses' docstrings).
+    """
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise SyncError(f"sync message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    try:
+        msg = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise SyncError(f"sync message is not valid msgpack: {exc}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
+        raise SyncError("a sync message must be a map with a 't' type tag")
+    kind = msg["t"]
+    try:
+        if kind == "rec":
+            return Records(_records_in(msg["r"]))
+        if kind == "pull":
+            return PullRequest(msg["o"], msg["f"], msg["l"])
+        if kind == "pulled":
+            return PullReply(msg["o"], msg["f"], msg["l"], _records_in(msg["r"]))
+        if kind == "cu":
+            vv = msg["vv"]
+            return CatchupRequest(vv, _cursor_in(msg.get("c")), msg.get("d", 0),
+                                  msg.get("n", MAX_CATCHUP_RECORDS))
+        if kind == "cc":
+            return CatchupChunk(_records_in(msg["r"]), msg["d"], msg["tot"],
+                                _cursor_in(msg.get("c")))
+        if kind == "dg":
+            fps = msg["b"]
+            if not isinstance(fps, list):
+                raise SyncError("digest 'b' must be an array of fingerprints")
+            return Digest(msg["n"], tuple(fps))
+        if kind == "be":
+            buckets, entries = msg["b"], msg["e"]
+            if not isinstance(buckets, list) or not isinstance(entries, list):
+                raise SyncError("bucket listing 'b' and 'e' must be arrays")
+            if len(entries) > MAX_ENTRIES:
+                raise SyncError(f"a bucket listing carries at most {MAX_ENTRIES} entries")
+            parsed: list[tuple[str, int, bytes]] = []
+            for entry in entries:
+                if not isinstance(entry, list) or len(entry) != 3:
+                    raise SyncError("a bucket entry must be [origin, seq, key]")
+                parsed.append((entry[0], entry[1], entry[2]))
+            return BucketEntries(tuple(buckets), tuple(parsed), bool(msg.get("more", False)))
+    except KeyError as exc:
+        raise SyncError(f"sync message {kind!r} lacks field {exc.args[0]!r}") from None
+    except TypeError as exc:
+        raise SyncError(f"sync message {kind!r} has a malformed field ({exc})") from None
+    raise SyncError(f"unknown sync message type {kind!r}; this node speaks rec, pull, pulled, "
+                    "cu, cc, dg, be")
+
+
+# --- replica state ----------------------------------------------------------------------
+
+
+class _Slots:
+    """One origin's log: locator and key per seq (seq 1 at index 0; -1 means absent)."""
+
+    __slots__ = ("contiguous", "count", "keys", "locators")
+
+    def __init__(self) -> None:
+        self.locators = array("q")
+        self.keys = bytearray()
+        self.contiguous = 0
+        self.count = 0
+
+    @property
+    def top(self) -> int:
+        return len(self.locators)
+
+    def locator(self, seq: int) -> int:
+        return self.locators[seq - 1] if 0 < seq <= len(self.locators) else -1
+
+    def key(self, seq: int) -> bytes:
+        start = (seq - 1) * _KEY_BYTES
+        return bytes(self.keys[start:start + _KEY_BYTES])
+
+    def put(self, seq: int, key: bytes, locator: int) -> None:
+        grow = seq - len(self.locators)
+        if grow > 0:
+            self.locators.extend(array("q", [-1]) * grow)
+            self.keys.extend(bytes(grow * _KEY_BYTES))
+        self.locators[seq - 1] = locator
+        self.keys[(seq - 1) * _KEY_BYTES:seq * _KEY_BYTES] = key
+        self.count += 1
+        locs, top, c = self.locators, len(self.locators), self.contiguous
+        while c < top and locs[c] != -1:
+            c += 1
+        self.contiguous = c
+
+    def held_after(self, seq: int) -> int:
+        """How many records with a sequence number above ``seq`` are held."""
+        if seq <= self.contiguous:
+            return self.count - seq
+        return sum(1 for loc in self.locators[seq:] if loc != -1)
+
+
+@dataclass(frozen=True, slots=True)
+class MergePlan:
+    """What merging a batch would change; produced by :meth:`ReplicaState.plan`.
+
+    Attributes:
+        accepted: the new records, in arrival order, to be made durable then applied.
+        duplicates: how many records of the batch were already held (or repeated).
+        add: observations to insert into the graph (new, and not retracted).
+        remove: ids of observations to delete from the graph (newly retracted).
+    """
+
+    accepted: tuple[Record, ...]
+    duplicates: int
+    add: tuple[Observation, ...]
+    remove: tuple[bytes, ...]
+
+
+class ReplicaState:
+    """In-memory replication state of one shard (see the module docstring).
+
+    Args:
+        max_seq_ahead: how far past the highest sequence held from an origin a record may
+            claim to be (defends against forged sequence numbers).
+    """
+
+    def __init__(self, *, max_seq_ahead: int = MAX_SEQ_AHEAD) -> None:
+        self._origins: dict[str, _Slots] = {}
+        self._retracted: set[bytes] = set()
+        self._observations = 0
+        self._retractions = 0
+        self._sums = [0] * DIGEST_BUCKETS
+        self._counts = [0] * DIGEST_BUCKETS
+        self._max_ahead = max_seq_ahead
+
+    # -- reading --
+
+    @property
+    def record_count(self) -> int:
+        """Records held (observations and retractions, duplicates counted once)."""
+        return sum(s.count for s in self._origins.values())
+
+    @property
+    def observation_records(self) -> int:
+        """Observation records held (including those later retracted)."""
+        return self._observations
+
+    @property
+    def retraction_records(self) -> int:
+        """Retraction records held."""
+        return self._retractions
+
+    @property
+    def retracted(self) -> frozenset[bytes]:
+        """Ids of every observation retracted (tombstones)."""
+        return frozenset(self._retracted)
+
+    def is_retracted(self, obs_id: bytes) -> bool:
+        """Whether the observation ``obs_id`` has been retracted."""
+        return obs_id in self._retracted
+
+    def version_vector(self) -> dict[str, int]:
+        """Per origin, the highest seq up to which every record is held."""
+        return {o: s.contiguous for o, s in sorted(self._origins.items())}
+
+    def top_seq(self, origin: str) -> int:
+        """The highest seq held from ``origin`` (0 if none)."""
+        slots = self._origins.get(origin)
+        return slots.top if slots else 0
+
+    def next_seq(self, origin: str) -> int:
+        """The sequence number ``origin`` must use for its next record.
+
+        One past the highest ever held from it: after a restart the journal supplies that,
+        and after a loss of the data directory the origin's own records pulled back from
+        peers do, so a sequence number is never reused while any replica remembers it.
+        """
+        return self.top_seq(origin) + 1
+
+    def holds(self, origin: str, seq: int) -> bool:
+        """Whether record ``(origin, seq)`` is held."""
+        slots = self._origins.get(origin)
+        return slots is not None and slots.locator(seq) != -1
+
+    def locator(self, origin: str, seq: int) -> int | None:
+        """Where the adapter stored record ``(origin, seq)``, or ``None``."""
+        slots = self._origins.get(origin)
+        if slots is None:
+            return None
+        loc = slots.locator(seq)
+        return None if loc == -1 else loc
+
+    def missing_ranges(self, *, limit: int = 64) -> list[PullRequest]:
+        """Gaps below the highest seq held, per origin, as pull requests to send.
+
+        Args:
+            limit: most requests returned (ask again once they are answered).
+        """
+        out: list[PullRequest] = []
+        for origin, slots in sorted(self._origins.items()):
+            self._holes(origin, slots, slots.contiguous + 1, slots.top, out, limit)
+        return out[:limit]
+
+    def ranges_behind(
+        self, remote_vv: Mapping[str, int], *, limit: int = 64
+    ) -> list[PullRequest]:
+        """Ranges a peer's version vector shows that this replica lacks.
+
+        Args:
+            remote_vv: the peer's version vector.
+            limit: most requests returned.
+        """
+        out: list[PullRequest] = []
+        for origin, high in sorted(remote_vv.items()):
+            slots = self._origins.get(origin)
+            top = slots.top if slots else 0
+            if slots is not None:
+                self._holes(origin, slots, slots.contiguous + 1, min(high, top), out, limit)
+            first = top + 1
+            while first <= high and len(out) < limit:
+                last = min(first + MAX_PULL_SPAN - 1, high)
+                out.append(PullRequest(origin, first, last))
+                first = last + 1
+            if len(out) >= limit:
+                break
+        return out[:limit]
+
+    def lag(self, remote_vv: Mapping[str, int]) -> int:
+        """About how many records a peer with ``remote_vv`` has that this replica lacks.
+
+        A node uses it to choose between range pulls (small lag) and a catch-up.
+        """
+        total = 0
+        for origin, high in remote_vv.items():
+            slots = self._origins.get(origin)
+            total += max(0, high - (slots.contiguous if slots else 0))
+        return total
+
+    @staticmethod
+    def _holes(
+        origin: str, slots: _Slots, first: int, last: int, out: list[PullRequest], limit: int
+    ) -> None:
+        locs = slots.locators
+        seq = first
+        while seq <= last and len(out) < limit:
+            if locs[seq - 1] != -1:
+                seq += 1
+                continue
+            start = seq
+            while seq <= last and locs[seq - 1] == -1 and seq - start < MAX_PULL_SPAN:
+                seq += 1
+            out.append(PullRequest(origin, start, seq - 1))
+
+    def locators_in(self, origin: str, first: int, last: int) -> list[int]:
+        """Locators of the records held in ``origin``'s range ``first..last``."""
+        slots = self._origins.get(origin)
+        if slots is None:
+            return []
+        stop = min(last, slots.top)
+        return [loc for loc in slots.locators[first - 1:stop] if loc != -1]
+
+    def catchup_slice(
+        self, request: CatchupRequest
+    ) -> tuple[list[tuple[str, int, int]], int, bool]:
+        """The records a catch-up chunk should carry.
+
+        Args:
+            request: the peer's request.
+
+        Returns:
+            ``(items, remaining, exhausted)``: up to ``request.limit`` ``(origin, seq,
+            locator)`` in (origin, seq) order, the number of records left to send from the
+            request's position (including these), and whether the items reach the end.
+        """
+        items: list[tuple[str, int, int]] = []
+        remaining = 0
+        start_origin, start_seq = request.cursor if request.cursor else ("", 0)
+        for origin in sorted(self._origins):
+            if origin < start_origin:
+                continue
+            slots = self._origins[origin]
+            after = request.vv.get(origin, 0)
+            if origin == start_origin:
+                after = max(after, start_seq - 1)
+            remaining += slots.held_after(after)
+            seq = after + 1
+            while seq <= slots.top and len(items) < request.limit:
+                loc = slots.locators[seq - 1]
+                if loc != -1:
+                    items.append((origin, seq, loc))
+                seq += 1
+        return items, remaining, len(items) >= remaining
+
+    def digest(self) -> Digest:
+        """This replica's anti-entropy digest."""
+        fps = tuple(
+            hashlib.blake2b(
+                count.to_bytes(8, "big") + total.to_bytes(_KEY_BYTES, "big"),
+                digest_size=_FP_BYTES,
+            ).digest()
+            for count, total in zip(self._counts, self._sums, strict=True)
+        )
+        return Digest(self.record_count, fps)
+
+    def differing_buckets(self, remote: Digest) -> tuple[int, ...]:
+        """Bucket numbers whose fingerprints differ from ``remote``'s."""
+        mine = self.digest().fingerprints
+        return tuple(i for i, (a, b) in enumerate(zip(mine, remote.fingerprints, strict=True))
+                     if a != b)
+
+    def bucket_entries(self, buckets: Iterable[int]) -> BucketEntries:
+        """List the records held in ``buckets`` (cut at :data:`MAX_ENTRIES`)."""
+        wanted = sorted(set(buckets))
+        if any(not 0 <= b < DIGEST_BUCKETS for b in wanted):
+            raise SyncError(f"bucket numbers must be 0..{DIGEST_BUCKETS - 1}")
+        accept = bytearray(DIGEST_BUCKETS)
+        for b in wanted:
+            accept[b] = 1
+        entries: list[tuple[str, int, bytes]] = []
+        more = False
+        for origin, slots in sorted(self._origins.items()):
+            keys = slots.keys
+            for index, loc in enumerate(slots.locators):
+                if loc == -1 or not accept[keys[index * _KEY_BYTES] % DIGEST_BUCKETS]:
+                    continue
+                if len(entries) == MAX_ENTRIES:
+                    more = True
+                    break
+                entries.append((origin, index + 1,
+                                bytes(keys[index * _KEY_BYTES:(index + 1) * _KEY_BYTES])))
+            if more:
+                break
+        return BucketEntries(tuple(wanted), tuple(entries), more)
+
+    def lacking(self, listing: BucketEntries) -> list[PullRequest]:
+        """Pull requests for the entries of a peer's listing that this replica lacks.
+
+        Raises:
+            SyncError: an entry names a slot held here with a different record (a
+                conflict: one of the two replicas was fed a forged record).
+        """
+        wanted: dict[str, list[int]] = {}
+        for origin, seq, key in listing.entries:
+            slots = self._origins.get(origin)
+            if slots is not None and slots.locator(seq) != -1:
+                if slots.key(seq) != key:
+                    raise SyncError(
+                        f"peer holds a different record at ({origin}, {seq}) than this "
+                        "replica: conflicting histories, one side was fed a forged record"
+                    )
+                continue
+            wanted.setdefault(origin, []).append(seq)
+        return pull_requests_for(wanted)
+
+    # -- changing --
+
+    def plan(
+        self,
+        records: Sequence[Record],
+        *,
+        after: Mapping[str, int] | None = None,
+    ) -> MergePlan:
+        """Validate a batch and work out what merging it changes; nothing is modified.
+
+        Args:
+            records: the batch (already decoded, so each content hash was checked).
+            after: for a catch-up chunk, the version vector the request sent: every record
+                must lie beyond it, since that is all that was asked for.
+
+        Returns:
+            The plan to make durable and then :meth:`apply`.
+
+        Raises:
+            SyncError: a record claims a sequence number implausibly far ahead, lies
+                outside what was asked for, or conflicts with a record already held or
+                with another record in the batch. The batch is refused as a whole.
+        """
+        accepted: list[Record] = []
+        seen: dict[tuple[str, int], bytes] = {}
+        duplicates = 0
+        tops: dict[str, int] = {}
+        batch = len(records)
+        for record in records:
+            origin, seq = record.origin, record.seq
+            if after is not None and seq <= after.get(origin, 0):
+                raise SyncError(
+                    f"record ({origin}, {seq}) is at or below the requested starting point "
+                    f"{after.get(origin, 0)}: not what the catch-up asked for"
+                )
+            top = tops.get(origin)
+            if top is None:
+                top = tops[origin] = self.top_seq(origin)
+            if seq > top + self._max_ahead + batch:
+                raise SyncError(
+                    f"record ({origin}, {seq}) claims a sequence number more than "
+                    f"{self._max_ahead} past the highest held ({top}); refused as forged "
+                    "(a replica that far behind must catch up first)"
+                )
+            slots = self._origins.get(origin)
+            if slots is not None and slots.locator(seq) != -1:
+                if slots.key(seq) != record.key:
+                    raise SyncError(
+                        f"record ({origin}, {seq}) conflicts with the record already held "
+                        "there: forged, or the origin reused a sequence number"
+                    )
+                duplicates += 1
+                continue
+            earlier = seen.get((origin, seq))
+            if earlier is not None:
+                if earlier != record.key:
+                    raise SyncError(f"two different records claim ({origin}, {seq}) in one batch")
+                duplicates += 1
+                continue
+            seen[(origin, seq)] = record.key
+            accepted.append(record)
+        newly_retracted: dict[bytes, None] = {}
+        for record in accepted:
+            body = record.body
+            if isinstance(body, Retraction) and body.target not in self._retracted:
+                newly_retracted[body.target] = None
+        add: dict[bytes, Observation] = {}
+        for record in accepted:
+            body = record.body
+            if (
+                isinstance(body, Observation)
+                and body.id not in self._retracted
+                and body.id not in newly_retracted
+            ):
+                add[body.id] = body
+        return MergePlan(tuple(accepted), duplicates, tuple(add.values()),
+                         tuple(newly_retracted))
+
+    def apply(self, plan: MergePlan, locators: Sequence[int]) -> None:
+        """Commit a plan whose records the adapter has stored at ``locators``.
+
+        Args:
+            plan: from :meth:`plan`, with no other change to this state in between.
+            locators: one non-negative locator per ``plan.accepted`` record.
+
+        Raises:
+            KnowledgeError: the locators do not match the plan.
+        """
+        if len(locators) != len(plan.accepted):
+            raise KnowledgeError("apply() needs exactly one locator per accepted record")
+        for record, loc in zip(plan.accepted, locators, strict=True):
+            kind = RecordKind.OBSERVATION if isinstance(record.body, Observation) else (
+                RecordKind.RETRACTION)
+            target = record.body.target if isinstance(record.body, Retraction) else None
+            self.load(record.origin, record.seq, record.key, kind, target, loc)
+
+    def load(
+        self,
+        origin: str,
+        seq: int,
+        key: bytes,
+        kind: RecordKind,
+        target: bytes | None,
+        locator: int,
+    ) -> bool:
+        """Add one record known to be valid (from the node's own journal at start-up).
+
+        Returns:
+            ``False`` if the slot was already filled (the record is ignored).
+        """
+        if locator < 0:
+            raise KnowledgeError("locators must be non-negative")
+        slots = self._origins.get(origin)
+        if slots is None:
+            slots = self._origins[origin] = _Slots()
+        if slots.locator(seq) != -1:
+            return False
+        slots.put(seq, key, locator)
+        bucket = key[0] % DIGEST_BUCKETS
+        self._sums[bucket] = (self._sums[bucket] + int.from_bytes(key, "big")) % _KEY_MOD
+        self._counts[bucket] += 1
+        if kind == RecordKind.RETRACTION:
+            self._retractions += 1
+            if target is not None:
+                self._retracted.add(target)
+        else:
+            self._observations += 1
+        return True
+
+
+def _spans(origin: str, first: int, last: int) -> list[PullRequest]:
+    return [PullRequest(origin, lo, min(lo + MAX_PULL_SPAN - 1, last))
+            for lo in range(first, last + 1, MAX_PULL_SPAN)]
+
+
+def pull_requests_for(wanted: Mapping[str, Iterable[int]]) -> list[PullRequest]:
+    """Group wanted sequence numbers into as few pull requests as allowed.
+
+    Args:
+        wanted: per origin, the sequence numbers to fetch.
+
+    Returns:
+        Pull requests over contiguous runs, each at most :data:`MAX_PULL_SPAN` long.
+    """
+    out: list[PullRequest] = []
+    for origin in sorted(wanted):
+        seqs = sorted(set(wanted[origin]))
+        i = 0
+        while i < len(seqs):
+            j = i
+            while j + 1 < len(seqs) and seqs[j + 1] == seqs[j] + 1:
+                j += 1
+            out.extend(_spans(origin, seqs[i], seqs[j]))
+            i = j + 1
+    return out
