@@ -81,7 +81,7 @@ def reason(exc_info: pytest.ExceptionInfo[FrameError]) -> str:
 def test_round_trip_minimal_envelope_uses_short_keys_and_omits_defaults() -> None:
     env = envelope()
     data = encode_envelope(env)
-    assert set(msgpack.unpackb(data)) == {"v", "id", "fr", "ch", "sq", "in", "ts"}
+    assert set(msgpack.unpackb(data)) == {"v", "i", "f", "c", "s", "e", "h"}
     assert len(data) < 100
     assert decode_envelope(data) == env
 
@@ -89,7 +89,7 @@ def test_round_trip_minimal_envelope_uses_short_keys_and_omits_defaults() -> Non
 def test_round_trip_full_envelope() -> None:
     env = envelope(recipient="reviewer", ref="abc.task.3", count=5, kind=None, channel="task:x")
     data = encode_envelope(env)
-    assert set(msgpack.unpackb(data)) >= {"to", "re", "n"}
+    assert set(msgpack.unpackb(data)) >= {"t", "r", "n"}
     assert decode_envelope(data) == env
     ctl = envelope(kind=KIND_HEARTBEAT, seq=0)
     assert msgpack.unpackb(encode_envelope(ctl))["k"] == "hb"
@@ -119,7 +119,7 @@ def test_make_msg_id_is_unique_and_parseable() -> None:
         (b"\x81\xa1v", "bad-msgpack"),  # truncated
         (msgpack.packb({"v": 1}) + b"\x00", "bad-msgpack"),  # trailing bytes
         (b"\x81\xa2\xff\xfe\x01", "bad-msgpack"),  # key that is not UTF-8
-        (msgpack.packb([1, "id", "w", "log", 1, 1, 1]), "not-a-map"),
+        (msgpack.packb([1, "i", "w", "log", 1, 1, 1]), "not-a-map"),
         (msgpack.packb(7), "not-a-map"),
         (b"x" * (MAX_ENVELOPE_BYTES + 1), "too-large"),
     ],
@@ -130,7 +130,7 @@ def test_malformed_frames(data: bytes, why: str) -> None:
     assert reason(info) == why
 
 
-@pytest.mark.parametrize("key", ["v", "id", "fr", "ch", "sq", "in", "ts"])
+@pytest.mark.parametrize("key", ["v", "i", "f", "c", "s", "e", "h"])
 def test_missing_required_key(key: str) -> None:
     with pytest.raises(FrameError) as info:
         decode_envelope(msgpack.packb(raw_map(**{key: ...})))
@@ -149,23 +149,23 @@ def test_unknown_version(version: object) -> None:
 @pytest.mark.parametrize(
     ("key", "value", "field"),
     [
-        ("id", "", "msg_id"),
-        ("id", 5, "msg_id"),
-        ("fr", b"bytes", "sender"),
-        ("fr", "", "sender"),
-        ("ch", "lo\0g", "channel"),
-        ("ch", None, "channel"),
-        ("sq", -1, "seq"),
-        ("sq", 1.5, "seq"),
-        ("sq", True, "seq"),
-        ("sq", 2**63, "seq"),
-        ("in", -5, "incarnation"),
-        ("in", 2**63, "incarnation"),
-        ("ts", -1, "hlc"),
-        ("ts", "now", "hlc"),
-        ("to", "", "recipient"),
-        ("to", 3, "recipient"),
-        ("re", [1], "ref"),
+        ("i", "", "msg_id"),
+        ("i", 5, "msg_id"),
+        ("f", b"bytes", "sender"),
+        ("f", "", "sender"),
+        ("c", "lo\0g", "channel"),
+        ("c", None, "channel"),
+        ("s", -1, "seq"),
+        ("s", 1.5, "seq"),
+        ("s", True, "seq"),
+        ("s", 2**63, "seq"),
+        ("e", -5, "incarnation"),
+        ("e", 2**63, "incarnation"),
+        ("h", -1, "hlc"),
+        ("h", "now", "hlc"),
+        ("t", "", "recipient"),
+        ("t", 3, "recipient"),
+        ("r", [1], "ref"),
         ("n", 0, "count"),
         ("n", MAX_BATCH + 1, "count"),
         ("n", None, "count"),
@@ -182,7 +182,7 @@ def test_bad_field_values(key: str, value: object, field: str) -> None:
 
 def test_sequence_range_overflow() -> None:
     with pytest.raises(FrameError) as info:
-        decode_envelope(msgpack.packb(raw_map(sq=2**63 - 2, n=3)))
+        decode_envelope(msgpack.packb(raw_map(s=2**63 - 2, n=3)))
     assert "2**63" in str(info.value)
 
 
@@ -280,7 +280,9 @@ def test_payload_errors() -> None:
     with pytest.raises(FrameError):
         encode_payload([activity] * (MAX_BATCH + 1))
     with pytest.raises(FrameError):
-        encode_payload(["not an activity", "x"])  # type: ignore[list-item]
+        encode_payload(["not an activity"])  # type: ignore[list-item]
+    with pytest.raises(ActivityError):
+        encode_payload([activity, "not an activity"])  # type: ignore[list-item]
     batch = encode_payload([activity] * 3)
     with pytest.raises(FrameError) as info:
         decode_payload(batch, 4)
@@ -386,12 +388,12 @@ msgpack_values = st.recursive(
 @given(st.dictionaries(st.text(max_size=8), msgpack_values, max_size=6))
 def test_unknown_keys_of_any_kind_decode(extra: dict[str, Any]) -> None:
     known = raw_map()
-    optional = {"to", "re", "n", "k"}
+    optional = {"t", "r", "n", "k"}
     m = {**{k: v for k, v in extra.items() if k not in optional}, **known}
     assert decode_envelope(msgpack.packb(m)) == envelope()
 
 
-WIRE_KEYS = ["v", "id", "fr", "ch", "sq", "in", "ts", "to", "re", "n", "k", "x"]
+WIRE_KEYS = ["v", "i", "f", "c", "s", "e", "h", "t", "r", "n", "k", "x"]
 
 
 @given(st.dictionaries(st.sampled_from(WIRE_KEYS), msgpack_values))
