@@ -1349,19 +1349,31 @@ def note_object(
     return ASObject("Note", name=name, about=about, content=content, summary=summary, extra=extra)
 
 
-def _text_object(
-    content: str | None, obj: ASObject | str | Mapping[str, Any] | None, what: str
-) -> ASObject | str | Mapping[str, Any] | None:
-    if content is None:
-        return obj
-    if obj is not None:
-        raise ActivityError(
-            f"give either {what} or object=, not both",
-            field="object",
-            expected=f"{what} or object",
-            reason="bad-field",
-        )
-    return {"type": "Note", "content": content}
+def _text_activity(
+    kind: str,
+    actor: str,
+    summary: str,
+    text: str | None,
+    obj: ASObject | str | Mapping[str, Any] | None,
+    context: str | None,
+    target: str | None,
+    tag: Sequence[str] | None,
+    extra: Mapping[str, Any] | None,
+) -> Activity:
+    """An activity whose ``object`` is either given or a Note made from ``text``."""
+    if text is not None:
+        if obj is not None:
+            what = "reason" if kind == "Reject" else "content"
+            raise ActivityError(
+                f"give either {what} or object=, not both",
+                field="object",
+                expected=f"{what} or object",
+                reason="bad-field",
+            )
+        obj = {"type": "Note", "content": text}
+    return Activity(
+        kind, actor, summary, context=context, object=obj, target=target, tag=tag, extra=extra
+    )
 
 
 def offer(
@@ -1380,16 +1392,7 @@ def offer(
     Raises:
         ActivityError: a value breaks the profile, or both ``content`` and ``object``.
     """
-    return Activity(
-        "Offer",
-        actor,
-        summary,
-        context=context,
-        object=_text_object(content, object, "content"),
-        target=target,
-        tag=tag,
-        extra=extra,
-    )
+    return _text_activity("Offer", actor, summary, content, object, context, target, tag, extra)
 
 
 def accept(
@@ -1427,16 +1430,7 @@ def reject(
     Raises:
         ActivityError: a value breaks the profile, or both ``reason`` and ``object``.
     """
-    return Activity(
-        "Reject",
-        actor,
-        summary,
-        context=context,
-        object=_text_object(reason, object, "reason"),
-        target=target,
-        tag=tag,
-        extra=extra,
-    )
+    return _text_activity("Reject", actor, summary, reason, object, context, target, tag, extra)
 
 
 def _artifact(
@@ -1536,16 +1530,7 @@ def announce(
     Raises:
         ActivityError: a value breaks the profile, or both ``content`` and ``object``.
     """
-    return Activity(
-        "Announce",
-        actor,
-        summary,
-        context=context,
-        object=_text_object(content, object, "content"),
-        target=target,
-        tag=tag,
-        extra=extra,
-    )
+    return _text_activity("Announce", actor, summary, content, object, context, target, tag, extra)
 
 
 def question(
@@ -1564,16 +1549,7 @@ def question(
     Raises:
         ActivityError: a value breaks the profile, or both ``content`` and ``object``.
     """
-    return Activity(
-        "Question",
-        actor,
-        summary,
-        context=context,
-        object=_text_object(content, object, "content"),
-        target=target,
-        tag=tag,
-        extra=extra,
-    )
+    return _text_activity("Question", actor, summary, content, object, context, target, tag, extra)
 
 
 def invoke(
