@@ -37,6 +37,15 @@ A report without an ``attempt`` field (a worker whose tools do not echo it) is j
 its sender: it counts when the sender is the current holder and never held an earlier,
 fenced claim of the same task; otherwise it is ambiguous and refused.
 
+**Who is who.** An activity about a task from its holder (or from a fenced former
+holder) is the worker's: Accept takes the offer, Reject gives it back, Offer asks for
+review, Create/Update/Delete/Invoke/Announce/Question report progress. From anyone else
+Accept, Reject and Note are review verdicts; the reviewer's tools echo the attempt of
+the review request, so a verdict on a fenced attempt's work is refused too. A task is
+done by a review Accept; a task submitted with ``review=False`` is also done by the
+holder's Announce tagged :data:`DONE_TAG`, and :meth:`TaskBoard.complete` lets the
+architect close a held task itself.
+
 **The board** (:class:`TaskBoard`) is the architect's side. It learns workers and their
 ``slots`` from the node's roster (:meth:`TaskBoard.worker_up`,
 :meth:`TaskBoard.worker_gone`), hands each pending task to the least loaded live worker
@@ -55,7 +64,9 @@ and halt (cancel every open task).
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -85,6 +96,7 @@ __all__ = [
     "apply",
     "attempt_of",
     "cancel_activity",
+    "fence_reason",
     "is_task_delete",
     "with_attempt",
 ]
@@ -220,7 +232,7 @@ class TaskEvent:
 
     Attributes:
         kind: what happened.
-        actor: who did it.
+        actor: who did it; for OFFER, the worker offered to.
         attempt: the claim's attempt number for OFFER; otherwise as carried (or ``None``).
         text: a reason, a review note, or a summary.
     """
@@ -491,7 +503,7 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class TaskChanged:
-    """A task changed state.
+    """A task changed state (or was submitted: then ``previous`` is ``PENDING`` too).
 
     Attributes:
         task: the task after the change.
@@ -590,6 +602,14 @@ class TaskBoard:
         self.draining = False
         self._tasks: dict[str, Task] = {}  # insertion order is submission order
         self._workers: dict[str, _Worker] = {}
+        # Indexes kept by _store, so that an event costs O(workers + tasks offered),
+        # not O(all tasks): held tasks per worker, and the pending queue in two parts:
+        # tasks never offered, in submission order, and tasks that lost a claim, which
+        # go first, by submission number (a re-offered task keeps its place).
+        self._load: Counter[str] = Counter()
+        self._fresh: dict[str, None] = {}
+        self._requeued: dict[str, int] = {}
+        self._order: dict[str, int] = {}
         # Fenced claims already told to stop, and already reported on the log: each is
         # said once, however many late reports a stale worker keeps sending.
         self._told: set[tuple[str, Claim]] = set()
@@ -607,7 +627,7 @@ class TaskBoard:
 
     def load(self, worker: str) -> int:
         """How many tasks ``worker`` holds."""
-        return sum(1 for t in self._tasks.values() if t.held and t.holder == worker)
+        return self._load[worker]
 
     def workers(self) -> dict[str, int]:
         """Known workers and their slots."""
@@ -658,7 +678,9 @@ class TaskBoard:
         if ctx in self._tasks:
             raise TaskError(f"task {ctx} already exists; submit with a new context")
         task = Task(ctx, summary, content, tuple(tag), review, submitted_at=now)
+        self._order[ctx] = len(self._order)
         self._tasks[ctx] = task
+        self._fresh[ctx] = None
         out: list[BoardOutput] = [TaskChanged(task, TaskState.PENDING, "submitted")]
         out += self._dispatch(now)
         return ctx, out
@@ -923,7 +945,17 @@ class TaskBoard:
         return task
 
     def _store(self, old: Task, new: Task, reason: str) -> list[BoardOutput]:
-        self._tasks[new.context] = new
+        ctx = new.context
+        self._tasks[ctx] = new
+        if old.held and old.holder is not None:
+            self._load[old.holder] -= 1
+        if new.held and new.holder is not None:
+            self._load[new.holder] += 1
+        if new.state is not TaskState.PENDING:
+            self._fresh.pop(ctx, None)
+            self._requeued.pop(ctx, None)
+        elif old.state is not TaskState.PENDING:
+            self._requeued[ctx] = self._order[ctx]
         if new.state is old.state:
             return []
         return [TaskChanged(new, old.state, reason)]
@@ -1011,28 +1043,46 @@ class TaskBoard:
         new = apply(task, TaskEvent(kind, self.owner, text=reason), now)
         return self._store(task, new, reason)
 
-    def _candidates(self, task: Task) -> list[_Worker]:
+    def _pick(self, task: Task, planned: Counter[str]) -> _Worker | None:
+        """The worker to offer ``task`` to: open, with a free slot (counting the offers
+        ``planned`` in this pass), not among those who declined it; preferring one that
+        has not held it, then the least loaded, then by name."""
         previous = {c.worker for c in task.fenced}
-        free = [
-            w
-            for w in self._workers.values()
-            if w.open
-            and w.name not in task.declined_by
-            and self.load(w.name) < w.slots
-        ]
-        return sorted(free, key=lambda w: (w.name in previous, self.load(w.name), w.name))
+        best: tuple[bool, int, str] | None = None
+        chosen: _Worker | None = None
+        for w in self._workers.values():
+            load = self._load[w.name] + planned[w.name]
+            if not w.open or load >= w.slots or w.name in task.declined_by:
+                continue
+            key = (w.name in previous, load, w.name)
+            if best is None or key < best:
+                best, chosen = key, w
+        return chosen
 
     def _dispatch(self, now: float) -> list[BoardOutput]:
-        if self.draining:
+        if self.draining or not (self._fresh or self._requeued):
             return []
+        load = self._load
+        free = 0
+        for w in self._workers.values():
+            if w.open and w.slots > load[w.name]:
+                free += w.slots - load[w.name]
+        # Plan first, then apply: the queue indexes change as offers are stored, and
+        # planning reads them without copying the whole queue on every event.
+        planned: Counter[str] = Counter()
+        plan: list[tuple[Task, _Worker]] = []
+        requeued = sorted(self._requeued, key=self._requeued.__getitem__)
+        for ctx in itertools.chain(requeued, self._fresh):
+            if free <= 0:
+                break  # nobody can take anything more: stop scanning the queue
+            task = self._tasks[ctx]
+            worker = self._pick(task, planned)
+            if worker is not None:
+                plan.append((task, worker))
+                planned[worker.name] += 1
+                free -= 1
         out: list[BoardOutput] = []
-        for task in list(self._tasks.values()):
-            if task.state is not TaskState.PENDING:
-                continue
-            candidates = self._candidates(task)
-            if not candidates:
-                continue
-            worker = candidates[0]
+        for task, worker in plan:
             attempt = task.attempt + 1
             new = apply(task, TaskEvent(EventKind.OFFER, worker.name, attempt), now)
             out += self._store(task, new, f"offered to {worker.name} (attempt {attempt})")

@@ -35,7 +35,7 @@ Incoming (:func:`render_inbox`)
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
 from porter_mesh.core import as2
@@ -187,6 +187,15 @@ def default_type(channel: str, role: str | None, text: str) -> str:
     return "Offer"
 
 
+#: Builders whose third argument is the details text (``content`` or ``reason``).
+_TEXT_BUILDERS: Final[Mapping[str, Callable[..., Activity]]] = {
+    "Offer": as2.offer,
+    "Question": as2.question,
+    "Announce": as2.announce,
+    "Reject": as2.reject,
+}
+
+
 def compose(
     *,
     actor: str,
@@ -219,20 +228,9 @@ def compose(
     extra = {ATTEMPT_FIELD: attempt} if attempt is not None else None
     tags = list(tag) if tag else None
     try:
-        if kind == "Offer":
-            return as2.offer(
-                actor, summary, details, target=target, context=context, tag=tags, extra=extra
-            )
-        if kind == "Question":
-            return as2.question(
-                actor, summary, details, target=target, context=context, tag=tags, extra=extra
-            )
-        if kind == "Announce":
-            return as2.announce(
-                actor, summary, details, target=target, context=context, tag=tags, extra=extra
-            )
-        if kind == "Reject":
-            return as2.reject(
+        build = _TEXT_BUILDERS.get(kind)
+        if build is not None:
+            return build(
                 actor, summary, details, target=target, context=context, tag=tags, extra=extra
             )
         if kind == "Accept":

@@ -38,7 +38,7 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -51,6 +51,7 @@ __all__ = [
     "CommandResult",
     "group_alive",
     "run_command",
+    "stop_group",
 ]
 
 #: Seconds between SIGTERM and SIGKILL.
@@ -204,6 +205,18 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
+def stop_group(pgid: int) -> None:
+    """Ask a running command's process group to stop (SIGTERM), from any thread.
+
+    :func:`run_command` then sees the command end and returns as usual, killing what
+    is left after its grace period.
+
+    Args:
+        pgid: the group id reported through ``on_start``.
+    """
+    _signal_group(pgid, signal.SIGTERM)
+
+
 def _wait_group_gone(pgid: int, deadline: float) -> bool:
     while group_alive(pgid):
         if time.monotonic() >= deadline:
@@ -304,6 +317,7 @@ def run_command(
     grace: float = DEFAULT_GRACE,
     tail_bytes: int = DEFAULT_TAIL_BYTES,
     env: Mapping[str, str] | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> CommandResult:
     """Run ``command`` with ``bash -c`` in ``cwd`` and return what it did.
 
@@ -315,6 +329,8 @@ def run_command(
         tail_bytes: how many bytes of the end of the output to keep.
         env: the environment; the current one when ``None``. Variables that keep
             pagers and prompts out of the way are added either way.
+        on_start: called with the command's process group id once it runs, so that
+            another thread can stop it early (see :func:`stop_group`).
 
     Returns:
         A :class:`CommandResult`. When it returns, no process of the command's group is
@@ -351,6 +367,8 @@ def run_command(
     runner = _Runner(proc, tail_bytes)
     timed_out = killed = leftovers = False
     try:
+        if on_start is not None:
+            on_start(runner.pgid)
         runner.pump(start + timeout, until_exit=True)
         if not runner.exited():
             timed_out = True

@@ -71,7 +71,7 @@ from porter_mesh.tools.schemas import (
     check_arguments,
     specs_for,
 )
-from porter_mesh.tools.shell import DEFAULT_GRACE, DEFAULT_TAIL_BYTES, run_command
+from porter_mesh.tools.shell import DEFAULT_GRACE, DEFAULT_TAIL_BYTES, run_command, stop_group
 from porter_mesh.tools.workspace import Workspace
 
 __all__ = ["Toolbox"]
@@ -148,6 +148,10 @@ class Toolbox:
         self.inbox_limit = inbox_limit
         self.context: str | None = None
         self._attempts: dict[str, int] = {}
+        self._accepted: set[str] = set()  # tasks this agent took (Accept sent)
+        self.draining = False
+        self._halted: str | None = None
+        self._running: int | None = None  # process group of the command running now
 
     # -- the loop's interface -------------------------------------------------------------
 
@@ -182,6 +186,10 @@ class Toolbox:
             ToolError: unknown tool, bad arguments, or the tool failed; the message says
                 what to do.
         """
+        if self._halted is not None:
+            raise ToolError(
+                f"this agent was halted ({self._halted}); stop working and end your turn"
+            )
         spec = self._specs.get(name)
         if spec is None:
             raise ToolError(
@@ -192,8 +200,39 @@ class Toolbox:
             args["query"] = args.pop("sparql")  # the profile's own name for it
         checked = check_arguments(spec, args)
         method = getattr(self, name)
-        result: str = method(**checked)
+        try:
+            result: str = method(**checked)
+        except OSError as exc:
+            raise ToolError(f"{name}: {exc.strerror or exc}") from exc
+        except UnicodeError as exc:
+            raise ToolError(
+                f"{name}: the text is not valid Unicode ({exc}); send plain UTF-8 text"
+            ) from exc
         return result
+
+    # -- drain and halt -----------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Finish the tasks held, take no new one: accepting another task is refused."""
+        self.draining = True
+
+    def halt(self, reason: str = "halted by the mesh") -> None:
+        """Stop now: a running command is stopped and every later tool call is refused.
+
+        Safe to call from another thread (the node's control handler) while a tool runs.
+
+        Args:
+            reason: shown to the agent in the refusal.
+        """
+        self._halted = reason
+        pgid = self._running
+        if pgid is not None:
+            stop_group(pgid)
+
+    def resume(self) -> None:
+        """Undo :meth:`drain` and :meth:`halt`."""
+        self.draining = False
+        self._halted = None
 
     # -- messaging ----------------------------------------------------------------------------
 
@@ -231,12 +270,20 @@ class Toolbox:
             ctx = new_task_id()
         else:
             ctx = self.context
+        takes_task = kind == "Accept" and chan != CHANNEL_REVIEW and ctx is not None
+        if takes_task and self.draining and ctx not in self._accepted:
+            raise ToolError(
+                "you are draining: finish the tasks you hold and Reject new offers "
+                "(send_message with type Reject and the reason)"
+            )
         attempt = self._attempts.get(ctx) if ctx is not None else None
         activity = messaging.compose(
             actor=me, channel=chan, text=message, kind=kind, context=ctx, tag=tag,
             attempt=attempt,
         )
         self._send(chan, activity)
+        if takes_task and ctx is not None:
+            self._accepted.add(ctx)
         if ctx is not None and (context is not None or kind == "Offer"):
             self.context = ctx
         where = f" about task {ctx}" if ctx else ""
@@ -260,6 +307,10 @@ class Toolbox:
             chan = channel.strip()
             if chan != DIRECT_PREFIX + me:
                 chan = messaging.check_channel(chan, me)
+                if chan.startswith(DIRECT_PREFIX):
+                    raise ToolError(
+                        f"you can read only your own direct channel, {DIRECT_PREFIX}{me}"
+                    )
         try:
             items = self.port.drain_inbox(chan, self.inbox_limit)
         except NodeClosedError as exc:
@@ -382,13 +433,23 @@ class Toolbox:
             ToolError: the command is empty or cannot start.
         """
         ws = self._require_workspace()
-        result = run_command(
-            command,
-            cwd=ws.root,
-            timeout=float(timeout if timeout is not None else self.bash_timeout),
-            grace=self.grace,
-            tail_bytes=self.tail_bytes,
-        )
+
+        def started(pgid: int) -> None:
+            self._running = pgid
+            if self._halted is not None:  # halted between the check and the start
+                stop_group(pgid)
+
+        try:
+            result = run_command(
+                command,
+                cwd=ws.root,
+                timeout=float(timeout if timeout is not None else self.bash_timeout),
+                grace=self.grace,
+                tail_bytes=self.tail_bytes,
+                on_start=started,
+            )
+        finally:
+            self._running = None
         text = result.render()
         first = messaging.split_text(command)[0]
         self._record(
@@ -442,17 +503,7 @@ class Toolbox:
         """
         outcome = self._require_workspace().write(path, content)
         verb = "Created" if outcome.created else "Replaced"
-        build = as2.create if outcome.created else as2.update
-        self._record(
-            lambda: build(
-                self.agent_name,
-                f"{verb} {outcome.path}",
-                as2.document(outcome.path),
-                context=self.context,
-                instrument=("file",),
-                extra=self._attempt_extra(),
-            )
-        )
+        self._record_file(as2.create if outcome.created else as2.update, verb, outcome.path)
         return f"{verb} {outcome.path} ({outcome.size} bytes)."
 
     def edit_file(self, path: str, old: str, new: str) -> str:
@@ -471,16 +522,7 @@ class Toolbox:
             ToolError: missing file, ``old`` absent or not unique, or too large.
         """
         outcome = self._require_workspace().edit(path, old, new)
-        self._record(
-            lambda: as2.update(
-                self.agent_name,
-                f"Edited {outcome.path}",
-                as2.document(outcome.path),
-                context=self.context,
-                instrument=("file",),
-                extra=self._attempt_extra(),
-            )
-        )
+        self._record_file(as2.update, "Edited", outcome.path)
         return (
             f"Edited {outcome.path}: replaced {outcome.removed_lines} line(s) with "
             f"{outcome.added_lines} ({outcome.size} bytes now)."
@@ -510,6 +552,19 @@ class Toolbox:
             ) from exc
         except NodeClosedError as exc:
             raise ToolError(f"send_message: the mesh node is closed ({exc})") from exc
+
+    def _record_file(self, build: Callable[..., Activity], verb: str, path: str) -> None:
+        """Record a file change (``Create``/``Update`` of a ``Document``) on ``log``."""
+        self._record(
+            lambda: build(
+                self.agent_name,
+                f"{verb} {path}",
+                as2.document(path),
+                context=self.context,
+                instrument=("file",),
+                extra=self._attempt_extra(),
+            )
+        )
 
     def _record(self, build: Callable[[], Activity]) -> None:
         """Send a record on ``log``; a failure is logged, never raised."""

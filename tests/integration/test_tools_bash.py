@@ -143,3 +143,33 @@ def test_bad_commands_are_refused(tmp_path: Path, bad: str) -> None:
 def test_bad_timeout_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ToolError, match="timeout"):
         run_command("true", cwd=tmp_path, timeout=0)
+
+
+def test_halt_stops_the_running_command_from_another_thread(tmp_path: Path) -> None:
+    import threading
+
+    from porter_mesh.tools import Toolbox
+    from tests.integration.test_tools_messaging import MemoryPort
+
+    box = Toolbox(MemoryPort("w1"), tmp_path, grace=GRACE)
+    results: list[str] = []
+    runner = threading.Thread(
+        target=lambda: results.append(box.call("bash", {"command": "sleep 60", "timeout": 60}))
+    )
+    started = time.monotonic()
+    runner.start()
+    deadline = time.monotonic() + 10
+    while box._running is None and time.monotonic() < deadline:
+        time.sleep(0.005)  # polling for the command to start, with a deadline
+    pgid = box._running
+    assert pgid is not None
+    box.halt("operator said stop")
+    runner.join(timeout=10)
+    assert not runner.is_alive()
+    assert time.monotonic() - started < GRACE + SLACK + 1
+    assert results and "killed by signal SIGTERM" in results[0]
+    assert group_members(pgid) == []
+    with pytest.raises(ToolError, match="halted \\(operator said stop\\)"):
+        box.call("bash", {"command": "true"})
+    box.resume()
+    assert "exit status 0" in box.call("bash", {"command": "true"})

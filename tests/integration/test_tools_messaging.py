@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from porter_mesh.core import as2
 from porter_mesh.core.as2 import Activity
@@ -514,3 +516,59 @@ def test_system_prompt_has_messaging_and_team() -> None:
 def test_lonely_roster() -> None:
     prompt = Toolbox(MemoryPort("solo"), role="architect").system_prompt()
     assert "No teammates are online right now." in prompt
+
+
+def test_draining_agent_cannot_take_new_tasks() -> None:
+    box = toolbox("w1", "worker")
+    box.call("send_message", {"channel": "task:architect", "message": "taking it",
+                              "type": "Accept", "context": "t1"})
+    box.drain()
+    with pytest.raises(ToolError, match="you are draining"):
+        box.call("send_message", {"channel": "task:architect", "message": "taking it",
+                                  "type": "Accept", "context": "t2"})
+    # The task already held can still be talked about, and reviews still approved.
+    box.call("send_message", {"channel": "task:architect", "message": "still on it",
+                              "type": "Accept", "context": "t1"})
+    box.call("send_message", {"channel": "review", "message": "LGTM", "type": "Accept",
+                              "context": "t3"})
+    box.call("send_message", {"channel": "task:architect", "message": "no", "type": "Reject",
+                              "context": "t2"})
+
+
+def test_only_own_direct_channel_is_readable() -> None:
+    box = toolbox("w1", "worker")
+    with pytest.raises(ToolError, match="only your own direct channel, task:w1"):
+        box.call("read_messages", {"channel": "task:w2"})
+
+
+_text = st.text(max_size=12)
+_args = st.dictionaries(
+    st.sampled_from(["channel", "message", "type", "context", "tag", "about", "finding",
+                     "severity", "query", "sparql", "path", "content", "old", "new", "x"]),
+    st.one_of(st.none(), st.booleans(), st.integers(), _text, st.lists(_text, max_size=2),
+              st.sampled_from(["log", "task", "review", "control", "task:w2", "task:w1",
+                               "..", "/etc/passwd", "a/b.txt", "Offer", "Note", "info"])),
+    max_size=5,
+)
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(["send_message", "read_messages", "memory_write", "memory_query",
+                        "read_file", "write_file", "edit_file", "nope"]), _args)
+def test_arbitrary_calls_give_text_or_a_tool_error(tmp_path: Path, name: str,
+                                                   args: dict[str, Any]) -> None:
+    """What a confused model may send: only text results or ToolError come back."""
+    box = Toolbox(MemoryPort("w1"), tmp_path, role="worker",
+                  tools=[*MESSAGING_TOOLS, "read_file", "write_file", "edit_file"])
+    try:
+        result = box.call(name, args)
+    except ToolError as exc:
+        assert str(exc)
+        return
+    assert isinstance(result, str) and result
+    for sent_channel, _ in port_of(box).sent:
+        assert sent_channel != "control"
+    outside = tmp_path.parent
+    assert all(p.is_relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert not (outside / "passwd").exists()

@@ -553,3 +553,5 @@ def test_random_sequences_keep_the_pairing_invariants(ops: list[tuple[Any, ...]]
                 assert set(claims) - task.fenced <= ({claims[-1]} if claims else set())
         for worker, slots in SLOTS.items():
             assert board.load(worker) <= slots
+            held = sum(1 for t in board.tasks() if t.held and t.holder == worker)
+            assert board.load(worker) == held
