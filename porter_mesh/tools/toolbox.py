@@ -29,7 +29,17 @@ Records
 ``edit_file`` an ``Update``, each with the file as a ``Document``; ``memory_query``
 records a ``Recall`` with its rows; ``memory_write`` hands a ``Remember`` to the node.
 A record that cannot be sent is logged and does not fail the tool call: the work it
-describes has already happened.
+describes has already happened. An ``Invoke`` is only ever such a record of what this
+agent ran; ``send_message`` cannot send one, and nothing here runs a command because a
+peer asked for it.
+
+Drain and halt
+--------------
+The agent program forwards the node's control messages: :meth:`Toolbox.drain` makes
+accepting a new task fail (the agent is told to reject offers and finish what it
+holds); :meth:`Toolbox.halt` stops a running ``bash`` command at once (its process
+group gets SIGTERM, then SIGKILL after the grace period) and refuses every later call
+until :meth:`Toolbox.resume`.
 """
 
 from __future__ import annotations
