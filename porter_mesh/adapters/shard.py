@@ -764,6 +764,10 @@ class Shard:
         return self._engine.query(text, row_limit=row_limit, deadline=deadline,
                                   isolate=isolate, prefixes=prefixes)
 
+    def stop_query_worker(self) -> None:
+        """Stop the process that runs isolated queries (it restarts when next needed)."""
+        self._engine.stop_worker()
+
     @property
     def graph(self) -> rdflib.Graph:
         """A read-only ``rdflib.Graph`` over this shard's store (oxrdflib).

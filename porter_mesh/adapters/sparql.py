@@ -630,6 +630,8 @@ class QueryEngine:
             form, variables, rows, boolean, truncated = _collect(result, row_limit, timed)
         except SyntaxError as exc:
             raise _syntax_error(exc) from None
+        except QueryError:
+            raise  # our own QueryTimeout is also an OSError (via TimeoutError)
         except OSError as exc:
             raise QueryError(f"the store failed while answering: {exc}", reason="store") from None
         return QueryResult(form or checked.form, variables, tuple(rows), boolean, truncated,
@@ -672,13 +674,17 @@ class QueryEngine:
         return QueryResult(form, tuple(reply["vars"]), rows, boolean, bool(reply["cut"]),
                            row_limit, time.monotonic() - started, True)
 
-    def close(self) -> None:
-        """Stop the worker process, if one is running, and let go of the store."""
+    def stop_worker(self) -> None:
+        """Stop the worker process, if one is running (the next isolated query starts one)."""
         with self._lock:
-            self._store = None
             if self._worker is not None:
                 self._worker.stop()
                 self._worker = None
+
+    def close(self) -> None:
+        """Stop the worker process, if one is running, and let go of the store."""
+        self.stop_worker()
+        self._store = None
 
 
 # --- the isolated worker ----------------------------------------------------------------
