@@ -19,7 +19,8 @@ key    field            required  value
 ``f``  ``sender``       yes       agent name ("from")
 ``c``  ``channel``      yes       ``log``, ``task``, ``task:<agent>``, ``control``... (no NUL)
 ``s``  ``seq``          yes       sequence of the first activity carried, per (sender,
-                                  channel, incarnation), from 1; 0 means "not sequenced"
+                                  channel, incarnation), from 1; 0 ("not sequenced") is
+                                  allowed only for control payloads (``k`` set)
 ``e``  ``incarnation``  yes       random 63-bit number drawn at process start ("epoch")
 ``h``  ``hlc``          yes       hybrid-logical-clock timestamp (:mod:`.hlc`)
 ``t``  ``recipient``    no        agent name, direct messages only ("to")
@@ -143,7 +144,7 @@ class Envelope(NamedTuple):
         sender: the sending agent's name.
         channel: the channel (``"log"``, ``"task"``, ``"task:<agent>"``, ``"control"``...).
         seq: per (sender, channel, incarnation) sequence of the first activity carried,
-            from 1; 0 for messages that are not sequenced.
+            from 1; 0 for control messages (``kind`` set) that are not sequenced.
         incarnation: the sender's random 63-bit process incarnation.
         hlc: hybrid-logical-clock timestamp of the send event.
         recipient: the addressed agent, for direct messages only.
@@ -234,7 +235,7 @@ def _optional_ok(seq: int, recipient: Any, ref: Any, count: Any, kind: Any) -> b
         and type(count) is int
         and 1 <= count <= MAX_BATCH
         and seq + count - 1 <= _I63
-        and (kind is None or (type(kind) is str and 0 < len(kind) <= MAX_KIND_CHARS))
+        and ((kind is None and seq != 0) or (type(kind) is str and 0 < len(kind) <= MAX_KIND_CHARS))
     )
 
 
@@ -302,6 +303,12 @@ def _invalid(env: Envelope, doing: str) -> FrameError:
                 f"got {type(value).__name__} {_show(value)}",
                 reason="bad-field",
             )
+    if env.kind is None and env.seq == 0:
+        return FrameError(
+            f"{doing}: seq 0 (not sequenced) is allowed only for control messages (kind "
+            f"set); AS2 messages are numbered from 1",
+            reason="bad-field",
+        )
     return FrameError(
         f"{doing}: sequence range seq={env.seq} count={env.count} passes 2**63-1",
         reason="bad-field",
@@ -331,7 +338,7 @@ def encode_envelope(env: Envelope) -> bytes:
     if not _required_ok(version, msg_id, sender, channel, seq, inc, hlc):
         raise _invalid(env, "cannot encode envelope")
     m = {"v": version, "i": msg_id, "f": sender, "c": channel, "s": seq, "e": inc, "h": hlc}
-    if recipient is not None or ref is not None or count != 1 or kind is not None:
+    if seq == 0 or recipient is not None or ref is not None or count != 1 or kind is not None:
         if not _optional_ok(seq, recipient, ref, count, kind):
             raise _invalid(env, "cannot encode envelope")
         if recipient is not None:
@@ -400,7 +407,8 @@ def decode_envelope(data: bytes) -> Envelope:
         except KeyError:
             pass  # seven keys, but some unknown: the general path says which is missing
         else:
-            if _required_ok(version, msg_id, sender, channel, seq, inc, hlc):
+            # (kind is absent here, so seq 0 is not allowed: the general path says so)
+            if seq != 0 and _required_ok(version, msg_id, sender, channel, seq, inc, hlc):
                 fast: Envelope = _tuple_new(
                     Envelope, (version, msg_id, sender, channel, seq, inc, hlc, None, None, 1, None)
                 )
@@ -652,11 +660,11 @@ def decode_payload(payload: bytes, count: int) -> list[Activity]:
 
     Raises:
         FrameError: ``reason="bad-count"`` for a count outside 1..MAX_BATCH or an array
-            of another length, ``reason="too-large"`` for an oversized payload.
-        ActivityError: when the JSON is not a valid activity (or array of them).
+            of another length.
+        ActivityError: when the JSON is not a valid activity (or array of them), or is
+            too large (``reason="too-large"``: the AS2 layer enforces the size limits
+            before parsing).
     """
-    if len(payload) > MAX_MESSAGE_BYTES:
-        raise _too_large("payload", len(payload), MAX_MESSAGE_BYTES)
     if count == 1:
         return [parse_activity(payload)]
     if type(count) is not int or not 1 < count <= MAX_BATCH:
