@@ -59,6 +59,8 @@ ANNOUNCE: dict[str, Any] = {
 PAYLOAD = orjson.dumps(ANNOUNCE)
 
 CHANNEL = "log"
+#: ``--port`` value that means "read the peer's port from stdin first".
+ASK_PORT = -1
 PUB_NAME = "pub"
 RECV_NAME = "recv"
 ZENOH_DATA_KEY = "bench/data"
@@ -80,19 +82,21 @@ def note(text: str) -> None:
 class Arrivals:
     """Counts received messages and times the first and the last arrival."""
 
-    __slots__ = ("count", "first", "first_batch", "last")
+    __slots__ = ("count", "cpu", "first", "first_batch", "last")
 
     def __init__(self) -> None:
         self.count = 0
         self.first = 0.0
         self.first_batch = 0
         self.last = 0.0
+        self.cpu = CpuClock()
 
     def add(self, n: int) -> None:
         now = time.perf_counter()
         if self.count == 0:
             self.first = now
             self.first_batch = n
+            self.cpu.start()
         self.count += n
         self.last = now
 
@@ -101,7 +105,28 @@ class Arrivals:
         # The first batch arrived at `first`; only what came after it fills the span.
         after_first = self.count - self.first_batch
         rate = after_first / span if span > 0 and after_first > 0 else 0.0
-        return {"received": self.count, "seconds": span, "rate": rate}
+        # Process CPU only: zenoh runs its callbacks on threads of its own.
+        cpu = self.cpu.per(self.count)["cpu_process_us"]
+        return {"received": self.count, "seconds": span, "rate": rate, "cpu_process_us": cpu}
+
+
+class CpuClock:
+    """CPU time used from ``start()`` on: this thread alone, and the whole process
+    (which includes libzmq's or zenoh's own I/O threads)."""
+
+    def __init__(self) -> None:
+        self.thread = self.process = 0.0
+
+    def start(self) -> None:
+        self.thread, self.process = time.thread_time(), time.process_time()
+
+    def per(self, n: int) -> dict[str, float]:
+        """Microseconds of CPU per operation over ``n`` operations."""
+        n = max(n, 1)
+        return {
+            "cpu_thread_us": (time.thread_time() - self.thread) / n * 1e6,
+            "cpu_process_us": (time.process_time() - self.process) / n * 1e6,
+        }
 
 
 def percentiles(samples_ns: list[int]) -> dict[str, float]:
@@ -178,20 +203,45 @@ async def mesh_pub(a: argparse.Namespace) -> None:
         prebuilt = _fresh_activity() if a.mode == "raw" else None
         publish = node.async_publish
         started = time.perf_counter()
+        cpu = CpuClock()
+        cpu.start()
         for i in range(a.count):
             publish(CHANNEL, prebuilt or _fresh_activity())
             if i & 255 == 255:
                 await asyncio.sleep(0)  # let the node flush what accumulated
         await asyncio.sleep(0)
         elapsed = time.perf_counter() - started
-        emit("result", sent=a.count, seconds=elapsed, rate=a.count / elapsed, stats=node.stats())
+        emit(
+            "result",
+            sent=a.count,
+            seconds=elapsed,
+            rate=a.count / elapsed,
+            **cpu.per(a.count),
+            stats=node.stats(),
+        )
         await async_stdin_closed(a.limit)
 
 
-async def _drain_until(
-    node: Any, count: int, limit: float, idle: float, keep: Callable[[Any], bool]
-) -> Arrivals:
+def count_deliveries(node: Any, keep: Callable[[Any], bool]) -> Arrivals:
+    """Count each activity the node delivers, as soon as it is decoded and validated.
+
+    Attach before any peer can send. Timing inbox drains instead would be too coarse:
+    when data queues up, one drain can return everything at once.
+    """
     arrivals = Arrivals()
+    add = arrivals.add
+
+    def seen(msg: Any) -> None:
+        if keep(msg):
+            add(1)
+
+    node.add_handler(seen)
+    return arrivals
+
+
+async def empty_inbox(node: Any, arrivals: Arrivals, count: int, limit: float, idle: float) -> None:
+    """Take messages out of the inbox, as an application does, until ``count`` arrived,
+    ``limit`` seconds passed, or nothing came for ``idle`` seconds after the first."""
     deadline = time.monotonic() + limit
     while arrivals.count < count:
         left = deadline - time.monotonic()
@@ -202,19 +252,15 @@ async def _drain_until(
                 await node.wait_readable()
         except TimeoutError:
             break
-        got = sum(1 for m in node.drain() if keep(m))
-        if got:
-            arrivals.add(got)
-    return arrivals
+        node.drain()
 
 
 async def mesh_sub(a: argparse.Namespace) -> None:
     async with _node(a.name, seeds=(a.seed,), channels=(CHANNEL,)) as node:
+        arrivals = count_deliveries(node, lambda m: m.channel == CHANNEL and not m.direct)
         await node.wait_for_peers([PUB_NAME], a.limit)
         emit("ready")
-        arrivals = await _drain_until(
-            node, a.count, a.limit, a.idle, lambda m: m.channel == CHANNEL
-        )
+        await empty_inbox(node, arrivals, a.count, a.limit, a.idle)
         emit("result", **arrivals.result(), stats=node.stats())
 
 
@@ -231,15 +277,16 @@ async def mesh_recv(a: argparse.Namespace) -> None:
                     node.async_send_nowait(msg.sender, msg.activity).add_done_callback(forget)
 
             node.add_handler(answer)
+        arrivals = count_deliveries(node, lambda m: m.direct)
+        cpu = CpuClock()
+        cpu.start()
         emit("ready", port=node.router_port)
-        drainer = asyncio.ensure_future(
-            _drain_until(node, 1 << 62, a.limit, a.limit, lambda m: m.direct)
-        )
+        drainer = asyncio.ensure_future(empty_inbox(node, arrivals, 1 << 62, a.limit, a.limit))
         await async_stdin_closed(a.limit)
         drainer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await drainer
-        emit("result", stats=node.stats())
+        emit("result", received=arrivals.count, **cpu.per(arrivals.count), stats=node.stats())
 
 
 async def mesh_send(a: argparse.Namespace) -> None:
@@ -247,6 +294,8 @@ async def mesh_send(a: argparse.Namespace) -> None:
         await node.wait_for_peers([RECV_NAME], a.limit)
         emit("ready")
         loop = asyncio.get_running_loop()
+        # --mode raw: one prebuilt activity sent again and again (see mesh_pub).
+        prebuilt = _fresh_activity() if a.mode == "raw" else None
         acked = failed = in_flight = 0
         errors: list[str] = []
         room = asyncio.Event()
@@ -269,10 +318,13 @@ async def mesh_send(a: argparse.Namespace) -> None:
         deadline = loop.time() + a.limit
         sent = 0
         started = time.perf_counter()
+        cpu = CpuClock()
+        cpu.start()
         while sent < a.count and loop.time() < deadline:
             burst = min(a.window - in_flight, a.count - sent, 1024)
             for _ in range(burst):
-                node.async_send_nowait(RECV_NAME, _fresh_activity()).add_done_callback(settled)
+                activity = prebuilt or _fresh_activity()
+                node.async_send_nowait(RECV_NAME, activity).add_done_callback(settled)
             sent += burst
             in_flight += burst
             if in_flight >= a.window:
@@ -295,6 +347,7 @@ async def mesh_send(a: argparse.Namespace) -> None:
             errors=errors,
             seconds=span,
             rate=acked / span if span > 0 else 0.0,
+            **cpu.per(acked),
             stats=node.stats(),
         )
 
@@ -305,10 +358,13 @@ async def mesh_ping(a: argparse.Namespace) -> None:
         emit("ready")
         deadline = time.monotonic() + a.limit
         samples: list[int] = []
+        cpu = CpuClock()
         for i in range(a.warmup + a.count):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
+            if i == a.warmup:
+                cpu.start()
             activity = _fresh_activity()
             t0 = time.perf_counter_ns()
             ack = node.async_send_nowait(RECV_NAME, activity)
@@ -319,7 +375,7 @@ async def mesh_ping(a: argparse.Namespace) -> None:
                 raise SystemExit(f"mesh-ping: expected a direct reply, got {reply.channel}")
             if i >= a.warmup:
                 samples.append(t1 - t0)
-        emit("result", **percentiles(samples), stats=node.stats())
+        emit("result", **percentiles(samples), **cpu.per(len(samples)), stats=node.stats())
 
 
 async def mesh_discover(a: argparse.Namespace) -> None:
@@ -376,6 +432,8 @@ def zmq_pub(a: argparse.Namespace) -> None:
                 subscribed += 1
         note(f"zmq-pub ({a.mode}): {a.subs} subscriber(s), publishing {a.count}")
         started = time.perf_counter()
+        cpu = CpuClock()
+        cpu.start()
         send = sock.send
         if a.mode == "orjson":
             dumps, obj = orjson.dumps, ANNOUNCE
@@ -385,7 +443,7 @@ def zmq_pub(a: argparse.Namespace) -> None:
             for _ in range(a.count):
                 send(PAYLOAD)
         elapsed = time.perf_counter() - started
-        emit("result", sent=a.count, seconds=elapsed, rate=a.count / elapsed)
+        emit("result", sent=a.count, seconds=elapsed, rate=a.count / elapsed, **cpu.per(a.count))
         wait_stdin_closed(a.limit)
     finally:
         sock.close()
@@ -448,6 +506,8 @@ def zmq_echo(a: argparse.Namespace) -> None:
         poller.register(sys.stdin.fileno(), zmq.POLLIN)
         deadline = time.monotonic() + a.limit
         echoed = 0
+        cpu = CpuClock()
+        cpu.start()
         while (left := deadline - time.monotonic()) > 0:
             ready = dict(poller.poll(int(left * 1000)))
             if sock in ready:
@@ -455,7 +515,7 @@ def zmq_echo(a: argparse.Namespace) -> None:
                 echoed += 1
             if sys.stdin.fileno() in ready and not os.read(sys.stdin.fileno(), 4096):
                 break
-        emit("result", echoed=echoed)
+        emit("result", received=echoed, **cpu.per(echoed))
     finally:
         sock.close()
         ctx.term()
@@ -472,10 +532,13 @@ def zmq_ping(a: argparse.Namespace) -> None:
         emit("ready")
         deadline = time.monotonic() + a.limit
         samples: list[int] = []
+        cpu = CpuClock()
         for i in range(a.warmup + a.count):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
+            if i == a.warmup:
+                cpu.start()
             t0 = time.perf_counter_ns()
             sock.send(PAYLOAD)
             if not sock.poll(int(left * 1000)):
@@ -486,7 +549,7 @@ def zmq_ping(a: argparse.Namespace) -> None:
                 raise SystemExit("zmq-ping: the echo changed the message")
             if i >= a.warmup:
                 samples.append(t1 - t0)
-        emit("result", **percentiles(samples))
+        emit("result", **percentiles(samples), **cpu.per(len(samples)))
     finally:
         sock.close()
         ctx.term()
@@ -542,6 +605,8 @@ def zenoh_pub(a: argparse.Namespace) -> None:
         note(f"zenoh-pub ({a.mode}): {a.subs} subscriber(s), publishing {a.count}")
         put = pub.put
         started = time.perf_counter()
+        cpu = CpuClock()
+        cpu.start()
         if a.mode == "orjson":
             dumps, obj = orjson.dumps, ANNOUNCE
             for _ in range(a.count):
@@ -550,7 +615,7 @@ def zenoh_pub(a: argparse.Namespace) -> None:
             for _ in range(a.count):
                 put(PAYLOAD)
         elapsed = time.perf_counter() - started
-        emit("result", sent=a.count, seconds=elapsed, rate=a.count / elapsed)
+        emit("result", sent=a.count, seconds=elapsed, rate=a.count / elapsed, **cpu.per(a.count))
         wait_stdin_closed(a.limit)
         pub.undeclare()
         ready_listener.undeclare()
@@ -638,8 +703,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="stop receiving after this many quiet seconds once data flowed",
     )
     p.add_argument("--mode", choices=("raw", "orjson"), default="orjson")
-    p.add_argument("--port", type=int, default=0, help="port of the peer to connect to")
-    p.add_argument("--seed", default="", help="HOST:PORT of the mesh peer to contact")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help=f"port of the peer to connect to ({ASK_PORT}: read it from the first stdin line)",
+    )
     p.add_argument("--name", default="sub-0", help="agent name")
     p.add_argument("--mesh", default="bench", help="mesh name (discovery)")
     p.add_argument("--expect", type=int, default=9, help="peers to discover")
@@ -648,9 +717,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _read_port() -> int:
+    """The peer's port from the first line of stdin (read unbuffered: stdin is also
+    watched for its end later)."""
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(sys.stdin.fileno(), 1)
+        if not chunk:
+            raise SystemExit("stdin closed before the peer's port arrived")
+        line += chunk
+    return int(line)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one role; exit status 2 on failure."""
     a = parse_args(argv)
+    if a.port == ASK_PORT:
+        # Started before its peer (so that start-up overlaps): wait for the address.
+        a.port = _read_port()
+    a.seed = f"127.0.0.1:{a.port}"  # the mesh peer to say hello to
     func = ROLES[a.role]
     # CPU time of this thread, so that time spent descheduled on a busy machine is not
     # charged to whichever function happened to be running.

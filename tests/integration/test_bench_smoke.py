@@ -20,10 +20,30 @@ pytestmark = pytest.mark.network
 
 def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
     cmd = [
-        sys.executable, "-m", "bench.bench_node", "--quick", "--out", str(tmp_path),
-        "--broadcast", "300", "--direct", "300", "--window", "100", "--rtt", "30",
-        "--subs", "2", "--nodes", "3", "--limit", "10", "--repeat", "1",
-        "--systems", "mesh,zenoh-orjson",
+        sys.executable,
+        "-m",
+        "bench.bench_node",
+        "--quick",
+        "--out",
+        str(tmp_path),
+        "--broadcast",
+        "300",
+        "--direct",
+        "300",
+        "--window",
+        "100",
+        "--rtt",
+        "30",
+        "--subs",
+        "2",
+        "--nodes",
+        "3",
+        "--limit",
+        "10",
+        "--repeat",
+        "1",
+        "--systems",
+        "mesh,zenoh-orjson",
     ]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -35,10 +55,11 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
             entry = res["broadcast"][f"{system}/1->{subs}"]
             # Loopback, a few hundred messages, subscribers waited for: nothing is lost.
             assert entry["received"] == [300] * subs, (system, subs, entry["received"])
-    direct = res["direct"]
+    assert set(res["direct"]) == {"mesh"}  # the prebuilt variant was not asked for
+    direct = res["direct"]["mesh"]
     assert (direct["acked"], direct["failed"]) == (300, 0)
     assert direct["rate"] > 0
-    assert direct["receiver_stats"]["received.direct"] == 300
+    assert direct["receiver"]["received"] == 300
     for system in ("mesh", "zmq"):
         rtt = res["rtt"][system]
         assert rtt["n"] == 30
@@ -48,11 +69,20 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
     assert disc["from_last_start"] > 0
 
     verdicts = {row["measure"]: row["verdict"] for row in res["summary"]}
-    assert set(verdicts) == {"broadcast 1->1", "broadcast 1->2 per sub", "direct with acks",
-                             "round trip p50", "round trip p99", "discovery 3 nodes"}
+    assert set(verdicts) == {
+        "broadcast 1->1",
+        "broadcast 1->2 per sub",
+        "broadcast 1->1 prebuilt",
+        "direct with acks",
+        "direct with acks prebuilt",
+        "round trip p50",
+        "round trip p99",
+        "discovery 3 nodes",
+    }
     assert set(verdicts.values()) <= {"PASS", "MISS", "info"}
     for row in res["summary"]:
-        assert row["ours"] is not None, row
+        # Only the prebuilt-activity rows are empty, as their variant was not run.
+        assert (row["ours"] is None) == row["measure"].endswith("prebuilt"), row
 
     assert (tmp_path / "node.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = done.stdout
