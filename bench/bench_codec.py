@@ -48,18 +48,14 @@ from porter_mesh.core.envelope import (
     encode_payload,
     make_msg_id,
 )
+from porter_mesh.core.profile_examples import profile_examples
 
 NAME = "codec"
 BATCH = 64
 TARGETS = {"single": 4.0, "batched": 1.5}
 
-ANNOUNCE: dict[str, Any] = {
-    "type": "Announce",
-    "actor": "worker-backend",
-    "summary": "All tests passing",
-    "context": "urn:porter:task:a3f9",
-    "object": {"type": "Note", "content": "14 tests passing, 0 failures. Coverage: 87%."},
-}
+#: The profile's status announcement (its "Announce" example), the payload measured.
+ANNOUNCE: dict[str, Any] = profile_examples()["Status announcement"]
 INCARNATION = 0x5EED_1234_ABCD_0042
 HLC = 1_778_000_000_000 << 16 | 3
 SEQ = 12_345

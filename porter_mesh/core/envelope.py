@@ -44,8 +44,10 @@ The decoders take untrusted bytes: every malformed input raises
 for a bad activity) with a ``reason`` tag for counting drops, never anything else.
 
 Performance: these functions sit on every message, so the hot paths avoid per-field
-function calls. An envelope is validated by one boolean expression; only when that fails
-does a slower pass work out which field is wrong, to say so in the error.
+function calls. The usual envelope (required keys only) is read with seven dict lookups
+and validated by one boolean expression; only when that fails does a slower pass work
+out which field is wrong, to say so in the error. ``bench/bench_codec.py`` measures the
+cost against bare orjson.
 """
 
 from __future__ import annotations

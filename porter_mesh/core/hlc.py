@@ -118,13 +118,12 @@ def _check_ts(ts: int, what: str) -> None:
         raise ClockError(f"{what} {ts!r} is not an unsigned 64-bit integer", reason="out-of-range")
 
 
-def _check_wall(wall_ms: int) -> None:
-    if type(wall_ms) is not int or not 0 <= wall_ms <= PHYSICAL_MAX:
-        raise ClockError(
-            f"wall clock {wall_ms!r} is not an integer number of milliseconds in [0, 2**48); "
-            f"pass time.time_ns() // 1_000_000",
-            reason="bad-wall-clock",
-        )
+def _bad_wall(wall_ms: object) -> ClockError:
+    return ClockError(
+        f"wall clock {wall_ms!r} is not an integer number of milliseconds in [0, 2**48); "
+        f"pass time.time_ns() // 1_000_000",
+        reason="bad-wall-clock",
+    )
 
 
 class HybridClock:
@@ -175,7 +174,9 @@ class HybridClock:
             ClockError: ``reason="bad-wall-clock"`` when ``wall_ms`` is out of range;
                 ``reason="exhausted"`` in the (theoretical) case the 64-bit space is used up.
         """
-        _check_wall(wall_ms)
+        # Checks inline: this runs for every message sent.
+        if type(wall_ms) is not int or not 0 <= wall_ms <= PHYSICAL_MAX:
+            raise _bad_wall(wall_ms)
         ts = max(wall_ms << LOGICAL_BITS, self._last + 1)
         if ts > HLC_MAX:
             raise ClockError("hybrid clock exhausted the 64-bit range", reason="exhausted")
@@ -200,8 +201,11 @@ class HybridClock:
                 ``reason="out-of-range"`` / ``"bad-wall-clock"`` for malformed values;
                 ``reason="exhausted"`` when the 64-bit space is used up.
         """
-        _check_ts(remote, "remote timestamp")
-        _check_wall(wall_ms)
+        # Checks inline: this runs for every message received.
+        if type(remote) is not int or not 0 <= remote <= HLC_MAX:
+            _check_ts(remote, "remote timestamp")  # raises with the explanation
+        if type(wall_ms) is not int or not 0 <= wall_ms <= PHYSICAL_MAX:
+            raise _bad_wall(wall_ms)
         remote_ms = remote >> LOGICAL_BITS
         if remote_ms - wall_ms > self._max_ahead_ms:
             raise ClockError(

@@ -34,17 +34,12 @@ from porter_mesh.core.envelope import (
     make_msg_id,
     new_incarnation,
 )
+from porter_mesh.core.profile_examples import profile_examples
 from porter_mesh.errors import ActivityError, FrameError
 
 INC = 0x5EED_1234_ABCD_0042
 HLC = 1_778_000_000_000 << 16 | 3
-ANNOUNCE = {
-    "type": "Announce",
-    "actor": "worker-backend",
-    "summary": "All tests passing",
-    "context": "urn:porter:task:a3f9",
-    "object": {"type": "Note", "content": "14 tests passing, 0 failures. Coverage: 87%."},
-}
+ANNOUNCE: dict[str, Any] = profile_examples()["Status announcement"]
 
 
 def envelope(**changes: Any) -> Envelope:
