@@ -14,6 +14,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
+from porter_mesh.core.envelope import Envelope, encode_envelope
 from porter_mesh.node.sync import SyncNode
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(60)]
@@ -55,13 +56,20 @@ def dropped(stats: dict[str, int]) -> int:
     return sum(v for k, v in stats.items() if k.startswith("dropped."))
 
 
-def envelope(**over: object) -> bytes:
-    """An envelope as raw msgpack, so that tests can also build ones the encoder refuses."""
-    fields: dict[str, object] = {"v": C.PROTOCOL_VERSION, "id": "x.1", "fr": "good",
-                                 "ch": "task:victim", "sq": 1, "in": 1,
-                                 "ts": time.time_ns() // 1_000_000 << 16, "to": "victim"}
-    fields.update(over)
-    return msgpack.packb(fields)
+def envelope(*, version: int | None = None, **fields: object) -> bytes:
+    """A well-formed envelope from the codec, or one with a version the codec refuses
+    to write (patched into the msgpack map under its wire key ``v``)."""
+    values: dict[str, object] = {
+        "version": C.PROTOCOL_VERSION, "msg_id": "x.1", "sender": "good",
+        "channel": "task:victim", "seq": 1, "incarnation": 1,
+        "hlc": time.time_ns() // 1_000_000 << 16, "recipient": "victim"}
+    values.update(fields)
+    data = encode_envelope(Envelope(**values))  # type: ignore[arg-type]
+    if version is None:
+        return data
+    raw = msgpack.unpackb(data)
+    raw["v"] = version
+    return msgpack.packb(raw)
 
 
 def test_garbage_frames_are_dropped_and_counted(pair: tuple[SyncNode, SyncNode],
@@ -73,7 +81,7 @@ def test_garbage_frames_are_dropped_and_counted(pair: tuple[SyncNode, SyncNode],
         [b"\xff\xfe garbage"],                                      # one frame
         [b"not msgpack \xc1", b"{}"],                               # bad envelope bytes
         [msgpack.packb([1, 2, 3]), b"{}"],                          # envelope not a map
-        [envelope(v=99), b"{}"],                                    # unknown version
+        [envelope(version=99), b"{}"],                              # unknown version
         [envelope(), b'{"type": "Announce"}'],                      # invalid activity
         [b"a", b"b", b"c", b"d", b"e"],                             # wrong frame count
     ]
@@ -106,7 +114,7 @@ def test_flood_from_unknown_peer_does_not_starve_others(
     dealer = raw.socket(zmq.DEALER)
     dealer.setsockopt(zmq.SNDHWM, 0)
     dealer.connect(f"tcp://127.0.0.1:{victim.node.router_port}")
-    frames = [envelope(fr="stranger"), ANNOUNCE.to_json()]
+    frames = [envelope(sender="stranger"), ANNOUNCE.to_json()]
     for _ in range(20_000):  # bounded flood
         dealer.send_multipart(frames)
     still_serves(victim, good)
