@@ -58,6 +58,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final
 
+from porter_mesh.core.constants import MAX_BATCH
 from porter_mesh.errors import ConfigError, FrameError
 
 __all__ = [
@@ -285,7 +286,7 @@ class SequenceTracker:
             stream: the sender's stream.
             incarnation: the sender's incarnation.
             first: sequence of the first message of the batch, ``>= 1``.
-            count: number of messages in the batch, ``>= 1``.
+            count: number of messages in the batch, 1..MAX_BATCH.
 
         Returns:
             The merged verdict (see above).
@@ -293,8 +294,10 @@ class SequenceTracker:
         Raises:
             FrameError: ``reason="bad-seq"`` for a malformed range.
         """
-        if type(count) is not int or count < 1:
-            raise FrameError(f"batch count {count!r} is not a positive integer", reason="bad-seq")
+        if type(count) is not int or not 1 <= count <= MAX_BATCH:
+            raise FrameError(
+                f"batch count {count!r} is not an integer in [1, {MAX_BATCH}]", reason="bad-seq"
+            )
         _check_seq(first, 1, "sequence")
         last = first + count - 1
         _check_seq(last, 1, "last sequence of the batch")
@@ -303,6 +306,7 @@ class SequenceTracker:
         if st is not None and st.inc == incarnation:
             self._streams.move_to_end(key)
             if first == st.top + 1 and st.base == st.top and count <= self._window:
+                # In order with nothing outstanding: the whole batch at once.
                 st.base = st.top = last
                 self._received += count
                 return _R_IN_ORDER

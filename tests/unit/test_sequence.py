@@ -226,6 +226,8 @@ def test_bad_ranges_and_last_raise_frame_error() -> None:
     with pytest.raises(FrameError):
         t.observe_range("w1", "log", INC, 1, 0)
     with pytest.raises(FrameError):
+        t.observe_range("w1", "log", INC, 1, 10**9)
+    with pytest.raises(FrameError):
         t.observe_range("w1", "log", INC, 2**63 - 1, 2)
     with pytest.raises(FrameError):
         t.observe_last("w1", "log", INC, -1)
@@ -272,6 +274,25 @@ def test_each_sequence_is_new_exactly_once(seqs: list[int]) -> None:
     assert s.duplicates == len(seqs) - len(accepted)
     # Everything arrived in the end: each loss was filled, nothing is outstanding.
     assert s.lost == len(declared) == s.late
+    assert t.missing("w1", "task:w2") == []
+
+
+@given(st.integers(1, 40), st.integers(1, 8), st.data())
+def test_batches_resent_in_any_order_are_new_once(
+    batches: int, size: int, data: st.DataObject
+) -> None:
+    order = data.draw(
+        st.permutations(list(range(batches)) + data.draw(st.lists(st.integers(0, batches - 1))))
+    )
+    t = SequenceTracker()
+    fresh = 0
+    for b in order:
+        result = t.observe_range("w1", "task:w2", INC, 1 + b * size, size)
+        if result.is_new:
+            assert result.duplicates == 0  # whole batches only: all new or all seen
+            fresh += 1
+    assert fresh == batches
+    assert t.stats().received == batches * size
     assert t.missing("w1", "task:w2") == []
 
 
