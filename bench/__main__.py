@@ -19,10 +19,13 @@ def main() -> int:
     for name in names:
         progress(f"running {name}")
         try:
-            importlib.import_module(f"bench.{name}").main()
+            status = importlib.import_module(f"bench.{name}").main()
         except Exception as exc:  # one broken benchmark must not hide the others
             failures += 1
             progress(f"{name} failed: {exc!r}")
+        else:
+            if status:
+                progress(f"{name} finished with status {status}")
     return failures
 
 
