@@ -405,16 +405,10 @@ async def mesh_discover(a: argparse.Namespace) -> None:
 # -- raw pyzmq --------------------------------------------------------------------------
 
 
-def _zmq_context() -> Any:
-    import zmq
-
-    return zmq.Context()
-
-
 def zmq_pub(a: argparse.Namespace) -> None:
     import zmq
 
-    ctx = _zmq_context()
+    ctx = zmq.Context()
     sock = ctx.socket(zmq.XPUB)
     sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # one notice per subscriber, not per topic
     sock.setsockopt(zmq.SNDHWM, 0)
@@ -453,7 +447,7 @@ def zmq_pub(a: argparse.Namespace) -> None:
 def zmq_sub(a: argparse.Namespace) -> None:
     import zmq
 
-    ctx = _zmq_context()
+    ctx = zmq.Context()
     sock = ctx.socket(zmq.SUB)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.setsockopt(zmq.LINGER, 0)
@@ -496,7 +490,7 @@ def zmq_sub(a: argparse.Namespace) -> None:
 def zmq_echo(a: argparse.Namespace) -> None:
     import zmq
 
-    ctx = _zmq_context()
+    ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
@@ -524,7 +518,7 @@ def zmq_echo(a: argparse.Namespace) -> None:
 def zmq_ping(a: argparse.Namespace) -> None:
     import zmq
 
-    ctx = _zmq_context()
+    ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:

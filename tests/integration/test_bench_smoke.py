@@ -15,9 +15,17 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.network
+
+def test_payload_is_the_profile_announce_example() -> None:
+    from bench.node_peer import ANNOUNCE, PAYLOAD
+    from porter_mesh.core.as2 import Activity
+    from porter_mesh.core.profile_examples import PROFILE_EXAMPLES
+
+    assert PROFILE_EXAMPLES["Status announcement"] == ANNOUNCE
+    assert Activity.from_dict(ANNOUNCE).to_json() == PAYLOAD
 
 
+@pytest.mark.network
 def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
     cmd = [
         sys.executable,
