@@ -103,16 +103,8 @@ FULL = Counts(
     limit=60.0,
     idle=3.0,
 )
-QUICK = Counts(
-    broadcast=20_000,
-    direct=20_000,
-    window=5_000,
-    rtt=500,
-    warmup=50,
-    nodes=10,
-    subs=4,
-    limit=20.0,
-    idle=2.0,
+QUICK = replace(
+    FULL, broadcast=20_000, direct=20_000, window=5_000, rtt=500, warmup=50, limit=20.0, idle=2.0
 )
 
 
@@ -823,9 +815,11 @@ def _describe(section: str, entry: dict[str, Any]) -> str:
     if section == "broadcast":
         return f"{entry['mean']:,.0f} msg/s per subscriber (received {entry['received']})"
     if section == "direct":
+        resent = entry.get("stats", {}).get("retries", 0)
+        again = entry.get("receiver", {}).get("stats", {}).get("duplicate.direct", 0)
         return (
             f"{entry['rate']:,.0f} acknowledged msg/s ({entry['acked']} acked, "
-            f"{entry['failed']} failed)"
+            f"{entry['failed']} failed; {resent} batches resent, {again} duplicates received)"
         )
     return f"p50 {entry.get('p50_us', 0):.1f} us, p99 {entry.get('p99_us', 0):.1f} us"
 

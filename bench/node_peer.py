@@ -43,7 +43,7 @@ import selectors
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -146,6 +146,55 @@ def percentiles(samples_ns: list[int]) -> dict[str, float]:
         "max_us": ordered[-1] / 1000.0,
         "mean_us": sum(ordered) / len(ordered) / 1000.0,
     }
+
+
+class RoundTrips:
+    """Paces ``--warmup`` untimed then ``--count`` timed round trips within ``--limit``.
+
+    Iterating yields the seconds left for each trip; ``record`` keeps a timed one.
+    """
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.warmup, self.count = a.warmup, a.count
+        self.deadline = time.monotonic() + a.limit
+        self.samples: list[int] = []
+        self.cpu = CpuClock()
+        self._timed = False
+
+    def __iter__(self) -> Iterator[float]:
+        for i in range(self.warmup + self.count):
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                return
+            if i == self.warmup:
+                self.cpu.start()
+            self._timed = i >= self.warmup
+            yield left
+
+    def record(self, t0_ns: int, t1_ns: int) -> None:
+        if self._timed:
+            self.samples.append(t1_ns - t0_ns)
+
+    def result(self) -> dict[str, float]:
+        return {**percentiles(self.samples), **self.cpu.per(len(self.samples))}
+
+
+def publish_all(a: argparse.Namespace, send: Callable[[bytes], Any]) -> None:
+    """Send ``--count`` payloads (``--mode orjson``: ``orjson.dumps`` each time; ``raw``:
+    the same bytes), report the send rate, then stay up until stdin closes."""
+    started = time.perf_counter()
+    cpu = CpuClock()
+    cpu.start()
+    if a.mode == "orjson":
+        dumps, obj = orjson.dumps, ANNOUNCE
+        for _ in range(a.count):
+            send(dumps(obj))
+    else:
+        for _ in range(a.count):
+            send(PAYLOAD)
+    elapsed = time.perf_counter() - started
+    emit("result", sent=a.count, seconds=elapsed, rate=a.count / elapsed, **cpu.per(a.count))
+    wait_stdin_closed(a.limit)
 
 
 def wait_stdin_closed(limit: float) -> None:
@@ -356,26 +405,17 @@ async def mesh_ping(a: argparse.Namespace) -> None:
     async with _node("ping", seeds=(a.seed,)) as node:
         await node.wait_for_peers([RECV_NAME], a.limit)
         emit("ready")
-        deadline = time.monotonic() + a.limit
-        samples: list[int] = []
-        cpu = CpuClock()
-        for i in range(a.warmup + a.count):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            if i == a.warmup:
-                cpu.start()
+        trips = RoundTrips(a)
+        for left in trips:
             activity = _fresh_activity()
             t0 = time.perf_counter_ns()
             ack = node.async_send_nowait(RECV_NAME, activity)
             reply = await node.receive(timeout=left)
-            t1 = time.perf_counter_ns()
+            trips.record(t0, time.perf_counter_ns())
             await ack
             if not reply.direct:
                 raise SystemExit(f"mesh-ping: expected a direct reply, got {reply.channel}")
-            if i >= a.warmup:
-                samples.append(t1 - t0)
-        emit("result", **percentiles(samples), **cpu.per(len(samples)), stats=node.stats())
+        emit("result", **trips.result(), stats=node.stats())
 
 
 async def mesh_discover(a: argparse.Namespace) -> None:
@@ -405,15 +445,27 @@ async def mesh_discover(a: argparse.Namespace) -> None:
 # -- raw pyzmq --------------------------------------------------------------------------
 
 
-def zmq_pub(a: argparse.Namespace) -> None:
+@contextlib.contextmanager
+def zmq_socket(kind: int) -> Iterator[Any]:
+    """A socket of ``kind`` in a context of its own, both closed on the way out."""
     import zmq
 
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.XPUB)
-    sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # one notice per subscriber, not per topic
-    sock.setsockopt(zmq.SNDHWM, 0)
+    sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     try:
+        yield sock
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def zmq_pub(a: argparse.Namespace) -> None:
+    import zmq
+
+    with zmq_socket(zmq.XPUB) as sock:
+        sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # one notice per subscriber, not per topic
+        sock.setsockopt(zmq.SNDHWM, 0)
         port = sock.bind_to_random_port("tcp://127.0.0.1")
         emit("ready", port=port)
         subscribed = 0
@@ -425,33 +477,14 @@ def zmq_pub(a: argparse.Namespace) -> None:
             if sock.recv()[:1] == b"\x01":
                 subscribed += 1
         note(f"zmq-pub ({a.mode}): {a.subs} subscriber(s), publishing {a.count}")
-        started = time.perf_counter()
-        cpu = CpuClock()
-        cpu.start()
-        send = sock.send
-        if a.mode == "orjson":
-            dumps, obj = orjson.dumps, ANNOUNCE
-            for _ in range(a.count):
-                send(dumps(obj))
-        else:
-            for _ in range(a.count):
-                send(PAYLOAD)
-        elapsed = time.perf_counter() - started
-        emit("result", sent=a.count, seconds=elapsed, rate=a.count / elapsed, **cpu.per(a.count))
-        wait_stdin_closed(a.limit)
-    finally:
-        sock.close()
-        ctx.term()
+        publish_all(a, sock.send)
 
 
 def zmq_sub(a: argparse.Namespace) -> None:
     import zmq
 
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.SUB)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
+    with zmq_socket(zmq.SUB) as sock:
+        sock.setsockopt(zmq.RCVHWM, 0)
         sock.connect(f"tcp://127.0.0.1:{a.port}")
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         emit("ready")
@@ -482,18 +515,12 @@ def zmq_sub(a: argparse.Namespace) -> None:
             if n:
                 arrivals.add(n)
         emit("result", **arrivals.result())
-    finally:
-        sock.close()
-        ctx.term()
 
 
 def zmq_echo(a: argparse.Namespace) -> None:
     import zmq
 
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
+    with zmq_socket(zmq.ROUTER) as sock:
         emit("ready", port=sock.bind_to_random_port("tcp://127.0.0.1"))
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
@@ -510,43 +537,25 @@ def zmq_echo(a: argparse.Namespace) -> None:
             if sys.stdin.fileno() in ready and not os.read(sys.stdin.fileno(), 4096):
                 break
         emit("result", received=echoed, **cpu.per(echoed))
-    finally:
-        sock.close()
-        ctx.term()
 
 
 def zmq_ping(a: argparse.Namespace) -> None:
     import zmq
 
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
+    with zmq_socket(zmq.DEALER) as sock:
         sock.connect(f"tcp://127.0.0.1:{a.port}")
         emit("ready")
-        deadline = time.monotonic() + a.limit
-        samples: list[int] = []
-        cpu = CpuClock()
-        for i in range(a.warmup + a.count):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            if i == a.warmup:
-                cpu.start()
+        trips = RoundTrips(a)
+        for left in trips:
             t0 = time.perf_counter_ns()
             sock.send(PAYLOAD)
             if not sock.poll(int(left * 1000)):
                 break
             reply = sock.recv()
-            t1 = time.perf_counter_ns()
+            trips.record(t0, time.perf_counter_ns())
             if reply != PAYLOAD:
                 raise SystemExit("zmq-ping: the echo changed the message")
-            if i >= a.warmup:
-                samples.append(t1 - t0)
-        emit("result", **percentiles(samples), **cpu.per(len(samples)))
-    finally:
-        sock.close()
-        ctx.term()
+        emit("result", **trips.result())
 
 
 # -- eclipse-zenoh ----------------------------------------------------------------------
@@ -597,20 +606,7 @@ def zenoh_pub(a: argparse.Namespace) -> None:
         if not all_ready.wait(a.limit):
             raise SystemExit(f"zenoh-pub: only {len(ready_subs)} of {a.subs} subscribed")
         note(f"zenoh-pub ({a.mode}): {a.subs} subscriber(s), publishing {a.count}")
-        put = pub.put
-        started = time.perf_counter()
-        cpu = CpuClock()
-        cpu.start()
-        if a.mode == "orjson":
-            dumps, obj = orjson.dumps, ANNOUNCE
-            for _ in range(a.count):
-                put(dumps(obj))
-        else:
-            for _ in range(a.count):
-                put(PAYLOAD)
-        elapsed = time.perf_counter() - started
-        emit("result", sent=a.count, seconds=elapsed, rate=a.count / elapsed, **cpu.per(a.count))
-        wait_stdin_closed(a.limit)
+        publish_all(a, pub.put)
         pub.undeclare()
         ready_listener.undeclare()
     finally:
