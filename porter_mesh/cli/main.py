@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -42,6 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
+    env_level = os.environ.get("PORTER_MESH_LOG", "").upper()
+    if env_level in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        level = min(level, getattr(logging, env_level))
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     func = getattr(args, "func", None)
     if func is None:

@@ -82,6 +82,22 @@ class SyncNode:
 
         return self._call(run(), timeout)
 
+    def call_in_loop(self, func: Callable[[], T], timeout: float | None = None) -> T:
+        """Run ``func()`` on the node's loop thread and return its result.
+
+        Raises:
+            OperationTimeout: it did not complete within ``timeout`` seconds.
+        """
+        return self._in_loop(func, timeout)
+
+    def run_coroutine(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run a coroutine on the node's loop and wait for its result.
+
+        Raises:
+            OperationTimeout: it did not complete within ``timeout`` seconds.
+        """
+        return self._call(coro, timeout)
+
     @property
     def name(self) -> str:
         """The agent name."""
@@ -119,6 +135,17 @@ class SyncNode:
                 raise
             raise OperationTimeout(f"no message within {timeout}s") from None
 
+    def wait_readable(self, timeout: float) -> bool:
+        """Block until the inbox holds a message (True) or ``timeout`` passes (False)."""
+        async def wait() -> bool:
+            try:
+                await asyncio.wait_for(self.node.wait_readable(), timeout)
+            except TimeoutError:
+                return False
+            return True
+
+        return self._call(wait(), timeout + 5.0)
+
     def drain(self) -> list[Message]:
         """Every message waiting in the inbox, without blocking."""
         return self._in_loop(self.node.drain)
@@ -146,6 +173,13 @@ class SyncNode:
     def add_peer_listener(self, listener: Callable[[PeerEvent], None]) -> Callable[[], None]:
         """Call ``listener`` (on the node's thread) on every roster change."""
         return self._in_loop(lambda: self.node.add_peer_listener(listener))
+
+    def add_control_listener(
+        self, listener: Callable[[str, str, dict[str, Any]], None]
+    ) -> Callable[[], None]:
+        """Call ``listener(kind, sender, body)`` (on the node's thread) for control
+        messages addressed to this node (``drain``, ``halt``)."""
+        return self._in_loop(lambda: self.node.add_control_listener(listener))
 
     def control(self, kind: str, *, target: str | None = None) -> None:
         """Broadcast a control message (``drain``, ``halt``)."""

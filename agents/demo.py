@@ -1,0 +1,219 @@
+"""The demo mesh: an architect, two workers and a reviewer play the profile's story.
+
+The demo process is itself a node (``porter-ui``, the human's seat): it starts the four
+agents as separate OS processes on loopback, waits until every one of them is connected
+both ways (it has heard each agent's heartbeat, and each agent subscribes to it), then
+tells the architect to begin. It prints every activity that crosses the mesh (direct
+ones too, through the receivers' observer copies) as a live timeline, writes them to a
+JSON-lines log, and ends when the architect has recalled what the team learned. On any
+failure it stops every process it started and exits non-zero with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from porter_mesh.cli.cmd_tail import message_json
+from porter_mesh.core import constants as C
+from porter_mesh.node.node import Message, Node
+
+TEAM = (("architect", "architect"), ("worker", "worker-1"), ("worker", "worker-2"),
+        ("reviewer", "reviewer"))
+GO = "go"
+
+
+@dataclass
+class Agent:
+    """One agent process the demo started."""
+
+    role: str
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: IO[bytes]
+
+
+class DemoError(Exception):
+    """The demo could not complete; the message says why."""
+
+
+class Timeline:
+    """Prints activities as they arrive and appends them to the message log."""
+
+    def __init__(self, log_path: Path, *, stream: IO[str]) -> None:
+        self.online: set[str] = set()
+        self.start = time.monotonic()
+        self.log = open(log_path, "wb")  # noqa: SIM115 - closed by close()
+        self.stream = stream
+        self.count = 0
+        self.learned: str | None = None
+
+    def __call__(self, msg: Message) -> None:
+        self.count += 1
+        if msg.activity.type == "Announce" and msg.activity.summary.startswith(
+                f"{msg.sender} online"):
+            self.online.add(msg.sender)
+        self.log.write(message_json(msg).encode() + b"\n")
+        act = msg.activity
+        to = ""
+        if msg.direct:
+            to = f" -> {msg.channel[len(C.DIRECT_PREFIX):]}"
+        elif act.target:
+            to = f" -> {act.target}"
+        context = f" [{act.context.rsplit(':', 1)[-1]}]" if act.context else ""
+        when = time.monotonic() - self.start
+        who = f"{msg.sender}{to}"
+        line = f"{when:6.2f}s  {msg.channel:<15} {who:<24} {act.type:<9} {act.summary}{context}"
+        print(line, file=self.stream, flush=True)
+        if act.type == "Announce" and msg.sender == "architect" and act.summary.startswith(
+                "Task done"):
+            content = act.content or ""
+            obj = act.object
+            if not content and obj is not None and not isinstance(obj, str):
+                content = obj.content or ""
+            self.learned = content
+
+    def close(self) -> None:
+        self.log.close()
+
+
+def _spawn(role: str, name: str, *, mesh: str, out: Path, extra: list[str]) -> Agent:
+    log_path = out / "agents" / f"{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_file = open(log_path, "wb")  # noqa: SIM115 - closed when the agent is reaped
+    cmd = [
+        sys.executable, "-m", "porter_mesh.cli.main", "agent", role, "--name", name,
+        "--mesh", mesh, "--workspace", str(out / "workspace"),
+        "--data-dir", str(out / "data" / name), *extra,
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                            stdin=subprocess.DEVNULL)
+    return Agent(role, name, proc, log_path, log_file)
+
+
+def _stop_all(agents: list[Agent], grace: float = 5.0) -> None:
+    for agent in agents:
+        if agent.proc.poll() is None:
+            agent.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for agent in agents:
+        try:
+            agent.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            agent.proc.kill()
+            agent.proc.wait(5)
+        agent.log_file.close()
+
+
+def _tail(path: Path, lines: int = 12) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join("    " + line for line in text[-lines:])
+
+
+async def _wait_connected(node: Node, timeline: Timeline, names: list[str],
+                          agents: list[Agent], timeout: float) -> None:
+    """Until every agent said it is online, the demo hears every agent, and every agent
+    subscribes to the demo."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for agent in agents:
+            if agent.proc.poll() is not None:
+                raise DemoError(f"{agent.name} exited with status {agent.proc.returncode} "
+                                f"while starting; its log:\n{_tail(agent.log_path)}")
+        heard = {p.name for p in node.peers() if p.last_heard > p.joined_at}
+        if (set(names) <= heard and set(names) <= timeline.online
+                and node.subscriber_count(C.CHANNEL_CONTROL) >= len(names)):
+            return
+        if time.monotonic() > deadline:
+            missing = sorted((set(names) - heard) | (set(names) - timeline.online))
+            raise DemoError(f"the team did not connect within {timeout:.0f}s "
+                            f"(not heard: {missing or 'none'}; "
+                            f"subscribers: {node.subscriber_count(C.CHANNEL_CONTROL)})")
+        await asyncio.sleep(0.05)
+
+
+async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[str]] | None
+                   = None, stream: IO[str] = sys.stdout) -> int:
+    """Run the demo; returns the exit status.
+
+    Args:
+        out: output directory (made fresh).
+        timeout: seconds for the whole story.
+        extra: additional command-line options per agent name (tests use this for fault
+            injection).
+        stream: where the timeline goes.
+    """
+    started = time.monotonic()
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "workspace").mkdir(parents=True)
+    mesh = f"demo-{os.getpid()}"
+    timeline = Timeline(out / "messages.jsonl", stream=stream)
+    agents: list[Agent] = []
+    print(f"porter-mesh demo: mesh {mesh!r} on 127.0.0.1, output in {out}", file=stream)
+    node = Node(name=C.HUMAN_AGENT, role="human", mesh=mesh, heartbeat_interval=0.25,
+                evasive_after=2.0, expire_after=6.0, inbox_size=0)
+    node.add_handler(timeline)
+    try:
+        await node.astart()
+        node.observe_direct()
+        for role, name in TEAM:
+            options = ["--heartbeat", "0.25", "--evasive-after", "2", "--expire-after", "6",
+                       "--offer-timeout", "10", "--task-timeout", str(timeout)]
+            if role == "architect":
+                options += ["--wait-go"]
+            options += (extra or {}).get(name, [])
+            agents.append(_spawn(role, name, mesh=mesh, out=out, extra=options))
+        names = [name for _, name in TEAM]
+        await _wait_connected(node, timeline, names, agents, timeout=max(5.0, timeout / 2))
+        print(f"{time.monotonic() - timeline.start:6.2f}s  team connected: "
+              f"{', '.join(names)}; the architect begins", file=stream, flush=True)
+        node.async_control(GO, target="architect")
+        architect = agents[0]
+        while architect.proc.poll() is None:
+            if time.monotonic() - started > timeout:
+                raise DemoError(f"the story did not finish within {timeout:.0f}s; "
+                                f"architect log:\n{_tail(architect.log_path)}")
+            await asyncio.sleep(0.05)
+        if architect.proc.returncode != 0:
+            raise DemoError(f"the architect failed (status {architect.proc.returncode}); "
+                            f"its log:\n{_tail(architect.log_path)}")
+        node.async_control("halt")
+        for agent in agents[1:]:
+            deadline = time.monotonic() + 5.0
+            while agent.proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+    except DemoError as exc:
+        print(f"\nporter-mesh demo FAILED: {exc}", file=stream, flush=True)
+        return 1
+    finally:
+        _stop_all(agents)
+        await node.aclose()
+        timeline.close()
+    elapsed = time.monotonic() - started
+    print(f"\nThe team learned:\n{timeline.learned or '(nothing recalled)'}", file=stream)
+    print(f"\ndemo complete in {elapsed:.1f}s: {timeline.count} activities", file=stream)
+    print(f"  message log : {out / 'messages.jsonl'}", file=stream)
+    print(f"  workspace   : {out / 'workspace'}", file=stream)
+    print(f"  agent logs  : {out / 'agents'}", file=stream)
+    return 0
+
+
+def summary_of(log_path: Path) -> list[dict[str, Any]]:
+    """The message log as a list of dicts (for tests and tools)."""
+    return [orjson.loads(line) for line in log_path.read_bytes().splitlines() if line]

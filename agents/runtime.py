@@ -1,0 +1,152 @@
+"""An agent process: one node, its knowledge shard, its tools, and a brain.
+
+``porter-mesh agent ROLE --name N`` runs :func:`main`. The process joins the mesh,
+works until its brain finishes, a ``halt`` arrives, or SIGINT/SIGTERM, then leaves the
+mesh gracefully. ``drain`` makes the tools refuse new tasks; ``halt`` stops a running
+command at once and ends the agent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import signal
+import sys
+import threading
+from typing import Any
+
+from agents.context import AgentContext, Brain, TappedPort
+from porter_mesh.core import constants as C
+from porter_mesh.core.as2 import Activity
+from porter_mesh.errors import PorterError
+from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
+from porter_mesh.node.port import NodePort
+from porter_mesh.node.sync import SyncNode
+from porter_mesh.tools.toolbox import Toolbox
+
+ROLES = ("architect", "worker", "reviewer")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``porter-mesh agent``."""
+    parser.add_argument("role", choices=ROLES)
+    parser.add_argument("--name", required=True, help="agent name, unique on the mesh")
+    parser.add_argument("--mesh", default=os.environ.get("PORTER_MESH", C.DEFAULT_MESH))
+    parser.add_argument("--interface", action="append", dest="interfaces", metavar="IP")
+    parser.add_argument("--peer", action="append", dest="peers", default=[],
+                        metavar="HOST:PORT")
+    parser.add_argument("--workspace", type=pathlib.Path, default=pathlib.Path("."),
+                        help="directory the agent's file and shell tools are confined to")
+    parser.add_argument("--data-dir", type=pathlib.Path,
+                        help="durable state (knowledge shard, delivery journal)")
+    parser.add_argument("--brain", choices=("scripted", "llm"), default="scripted")
+    parser.add_argument("--llm-url", help="OpenAI-compatible endpoint, e.g. "
+                        "http://127.0.0.1:8000/v1")
+    parser.add_argument("--model", default="default", help="model name for --brain llm")
+    parser.add_argument("--slots", type=int, default=1, help="tasks a worker holds at once")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="architect: workers to wait for before offering")
+    parser.add_argument("--reviewer", default="reviewer", help="the reviewer's agent name")
+    parser.add_argument("--offer-timeout", type=float, default=300.0)
+    parser.add_argument("--task-timeout", type=float, default=60.0)
+    parser.add_argument("--heartbeat", type=float, default=1.0)
+    parser.add_argument("--evasive-after", type=float, default=3.0)
+    parser.add_argument("--expire-after", type=float, default=10.0)
+    parser.add_argument("--wait-go", action="store_true",
+                        help="architect: wait for a 'go' control message before offering")
+    parser.add_argument("--fail-after", choices=("accept",),
+                        help="fault injection for tests: a worker kills itself (SIGKILL) "
+                        "right after accepting a task")
+
+
+def _knowledge(node: SyncNode, data_dir: pathlib.Path | None) -> SyncKnowledge | None:
+    if data_dir is None:
+        return None
+    return attach_knowledge(node, data_dir / "knowledge")
+
+
+def make_brain(args: argparse.Namespace) -> Brain:
+    """The brain the options ask for."""
+    if args.brain == "llm":
+        if not args.llm_url:
+            raise PorterError("--brain llm needs --llm-url (an OpenAI-compatible endpoint)")
+        from agents.llm import LLMBrain
+
+        return LLMBrain(url=args.llm_url, model=args.model)
+    from agents.scripted import BRAINS
+
+    brain: Brain = BRAINS[args.role]()
+    return brain
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one agent until its brain finishes or it is told to stop."""
+    workspace = args.workspace.resolve()
+    workspace.mkdir(parents=True, exist_ok=True)
+    tools = {"architect": (), "worker": ("bash", "files"), "reviewer": ("bash", "read_file")}
+    node = SyncNode(
+        name=args.name, role=args.role, mesh=args.mesh,
+        interfaces=tuple(args.interfaces or ("127.0.0.1",)), seeds=tuple(args.peers),
+        data_dir=args.data_dir, slots=args.slots if args.role == "worker" else 0,
+        tools=tools[args.role], heartbeat_interval=args.heartbeat,
+        evasive_after=args.evasive_after, expire_after=args.expire_after,
+    )
+    stop = threading.Event()
+    go = threading.Event() if args.wait_go else None
+    toolbox_ref: list[Toolbox] = []
+
+    def on_control(kind: str, sender: str, body: dict[str, Any]) -> None:
+        # Registered before anything else, so no control message is missed while the
+        # agent starts up.
+        if kind == "go" and go is not None:
+            go.set()
+        elif kind == "drain":
+            print(f"[{args.name}] drain requested by {sender}", file=sys.stderr, flush=True)
+            for tb in toolbox_ref:
+                tb.drain()
+        elif kind == "halt":
+            print(f"[{args.name}] halt requested by {sender}", file=sys.stderr, flush=True)
+            for tb in toolbox_ref:
+                tb.halt(f"halted by {sender}")
+            stop.set()
+
+    node.add_control_listener(on_control)
+    knowledge: SyncKnowledge | None = None
+    try:
+        knowledge = _knowledge(node, args.data_dir)
+        port = NodePort(node, knowledge)
+        tapped = TappedPort(port)
+        toolbox = Toolbox(tapped, workspace if args.role != "architect" else None,
+                          role=args.role)
+        toolbox_ref.append(toolbox)
+        if stop.is_set():
+            toolbox.halt("halted while starting")
+        options: dict[str, Any] = {
+            "workers": args.workers, "reviewer": args.reviewer, "slots": args.slots,
+            "offer_timeout": args.offer_timeout, "task_timeout": args.task_timeout,
+            "fail_after": args.fail_after, "go": go,
+        }
+        ctx = AgentContext(args.name, args.role, toolbox, tapped, stop, options)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        ctx.say(f"{args.role} up on mesh {args.mesh!r} "
+                f"(pub {node.node.pub_port}, router {node.node.router_port})")
+        slots = f", {args.slots} slot(s)" if args.role == "worker" else ""
+        node.publish(C.CHANNEL_LOG, Activity.from_dict({
+            "type": "Announce", "actor": args.name,
+            "summary": f"{args.name} online as {args.role}{slots}"}))
+        return make_brain(args).run(ctx)
+    finally:
+        if knowledge is not None:
+            knowledge.close()
+        node.close()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Entry point used by ``porter-mesh agent``."""
+    try:
+        return run(args)
+    except PorterError as exc:
+        print(f"porter-mesh agent: {exc}", file=sys.stderr)
+        return 1

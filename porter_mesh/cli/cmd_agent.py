@@ -1,0 +1,23 @@
+"""``porter-mesh agent ROLE --name N``: run one example agent (architect, worker, reviewer)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    from agents.runtime import add_arguments
+
+    parser = sub.add_parser("agent", help="run an example agent as this process",
+                            description="Run an architect, worker or reviewer on the mesh, "
+                            "with the scripted brain (default) or an LLM endpoint.")
+    add_arguments(parser)
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from agents.runtime import main as run_agent
+
+    status: int = run_agent(args)
+    return status

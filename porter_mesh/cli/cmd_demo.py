@@ -1,0 +1,28 @@
+"""``porter-mesh demo``: the demo mesh (the README's main job)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import pathlib
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser("demo", help="run the demo mesh: architect, two workers, reviewer",
+                            description="Start four agents as separate processes on loopback "
+                            "and play the profile's task story end to end.")
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("demo-out"),
+                        help="output directory, made fresh (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="seconds for the whole story (default %(default)s)")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from agents.demo import run_demo
+
+    try:
+        return asyncio.run(run_demo(args.out.resolve(), timeout=args.timeout))
+    except KeyboardInterrupt:
+        return 130
