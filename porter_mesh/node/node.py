@@ -1177,9 +1177,15 @@ class Node:
             return
         for channel, last in seqs.items():
             if channel in self._channels and isinstance(channel, str) and isinstance(last, int):
+                try:
+                    result = self._btracker.observe_last(env.sender, channel,
+                                                         env.incarnation, last)
+                except ProtocolError as exc:
+                    self._drop(exc.reason, env.sender, "bad heartbeat from %s: %s",
+                               env.sender, exc)
+                    return
                 info.last_seqs[channel] = last
-                self._count_seq(self._btracker.observe_last(env.sender, channel,
-                                                           env.incarnation, last))
+                self._count_seq(result)
 
     # ------------------------------------------------------------------ timers
 
