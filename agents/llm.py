@@ -60,6 +60,9 @@ Nothing the model or the endpoint does ends the process by itself:
   is answered with the error text as that call's tool result, so the model can correct
   itself. These are counted in :attr:`LLMBrain.stats`.
 * ``max_steps`` model calls in all end the run with :data:`EXIT_STEP_LIMIT`.
+
+``ctx.stop`` is checked between requests, tool calls and retry pauses; an HTTP request
+already under way is not interrupted, so stopping can take up to ``request_timeout``.
 """
 
 from __future__ import annotations
@@ -130,6 +133,8 @@ _COMMON_PROMPT: Final = (
     "a short plain-text note and no tool call; you are woken up when new messages arrive."
 )
 
+#: What ``read_messages`` answers when nothing the model should see is waiting.
+_NO_MESSAGES: Final = "No new messages."
 #: Tool results longer than this are cut before they go to the model (characters).
 MAX_TOOL_RESULT_CHARS: Final = 16_000
 #: The most response body read from the endpoint (bytes).
@@ -468,7 +473,10 @@ class LLMBrain:
         except ToolError as exc:
             ctx.say(f"cannot read messages: {exc}; stopping")
             return None
-        if text == "No new messages.":
+        # The model reads text only; drop the structured copies the tapped port keeps
+        # (of this read and of the model's own read_messages calls) so they cannot pile up.
+        ctx.port.take()
+        if text == _NO_MESSAGES:
             return False
         self.messages.append({"role": "user", "content": f"New messages:\n{text}"})
         return True

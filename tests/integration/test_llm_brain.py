@@ -179,6 +179,7 @@ def test_scripted_tool_calls_act_on_the_mesh(team: Team,
     assert tool_results(requests[1]) == {"c1": "Created hello.txt (6 bytes)."}
     assert tool_results(requests[2])["c2"].startswith("Sent Announce on task:boss")
     assert ctx.toolbox.context == TASK
+    assert ctx.port.last_items == []  # the structured copies do not pile up
     out = capfd.readouterr().err
     assert "tool write_file(path=hello.txt, content=hello) -> Created hello.txt" in out
     assert "model: Task finished." in out
