@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--llm-url", help="OpenAI-compatible endpoint, e.g. "
                         "http://127.0.0.1:8000/v1")
     parser.add_argument("--model", default="default", help="model name for --brain llm")
+    parser.add_argument("--goal", help="for --brain llm: the first instruction (e.g. the "
+                        "architect's task); the key is read from $PORTER_MESH_LLM_API_KEY")
     parser.add_argument("--slots", type=int, default=1, help="tasks a worker holds at once")
     parser.add_argument("--workers", type=int, default=2,
                         help="architect: workers to wait for before offering")
@@ -73,7 +75,10 @@ def make_brain(args: argparse.Namespace) -> Brain:
             raise PorterError("--brain llm needs --llm-url (an OpenAI-compatible endpoint)")
         from agents.llm import LLMBrain
 
-        return LLMBrain(url=args.llm_url, model=args.model)
+        # The key comes from the environment only when asked for an LLM brain, and only
+        # goes to the endpoint the operator named.
+        return LLMBrain(url=args.llm_url, model=args.model,
+                        api_key=os.environ.get("PORTER_MESH_LLM_API_KEY"))
     from agents.scripted import BRAINS
 
     brain: Brain = BRAINS[args.role]()
@@ -125,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         options: dict[str, Any] = {
             "workers": args.workers, "reviewer": args.reviewer, "slots": args.slots,
             "offer_timeout": args.offer_timeout, "task_timeout": args.task_timeout,
-            "fail_after": args.fail_after, "go": go,
+            "fail_after": args.fail_after, "go": go, "goal": args.goal,
         }
         ctx = AgentContext(args.name, args.role, toolbox, tapped, stop, options)
         for sig in (signal.SIGINT, signal.SIGTERM):
