@@ -700,30 +700,45 @@ def profile_summary(path: Path, top: int = 25) -> dict[str, Any]:
     }
 
 
-def run_profiles(counts: Counts, only: set[str]) -> dict[str, Any]:
+def run_profiles(counts: Counts, only: set[str], errors: dict[str, str]) -> dict[str, Any]:
     """Re-run the mesh side of the measurements under cProfile (numbers not reported).
 
     The profiles count CPU time of each process's main thread. The raw dumps stay in a
-    temporary directory, named in the output, for pstats or snakeviz.
+    temporary directory, named in the output, for pstats or snakeviz. A failed run is
+    recorded in ``errors`` and skipped.
     """
     prof = Path(tempfile.mkdtemp(prefix="bench-node-profile-"))
     progress(f"cProfile dumps go to {prof}")
+    plans: list[tuple[str, str, Callable[[], Any], tuple[str, ...]]] = [
+        (
+            "broadcast",
+            "broadcast 1->1 (publisher and subscriber)",
+            lambda: measure_broadcast("mesh", 1, counts, profile=prof / "broadcast.prof"),
+            ("broadcast.pub", "broadcast.sub"),
+        ),
+        (
+            "direct",
+            "direct with acks (sender and receiver)",
+            lambda: measure_direct(counts, profile=prof / "direct.prof"),
+            ("direct.send", "direct.recv"),
+        ),
+        (
+            "rtt",
+            "round trip (ping and echo)",
+            lambda: measure_rtt("mesh", counts, profile=prof / "rtt.prof"),
+            ("rtt.ping", "rtt.echo"),
+        ),
+    ]
     found: dict[str, Any] = {}
-    if "broadcast" in only:
-        progress("profiling broadcast 1->1 (publisher and subscriber)")
-        measure_broadcast("mesh", 1, counts, profile=prof / "broadcast.prof")
-        found["broadcast_pub"] = profile_summary(prof / "broadcast.pub.prof")
-        found["broadcast_sub"] = profile_summary(prof / "broadcast.sub.prof")
-    if "direct" in only:
-        progress("profiling direct with acks (sender and receiver)")
-        measure_direct(counts, profile=prof / "direct.prof")
-        found["direct_send"] = profile_summary(prof / "direct.send.prof")
-        found["direct_recv"] = profile_summary(prof / "direct.recv.prof")
-    if "rtt" in only:
-        progress("profiling round trip (ping and echo)")
-        measure_rtt("mesh", counts, profile=prof / "rtt.prof")
-        found["rtt_ping"] = profile_summary(prof / "rtt.ping.prof")
-        found["rtt_echo"] = profile_summary(prof / "rtt.echo.prof")
+    for measure, what, job, dumps in plans:
+        if measure not in only:
+            continue
+        progress(f"profiling {what}")
+        done: dict[str, Any] = {}
+        _attempt(done, f"profile/{measure}", job, errors)
+        if done:
+            for name in dumps:
+                found[name.replace(".", "_")] = profile_summary(prof / f"{name}.prof")
     return found
 
 
@@ -938,11 +953,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarize(res)
     res["summary"] = [{**asdict(r), "ratio": r.ratio, "verdict": r.verdict} for r in rows]
     if a.profile:
-        res["profile"] = run_profiles(counts, only)
+        res["profile"] = run_profiles(counts, only, res["errors"])
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "node.json").write_text(json.dumps(res, indent=2) + "\n")
     plot(res, rows, a.out / "node.png")
-    for i, (headers, cells) in enumerate(tables(res, rows)):
+    # Tables without rows (measurements not selected) are left out.
+    for i, (headers, cells) in enumerate(t for t in tables(res, rows) if t[1]):
         if i:
             print()
         print_table(headers, cells)
