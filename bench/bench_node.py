@@ -548,7 +548,7 @@ def tables(res: dict[str, Any], rows: list[Row]) -> list[tuple[list[str], list[l
     bc = res.get("broadcast", {})
     subs = res["counts"]["subs"]
     rates = []
-    for system in res.get("systems", SYSTEMS):
+    for system in res.get("systems", SYSTEMS) if bc else ():
         cells = [system]
         for n in (1, subs):
             entry = bc.get(f"{system}/1->{n}")
