@@ -96,8 +96,10 @@ PREFIXES: Final[dict[str, str]] = {
     "rdfs": "http://www.w3.org/2000/01/rdf-schema#",
     "xsd": "http://www.w3.org/2001/XMLSchema#",
 }
-#: Rows returned when the caller does not say.
-DEFAULT_ROW_LIMIT: Final = 1000
+#: Rows returned when the caller does not say. A Recall's answer goes into an agent's
+#: context, where a hundred findings (some 10 KB of text) is already a lot; callers that
+#: want more ask for it (``row_limit``, ``--limit``), and ``kg export`` dumps everything.
+DEFAULT_ROW_LIMIT: Final = 100
 #: Largest row limit a caller may ask for (use ``kg export`` for whole-graph dumps).
 MAX_ROW_LIMIT: Final = 1_000_000
 #: Seconds a query may run when the caller does not say.

@@ -735,14 +735,57 @@ def _cursor_in(value: object) -> tuple[str, int] | None:
     return (value[0], value[1])
 
 
+class _RawRecords(list[tuple[object, bytes]]):
+    """The ``"r"`` array of a message: each item decoded, with its exact bytes."""
+
+
+def _unpack_message(data: bytes) -> dict[str, Any]:
+    """Unpack a sync message map, keeping each record's own bytes.
+
+    Records are kept as they arrived, so the journal stores them without re-encoding
+    (this path carries every record a node merges).
+    """
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True,
+                                max_buffer_size=max(len(data), 1))
+    unpacker.feed(data)
+    try:
+        try:
+            fields = unpacker.read_map_header()
+        except Exception:
+            raise SyncError("a sync message must be a msgpack map with a 't' type tag, "
+                            "and this is not a map") from None
+        msg: dict[str, Any] = {}
+        for _ in range(fields):
+            key = unpacker.unpack()
+            if key != "r":
+                msg[key] = unpacker.unpack()
+                continue
+            try:
+                count = unpacker.read_array_header()
+            except Exception:  # any msgpack type error here means "not an array"
+                raise SyncError("'r' must be an array of records") from None
+            if count > MAX_RECORDS_PER_MESSAGE:
+                raise SyncError(f"{count} records in one message exceed the limit of "
+                                f"{MAX_RECORDS_PER_MESSAGE}")
+            raws = _RawRecords()
+            for _ in range(count):
+                start = unpacker.tell()
+                item = unpacker.unpack()
+                raws.append((item, data[start:unpacker.tell()]))
+            msg["r"] = raws
+    except SyncError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise SyncError(f"sync message is not valid msgpack: {exc}") from None
+    if unpacker.tell() != len(data):
+        raise SyncError("sync message has trailing bytes after its map")
+    return msg
+
+
 def _records_in(value: object) -> tuple[Record, ...]:
-    if not isinstance(value, list):
+    if not isinstance(value, _RawRecords):
         raise SyncError("'r' must be an array of records")
-    if len(value) > MAX_RECORDS_PER_MESSAGE:
-        raise SyncError(
-            f"{len(value)} records in one message exceed the limit of {MAX_RECORDS_PER_MESSAGE}"
-        )
-    return tuple(_record_from_item(item, wire=None) for item in value)
+    return tuple(_record_from_item(item, wire=raw) for item, raw in value)
 
 
 def decode_sync(data: bytes) -> SyncMessage:
@@ -760,11 +803,8 @@ def decode_sync(data: bytes) -> SyncMessage:
     """
     if len(data) > MAX_MESSAGE_BYTES:
         raise SyncError(f"sync message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
-    try:
-        msg = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise SyncError(f"sync message is not valid msgpack: {exc}") from None
-    if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
+    msg = _unpack_message(data)
+    if not isinstance(msg.get("t"), str):
         raise SyncError("a sync message must be a map with a 't' type tag")
     kind = msg["t"]
     try:

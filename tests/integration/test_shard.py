@@ -529,3 +529,38 @@ def test_cli_recall_and_kg(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPat
     with Shard(data, agent="worker-1"):
         code, _, err = run_cli("kg", "stats", "--data-dir", str(data))
         assert code == 1 and "open in another process" in err
+
+
+# --- the background store writer ---------------------------------------------------------------
+
+
+def test_batches_that_pile_up_are_joined_in_order(tmp_path: pathlib.Path) -> None:
+    """An observation and its retraction joined into one store write stay retracted."""
+    import threading
+
+    with Shard(tmp_path / "j", agent="worker-1") as s:
+        gate, entered = threading.Event(), threading.Event()
+        writes: list[tuple[int, int]] = []
+        real = s._applier._write  # type: ignore[attr-defined]
+
+        def held(task: object) -> None:
+            writes.append((len(task.add), len(task.remove)))  # type: ignore[attr-defined]
+            entered.set()
+            assert gate.wait(30)
+            real(task)
+
+        s._applier._write = held  # type: ignore[attr-defined]
+        first = s.remember("urn:first", "keeps the writer busy")
+        assert entered.wait(30)
+        doomed = s.remember("urn:porter:file:server.ts",
+                            "depends on express module for HTTP routing")
+        gone = Record("worker-1", 3, Retraction(doomed.body.id, "worker-1", T0))
+        s.merge([gone])
+        gate.set()
+        s.sync()
+        assert writes == [(1, 0), (1, 1)]  # the second write joined two batches
+        only_first = [{"about": "urn:first", "finding": "keeps the writer busy"}]
+        assert s.query(PROFILE_QUERY).items() == only_first
+        assert s.stats().observations == 1 and first.seq == 1
+    with Shard(tmp_path / "j", agent="worker-1") as s:
+        assert s.query(PROFILE_QUERY).items() == only_first

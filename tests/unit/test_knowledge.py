@@ -214,6 +214,14 @@ def test_sync_messages_round_trip(message: object) -> None:
     assert decode_sync(data) == message
 
 
+def test_records_keep_the_bytes_they_arrived_in() -> None:
+    records = (rec("worker-1", 1), retraction("reviewer", 1, obs(1)))
+    decoded = decode_sync(encode_sync(Records(records)))
+    assert isinstance(decoded, Records)
+    for original, back in zip(records, decoded.records, strict=True):
+        assert back.wire == encode_record(original)
+
+
 def _raw(message: object) -> dict[str, object]:
     out = msgpack.unpackb(encode_sync(message), raw=False)  # type: ignore[arg-type]
     assert isinstance(out, dict)
@@ -223,8 +231,9 @@ def _raw(message: object) -> dict[str, object]:
 @pytest.mark.parametrize(
     ("raw", "fragment"),
     [
-        (b"\xc1garbage", "not valid msgpack"),
+        (b"\xc1garbage", "not a map"),
         (msgpack.packb([1, 2]), "map"),
+        (msgpack.packb({"t": "pull", "o": "w", "f": 1, "l": 2}) + b"\x00", "trailing"),
         (msgpack.packb({"t": "nope"}), "unknown sync message"),
         (msgpack.packb({"t": "pull", "o": "w"}), "lacks field"),
         (msgpack.packb({"t": "pull", "o": "w", "f": 9, "l": 3}), "inverted"),

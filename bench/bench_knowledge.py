@@ -1,0 +1,523 @@
+"""Knowledge shard benchmark (one node): merge rate, query latency, memory, fsync, catch-up.
+
+What is measured, and how
+-------------------------
+* **Merge rate** (observations/s, wall clock): records from four origins, encoded as
+  ``Records`` sync messages of ``--batch`` records, are decoded (every field checked,
+  every content hash recomputed) and merged by ``Shard.handle`` -- journal write, one
+  ``fdatasync`` per message under ``Durability.FSYNC``, replica state, Oxigraph store --
+  into an on-disk shard. The baseline is a plain ``rdflib.Graph()`` (in-memory store) fed
+  the same observations as ready-made rdflib triples with ``Graph.addN``: the baseline
+  starts from parsed terms, the shard from bytes on the wire, and only the shard is
+  durable. Single-record messages (the broadcast path, one fsync each) are measured too.
+* **Query latency** (p50/p99, wall clock) at 10k and 100k observations, shard vs the
+  rdflib in-memory graph holding the same triples:
+  ``profile`` is the profile's example query *as Recall runs it*, which cuts at the
+  default row limit (100 rows, flagged truncated), so rdflib runs the same text with
+  ``LIMIT 100`` to do the same work; ``profile LIMIT 10`` is the profile's second
+  Recall example; ``profile, 1000 rows`` raises the row limit to 1000 (rdflib: ``LIMIT
+  1000``), which shows the cost per row; ``selective`` asks for the findings about one
+  file; ``profile, all rows`` materialises every row (few repetitions; not in
+  ``--quick``).
+* **Memory per observation**: a fresh child process opens an empty shard (or creates an
+  empty rdflib graph), notes its RSS, merges N observations read one message at a time
+  from a file, waits for the store, collects garbage, and notes its RSS again. Reported:
+  ``(RSS after - RSS before) / N`` at 10k and at 100k, and the *marginal* figure, the
+  slope ``(growth at 100k - growth at 10k) / 90k``, which leaves out what does not grow
+  with the data (RocksDB's caches and write buffers, allocator arenas of the bulk
+  loader's threads: some tens of MB). The target is checked against the marginal
+  figure; both are in the table. Disk bytes per observation are reported beside it.
+* **Fsync policy cost**: ``remember`` latency and rate, and merge rates, under
+  ``Durability.FSYNC`` versus ``Durability.OS``.
+* **Catch-up**: a fresh shard takes 100k observations from a full one through catch-up
+  chunks carried as bytes (no sockets: the transport is the node's part), and the time
+  to reopen a 100k shard after a restart.
+
+Targets: >= 20k observations/s merged; profile p50 <= 2 ms at 100k; catch-up of 100k
+within 10 s; < 1 KB of memory per observation. The machine is shared, so the load average
+at the start and end is recorded with the results.
+
+Run: ``.venv/bin/python -m bench.bench_knowledge`` (``--quick`` for a short run).
+Writes ``bench/results/knowledge.json`` and ``bench/results/knowledge.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import psutil
+import rdflib
+
+from bench.common import RESULTS_DIR, print_table, progress, write_results
+from porter_mesh.adapters.shard import Durability, Shard
+from porter_mesh.adapters.sparql import DEFAULT_ROW_LIMIT
+from porter_mesh.core.knowledge import (
+    MAX_RECORDS_PER_MESSAGE,
+    OBSERVATION_CLASS,
+    P_ABOUT,
+    P_CONTEXT,
+    P_DISCOVERED_BY,
+    P_FINDING,
+    P_GENERATED_AT,
+    P_SEVERITY,
+    RDF_TYPE,
+    XSD_DATETIME,
+    CatchupRequest,
+    Observation,
+    Record,
+    Records,
+    decode_sync,
+    encode_sync,
+    format_timestamp,
+)
+
+NAME = "knowledge"
+TARGETS = {"merge_obs_per_s": 20_000.0, "profile_p50_ms_100k": 2.0,
+           "catchup_100k_s": 10.0, "memory_bytes_per_obs": 1024.0}
+PROFILE = ("SELECT ?about ?finding WHERE { ?obs <https://porter.chapeaux.io/vocab#about> "
+           "?about ; <https://porter.chapeaux.io/vocab#finding> ?finding }")
+SELECTIVE = ("SELECT ?finding WHERE { ?obs <https://porter.chapeaux.io/vocab#about> "
+             "\"urn:porter:file:src/module7.ts\" ; <https://porter.chapeaux.io/vocab#finding> "
+             "?finding }")
+#: name -> (our query text, rdflib's text doing the same work, our row limit, slow)
+QUERIES: dict[str, tuple[str, str, int, bool]] = {
+    "profile": (PROFILE, PROFILE + f" LIMIT {DEFAULT_ROW_LIMIT}", DEFAULT_ROW_LIMIT, False),
+    "profile LIMIT 10": (PROFILE + " LIMIT 10", PROFILE + " LIMIT 10", DEFAULT_ROW_LIMIT,
+                         False),
+    "profile, 1000 rows": (PROFILE, PROFILE + " LIMIT 1000", 1000, False),
+    "selective": (SELECTIVE, SELECTIVE, DEFAULT_ROW_LIMIT, False),
+}
+ORIGINS = ("worker-1", "worker-2", "worker-3", "worker-4")
+BASE_TIME = 1_780_000_000.0
+
+
+# --- data ------------------------------------------------------------------------------
+
+
+def make_records(n: int) -> list[Record]:
+    """``n`` observations from four origins, realistic sizes, deterministic."""
+    seqs = dict.fromkeys(ORIGINS, 0)
+    out = []
+    for i in range(n):
+        origin = ORIGINS[i % len(ORIGINS)]
+        seqs[origin] += 1
+        obs = Observation(
+            f"urn:porter:file:src/module{i % 1000}.ts",
+            f"finding {i}: depends on module {i % 97} for HTTP routing and request parsing",
+            origin,
+            format_timestamp(BASE_TIME + i * 0.001),
+            context=f"urn:porter:task:{i % 512:04x}" if i % 3 == 0 else None,
+            severity=("info", "low", "high")[i % 3] if i % 5 == 0 else None,
+        )
+        out.append(Record(origin, seqs[origin], obs))
+    return out
+
+
+def messages(records: Sequence[Record], batch: int) -> list[bytes]:
+    """The records as ``Records`` sync messages of ``batch`` records."""
+    return [encode_sync(Records(tuple(records[i:i + batch])))
+            for i in range(0, len(records), batch)]
+
+
+def rdflib_triples(records: Sequence[Record]) -> list[tuple[Any, Any, Any, Any]]:
+    """The same observations as rdflib quads for ``Graph.addN`` (plain literals)."""
+    Lit, Ref = rdflib.Literal, rdflib.URIRef
+    typ, cls = Ref(RDF_TYPE), Ref(OBSERVATION_CLASS)
+    about, finding, by = Ref(P_ABOUT), Ref(P_FINDING), Ref(P_DISCOVERED_BY)
+    at, ctx, sev, dt = Ref(P_GENERATED_AT), Ref(P_CONTEXT), Ref(P_SEVERITY), Ref(XSD_DATETIME)
+    out: list[tuple[Any, Any, Any, Any]] = []
+    for record in records:
+        o = record.body
+        assert isinstance(o, Observation)
+        s = Ref(o.iri)
+        out += [(s, typ, cls, None), (s, about, Lit(o.about), None),
+                (s, finding, Lit(o.finding), None), (s, by, Lit(o.discovered_by), None),
+                (s, at, Lit(o.generated_at, datatype=dt), None)]
+        if o.context:
+            out.append((s, ctx, Lit(o.context), None))
+        if o.severity:
+            out.append((s, sev, Lit(o.severity), None))
+    return out
+
+
+def rdflib_graph(quads: Sequence[tuple[Any, Any, Any, Any]]) -> tuple[rdflib.Graph, float]:
+    graph = rdflib.Graph()
+    started = time.perf_counter()
+    graph.addN((s, p, o, graph) for s, p, o, _ in quads)
+    return graph, time.perf_counter() - started
+
+
+def dir_bytes(path: pathlib.Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+# --- measurements --------------------------------------------------------------------------
+
+
+def merge_into(shard: Shard, msgs: Sequence[bytes]) -> float:
+    """Decode and merge every message, until all is in the store; wall seconds."""
+    started = time.perf_counter()
+    for data in msgs:
+        shard.handle(decode_sync(data))
+    shard.sync()  # the store writes run behind the journal: count them all
+    return time.perf_counter() - started
+
+
+def latencies(fn: Callable[[], object], *, runs: int, budget_s: float) -> list[float]:
+    """Wall milliseconds of up to ``runs`` calls, stopping after ``budget_s`` seconds."""
+    fn()  # warm up (parse caches, page cache)
+    out = []
+    stop = time.perf_counter() + budget_s
+    for _ in range(runs):
+        started = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - started) * 1000)
+        if time.perf_counter() > stop and len(out) >= 3:
+            break
+    return out
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def query_suite(shard: Shard, graph: rdflib.Graph, n: int, quick: bool) -> dict[str, Any]:
+    suite = dict(QUERIES)
+    if not quick:
+        suite["profile, all rows"] = (PROFILE, PROFILE, n, True)
+    out: dict[str, Any] = {}
+    for name, (ours_text, theirs_text, limit, slow) in suite.items():
+        ours = latencies(lambda t=ours_text, lim=limit: shard.query(  # type: ignore[misc]
+            t, row_limit=lim, deadline=600), runs=5 if slow else 400,
+            budget_s=20 if slow else 4)
+        theirs = latencies(lambda t=theirs_text: list(graph.query(t)),  # type: ignore[misc]
+                           runs=3 if slow else 60, budget_s=30 if slow else 6)
+        rows = len(shard.query(ours_text, row_limit=limit, deadline=600).rows)
+        out[name] = {"rows": rows,
+                     "ours_p50_ms": statistics.median(ours), "ours_p99_ms": pct(ours, 0.99),
+                     "rdflib_p50_ms": statistics.median(theirs),
+                     "rdflib_p99_ms": pct(theirs, 0.99),
+                     "runs": [len(ours), len(theirs)]}
+        out[name]["speedup_p50"] = out[name]["rdflib_p50_ms"] / out[name]["ours_p50_ms"]
+        progress(f"  {n}: {name}: ours p50 {out[name]['ours_p50_ms']:.3f} ms, rdflib "
+                 f"{out[name]['rdflib_p50_ms']:.3f} ms ({rows} rows)")
+    return out
+
+
+def fsync_costs(root: pathlib.Path, quick: bool) -> dict[str, Any]:
+    """remember() and single-record merges under both policies."""
+    out: dict[str, Any] = {}
+    calls = 150 if quick else 500
+    singles = messages(make_records(calls), 1)
+    for policy in (Durability.FSYNC, Durability.OS):
+        with Shard(root / f"remember-{policy.value}", agent="worker-9",
+                   durability=policy) as shard:
+            counter = iter(range(10**9))
+            lat = latencies(lambda s=shard, c=counter: s.remember(  # type: ignore[misc]
+                f"urn:porter:file:r{next(c)}.ts", "a finding to keep"),
+                runs=calls, budget_s=30)
+        with Shard(root / f"single-{policy.value}", agent="worker-8",
+                   durability=policy) as shard:
+            seconds = merge_into(shard, singles)
+        out[policy.value] = {
+            "remember_p50_ms": statistics.median(lat), "remember_p99_ms": pct(lat, 0.99),
+            "remember_per_s": 1000 / statistics.mean(lat),
+            "single_record_merge_per_s": len(singles) / seconds,
+        }
+        got = out[policy.value]
+        progress(f"fsync policy {policy.value}: remember p50 {got['remember_p50_ms']:.3f} ms, "
+                 f"single-record merges {got['single_record_merge_per_s']:.0f}/s")
+    return out
+
+
+def catch_up(server: Shard, client: Shard) -> tuple[float, int]:
+    """A full catch-up carried as bytes; (seconds, chunks)."""
+    started = time.perf_counter()
+    request = client.catchup_request(limit=MAX_RECORDS_PER_MESSAGE)
+    chunks = 0
+    while True:
+        data = encode_sync(server.handle(decode_sync(encode_sync(request))).replies[0])
+        outcome = client.handle(decode_sync(data), asked=request)
+        chunks += 1
+        if outcome.finished:
+            client.sync()
+            return time.perf_counter() - started, chunks
+        next_request = outcome.replies[0]
+        assert isinstance(next_request, CatchupRequest)
+        request = next_request
+
+
+# --- memory (child processes) -----------------------------------------------------------------
+
+
+def _rss() -> int:
+    gc.collect()
+    return int(psutil.Process().memory_info().rss)
+
+
+def _read_messages(path: pathlib.Path) -> Iterator[bytes]:
+    with open(path, "rb") as fh:
+        while header := fh.read(4):
+            yield fh.read(int.from_bytes(header, "big"))
+
+
+def memory_child(kind: str, data_file: str, work_dir: str) -> None:
+    """Run in a fresh process: merge the messages in ``data_file``; print RSS figures."""
+    count = 0
+    if kind == "shard":
+        shard = Shard(work_dir, agent="worker-0", durability=Durability.OS)
+        before = _rss()
+        for data in _read_messages(pathlib.Path(data_file)):
+            message = decode_sync(data)
+            assert isinstance(message, Records)
+            count += len(message.records)
+            shard.handle(message)
+            del message
+        shard.sync()
+        after = _rss()
+        shard.close()
+    else:
+        graph = rdflib.Graph()
+        before = _rss()
+        for data in _read_messages(pathlib.Path(data_file)):
+            message = decode_sync(data)
+            assert isinstance(message, Records)
+            count += len(message.records)
+            graph.addN((s, p, o, graph) for s, p, o, _ in rdflib_triples(message.records))
+            del message
+        after = _rss()
+    print(json.dumps({"count": count, "rss_before": before, "rss_after": after}))
+
+
+def memory_per_observation(root: pathlib.Path, n: int, kind: str) -> dict[str, Any]:
+    data_file = root / f"mem-{n}.bin"
+    if not data_file.exists():
+        with open(data_file, "wb") as fh:
+            for data in messages(make_records(n), 1000):
+                fh.write(len(data).to_bytes(4, "big") + data)
+    work = root / f"mem-{kind}-{n}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.bench_knowledge", "--memory-child", kind,
+         str(data_file), str(work)],
+        capture_output=True, text=True, timeout=1200, check=True,
+        cwd=pathlib.Path(__file__).resolve().parent.parent,
+    )
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = {"observations": figures["count"],
+              "bytes_per_obs": (figures["rss_after"] - figures["rss_before"]) / figures["count"],
+              "rss_before_mb": figures["rss_before"] / 2**20,
+              "rss_after_mb": figures["rss_after"] / 2**20,
+              "growth_mb": (figures["rss_after"] - figures["rss_before"]) / 2**20}
+    if kind == "shard":
+        result["disk_bytes_per_obs"] = dir_bytes(work) / figures["count"]
+    shutil.rmtree(work, ignore_errors=True)
+    progress(f"memory {kind} {n}: {result['bytes_per_obs']:.0f} B/observation")
+    return result
+
+
+# --- plot and table ------------------------------------------------------------------------
+
+
+def plot(results: dict[str, Any]) -> pathlib.Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    merge = results["merge"]
+    ax = axes[0][0]
+    labels = ["shard fsync", "shard os", "shard 1/msg fsync", "rdflib memory"]
+    values = [merge["shard_fsync_obs_per_s"], merge["shard_os_obs_per_s"],
+              results["fsync"]["fsync"]["single_record_merge_per_s"],
+              merge["rdflib_obs_per_s"]]
+    ax.bar(labels, values, color=["#2e86c1", "#5dade2", "#85c1e9", "#aaaaaa"])
+    ax.axhline(TARGETS["merge_obs_per_s"], color="k", linestyle="--", linewidth=0.8)
+    ax.set_title(f"merge rate, {merge['observations']} observations (target dashed)")
+    ax.set_ylabel("observations / s")
+    ax = axes[0][1]
+    big = str(merge["observations"])
+    sizes = list(results["queries"])
+    names = list(results["queries"][big])
+    width = 0.2
+    for j, (size, who, colour) in enumerate([(sizes[0], "ours", "#85c1e9"),
+                                             (sizes[0], "rdflib", "#dddddd"),
+                                             (sizes[-1], "ours", "#2e86c1"),
+                                             (sizes[-1], "rdflib", "#888888")]):
+        p50 = [results["queries"][size][q][f"{who}_p50_ms"] for q in names]
+        p99 = [results["queries"][size][q][f"{who}_p99_ms"] for q in names]
+        xs = [i + (j - 1.5) * width for i in range(len(names))]
+        ax.bar(xs, p50, width, color=colour, label=f"{who} {int(size) // 1000}k",
+               yerr=[[0] * len(p50), [b - a for a, b in zip(p50, p99, strict=True)]],
+               capsize=2)
+    ax.axhline(TARGETS["profile_p50_ms_100k"], color="k", linestyle="--", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(names)), names, fontsize=8)
+    ax.set_ylabel("ms (bar p50, whisker p99)")
+    ax.set_title(f"query latency (target: profile p50 at {int(big) // 1000}k)")
+    ax.legend(fontsize=8)
+    ax = axes[1][0]
+    mem = results["memory"]
+    labels = [f"{k.split('-')[0]} {int(k.split('-')[1]) // 1000}k" for k in mem]
+    ax.bar(labels, [v["bytes_per_obs"] for v in mem.values()],
+           color=["#2e86c1" if k.startswith("shard") else "#aaaaaa" for k in mem])
+    ax.axhline(TARGETS["memory_bytes_per_obs"], color="k", linestyle="--", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_ylabel("bytes of RSS per observation")
+    ax.set_title("memory per observation (fresh process)")
+    ax = axes[1][1]
+    fs = results["fsync"]
+    labels = [f"catch-up {int(big) // 1000}k (s)", f"restart {int(big) // 1000}k (s)",
+              "remember fsync (ms)", "remember os (ms)"]
+    values = [results["catchup"]["seconds"], results["restart_seconds"],
+              fs["fsync"]["remember_p50_ms"], fs["os"]["remember_p50_ms"]]
+    ax.bar(labels, values, color=["#2e86c1", "#5dade2", "#e59866", "#f5cba7"])
+    ax.axhline(TARGETS["catchup_100k_s"], color="k", linestyle="--", linewidth=0.8)
+    ax.set_title("catch-up, restart, remember latency p50")
+    ax.tick_params(axis="x", labelsize=8)
+    fig.suptitle(f"knowledge shard -- load average {results['load_average_start']}", fontsize=9)
+    fig.tight_layout()
+    path = RESULTS_DIR / f"{NAME}.png"
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def table(results: dict[str, Any]) -> None:
+    big = str(results["merge"]["observations"])
+    merge, q100, mem = results["merge"], results["queries"][big], results["memory"]
+    marginal = results["memory_marginal_bytes_per_obs"]
+    rows: list[list[object]] = [
+        ["merge, obs/s (batches, fsync)", merge["shard_fsync_obs_per_s"],
+         merge["rdflib_obs_per_s"], ">= 20000",
+         merge["shard_fsync_obs_per_s"] >= TARGETS["merge_obs_per_s"]],
+        ["merge, obs/s (batches, os)", merge["shard_os_obs_per_s"], "", "", ""],
+        [f"profile p50 ms @{int(big) // 1000}k", q100["profile"]["ours_p50_ms"],
+         q100["profile"]["rdflib_p50_ms"], "<= 2",
+         q100["profile"]["ours_p50_ms"] <= TARGETS["profile_p50_ms_100k"]],
+        [f"profile p99 ms @{int(big) // 1000}k", q100["profile"]["ours_p99_ms"],
+         q100["profile"]["rdflib_p99_ms"], "", ""],
+    ]
+    for size, qs in results["queries"].items():
+        for name, q in qs.items():
+            if (size, name) == (big, "profile"):
+                continue
+            rows.append([f"{name} p50/p99 ms @{int(size) // 1000}k",
+                         f"{q['ours_p50_ms']:.3f}/{q['ours_p99_ms']:.3f}",
+                         f"{q['rdflib_p50_ms']:.3f}/{q['rdflib_p99_ms']:.3f}", "", ""])
+    rows += [
+        [f"catch-up {int(big) // 1000}k, s", results["catchup"]["seconds"], "", "<= 10",
+         results["catchup"]["seconds"] <= TARGETS["catchup_100k_s"]],
+        ["memory B/obs, marginal", marginal["shard"], marginal["rdflib"], "< 1024",
+         marginal["shard"] < TARGETS["memory_bytes_per_obs"]],
+    ]
+    for n in sorted({int(key.split("-")[1]) for key in mem}):
+        rows.append([f"memory B/obs, growth/N at {n // 1000}k",
+                     mem[f"shard-{n}"]["bytes_per_obs"], mem[f"rdflib-{n}"]["bytes_per_obs"],
+                     "", ""])
+    rows += [
+        [f"restart {int(big) // 1000}k, s", results["restart_seconds"], "", "", ""],
+    ]
+    for policy, f in results["fsync"].items():
+        rows.append([f"remember p50 ms ({policy})", f["remember_p50_ms"], "", "", ""])
+        rows.append([f"1-record merges/s ({policy})", f["single_record_merge_per_s"], "", "", ""])
+    print_table(["metric", "shard", "rdflib memory", "target", "met"], rows)
+
+
+# --- main ---------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller, shorter run")
+    parser.add_argument("--batch", type=int, default=1000, help="records per merged message")
+    parser.add_argument("--memory-child", nargs=3, metavar=("KIND", "DATA", "DIR"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args(argv if argv is not None else [])
+    if args.memory_child:
+        memory_child(*args.memory_child)
+        return
+    big = 20_000 if args.quick else 100_000
+    small = 10_000 if not args.quick else 5_000
+    results: dict[str, Any] = {"load_average_start": [round(x, 2) for x in os.getloadavg()],
+                               "targets": TARGETS, "batch": args.batch}
+    root = pathlib.Path(tempfile.mkdtemp(prefix="porter-bench-kg-"))
+    try:
+        progress(f"generating {big} observations")
+        records = make_records(big)
+        msgs = messages(records, args.batch)
+        quads = rdflib_triples(records)
+        progress("merge rate")
+        with Shard(root / "os", agent="bench", durability=Durability.OS) as shard:
+            os_seconds = merge_into(shard, msgs)
+        shard = Shard(root / "big", agent="bench")
+        fsync_seconds = merge_into(shard, msgs)
+        graph, rdflib_seconds = rdflib_graph(quads)
+        results["merge"] = {
+            "observations": big, "triples": len(quads),
+            "shard_fsync_obs_per_s": big / fsync_seconds,
+            "shard_os_obs_per_s": big / os_seconds,
+            "rdflib_obs_per_s": big / rdflib_seconds,
+            "journal_fsyncs": len(msgs),
+        }
+        progress(f"merge: shard {big / fsync_seconds:.0f} obs/s (fsync), "
+                 f"{big / os_seconds:.0f} (os); rdflib {big / rdflib_seconds:.0f}")
+        results["fsync"] = fsync_costs(root, args.quick)
+        progress("queries")
+        results["queries"] = {}
+        with Shard(root / "small", agent="bench", durability=Durability.OS) as small_shard:
+            merge_into(small_shard, messages(records[:small], args.batch))
+            small_graph, _ = rdflib_graph(rdflib_triples(records[:small]))
+            results["queries"][str(small)] = query_suite(small_shard, small_graph, small,
+                                                         args.quick)
+            del small_graph
+        results["queries"][str(big)] = query_suite(shard, graph, big, args.quick)
+        del graph
+        gc.collect()
+        progress("catch-up")
+        with Shard(root / "late", agent="late") as late:
+            seconds, chunks = catch_up(shard, late)
+            assert late.digest() == shard.digest()
+        results["catchup"] = {"observations": big, "seconds": seconds, "chunks": chunks,
+                              "transport": "in-process bytes (encode/decode, no sockets)"}
+        progress(f"catch-up of {big}: {seconds:.2f} s in {chunks} chunks")
+        shard.close()
+        started = time.perf_counter()
+        Shard(root / "big", agent="bench").close()
+        results["restart_seconds"] = time.perf_counter() - started
+        results["disk_bytes_per_obs"] = dir_bytes(root / "big") / big
+        progress(f"restart: {results['restart_seconds']:.2f} s")
+        results["memory"] = {}
+        results["memory_marginal_bytes_per_obs"] = {}
+        for kind in ("shard", "rdflib"):
+            for n in (small, big):
+                results["memory"][f"{kind}-{n}"] = memory_per_observation(root, n, kind)
+            grown = [results["memory"][f"{kind}-{n}"] for n in (small, big)]
+            results["memory_marginal_bytes_per_obs"][kind] = (
+                (grown[1]["bytes_per_obs"] * big - grown[0]["bytes_per_obs"] * small)
+                / (big - small))
+        results["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    table(results)
+    path = write_results(NAME, results)
+    png = plot(results)
+    progress(f"wrote {path} and {png}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
