@@ -4,27 +4,40 @@ step with the other nodes' replicas.
 Theory of operation
 -------------------
 Replication rides on the node's extension kind ``sync`` (msgpack messages of
-:mod:`porter_mesh.core.knowledge`):
+:mod:`porter_mesh.core.knowledge`). Every shard call runs on the node's loop thread
+(queries excepted, see :meth:`Knowledge.query`).
 
 * **Broadcast.** ``remember`` and ``retract`` make the record durable in the local
   shard, then broadcast it (``Records``) on ``control``; the AS2 ``Remember`` activity
-  also goes out on ``log`` for people and observers. Receivers merge (set union, so
-  duplicates and any order are harmless).
+  also goes out on ``log`` for people and observers. A ``Records`` message is accepted
+  only by broadcast and only with records written by its sender: nobody pushes another
+  origin's records unasked. Records that arrive in one loop iteration are merged as one
+  batch (one journal write, one fsync); a batch that is refused is merged again message
+  by message, so one bad sender cannot make a good one's records wait.
 * **Gaps.** Records carry per-origin sequence numbers. After every merge the shard's
   version vector shows the missing ranges; each is pulled (``PullRequest``) from the
-  origin when it is connected, else from any peer, over ROUTER/DEALER. Requests not
-  answered in ``request_timeout`` are forgotten and asked again on the next tick.
-* **Catch-up.** When a peer joins, a node asks it for everything past its own version
-  vector (``CatchupRequest``), chunk by chunk, one peer at a time; progress is logged
-  and counted. A late joiner or a restarted node (which first reloads its shard from
-  disk) converges this way in a few large messages.
+  origin when it is connected, else from a peer, over ROUTER/DEALER. A request not
+  answered in ``request_timeout`` is forgotten and asked again on a later tick.
+* **Catch-up.** When a peer joins (or comes back with a new incarnation), a node asks
+  it for everything past its own version vector (``CatchupRequest``), chunk by chunk,
+  one peer at a time; progress is logged and reported to listeners. A late joiner or a
+  restarted node (which first reloads its shard from disk) converges this way in a few
+  large messages. While a catch-up runs, gap pulls and digests wait: the catch-up
+  brings the same records in order, and cheaper.
 * **Anti-entropy.** Every ``anti_entropy_interval`` seconds a node sends its bucketed
-  digest to one connected peer, round robin; differing buckets are listed and what is
-  lacking is pulled. This repairs what sequence numbers cannot reveal, such as a lost
-  last record.
+  digest to one connected peer, round robin. The peer lists its records in the buckets
+  that differ and also sends its own digest back (at most once per interval), so one
+  exchange repairs both sides: each pulls what the other's listing shows it lacks. A
+  listing that shows much missing turns into a catch-up from that peer. This repairs
+  what sequence numbers cannot reveal, such as a lost last record.
+* **Refusals.** A reply nobody asked for (pull reply, catch-up chunk, bucket listing), a
+  record outside the asked range, a forged or conflicting record, a malformed message:
+  all are refused before anything is stored, counted in the node's counters as
+  ``dropped.sync.<reason>``, and logged once per peer and reason.
 
-Shard calls run on the node's loop thread; writes are grouped (one journal write and one
-fsync per merged batch).
+Sequence numbers are never reused: the shard assigns one past the highest it holds from
+its own agent, and that survives a restart in the journal. Timestamps are data only
+(``generatedAtTime``), so clock skew cannot reorder or lose anything.
 """
 
 from __future__ import annotations
@@ -37,15 +50,17 @@ import logging
 import pathlib
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from porter_mesh.adapters.shard import Shard
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.envelope import KIND_SYNC, Envelope
 from porter_mesh.core.knowledge import (
+    BucketEntries,
     CatchupChunk,
     CatchupRequest,
+    Digest,
     PullReply,
     PullRequest,
     Record,
@@ -55,7 +70,7 @@ from porter_mesh.core.knowledge import (
     encode_sync,
 )
 from porter_mesh.core.peers import PeerEvent, PeerEventKind
-from porter_mesh.errors import ActivityError, KnowledgeError, PorterError
+from porter_mesh.errors import ActivityError, KnowledgeError, PorterError, SyncError
 from porter_mesh.node.node import Node, Reply
 from porter_mesh.tools.port import QueryResult
 
@@ -63,62 +78,114 @@ __all__ = ["Knowledge", "SyncKnowledge", "attach_knowledge"]
 
 log = logging.getLogger("porter_mesh.knowledge")
 
+#: A bucket listing that asks for more pull requests than this starts a catch-up instead.
+CATCHUP_AFTER_PULLS: Final = 32
+#: Failed catch-up attempts from one peer before it is skipped until it joins again.
+CATCHUP_ATTEMPTS: Final = 3
+_TICK: Final = 0.1
+
 
 def _asked_key(message: SyncMessage) -> tuple[Any, ...] | None:
-    """Key matching a request with its reply."""
+    """The key matching a request with its reply."""
     if isinstance(message, PullRequest | PullReply):
         return ("pull", message.origin, message.first, message.last)
     if isinstance(message, CatchupRequest | CatchupChunk):
         return ("catchup",)
+    if isinstance(message, Digest | BucketEntries):
+        return ("digest",)
     return None
+
+
+class _Refused(Exception):
+    """Internal: a sync message refused for ``reason`` (counted, logged once)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class Knowledge:
     """Keeps one node's shard converged with the mesh.
 
+    Create it, call :meth:`start` on the loop (before or after the node starts), and
+    :meth:`aclose` when done. Methods prefixed ``async_`` must run on the loop thread.
+
     Args:
-        node: the node (started or not; :meth:`start` needs it running).
-        shard: the local replica.
+        node: the node.
+        shard: the local replica (owned from now on: :meth:`aclose` closes it).
         anti_entropy_interval: seconds between digest comparisons.
-        request_timeout: seconds before an unanswered pull or catch-up is asked again.
+        request_timeout: seconds before an unanswered pull or catch-up chunk is asked
+            again.
         drop_every: fault injection for tests: do not broadcast every k-th record (the
             receivers must repair it). 0 disables.
+
+    Raises:
+        KnowledgeError: a setting is out of range.
     """
 
     def __init__(self, node: Node, shard: Shard, *, anti_entropy_interval: float = 2.0,
                  request_timeout: float = 2.0, drop_every: int = 0) -> None:
+        if anti_entropy_interval <= 0 or request_timeout <= 0 or drop_every < 0:
+            raise KnowledgeError("anti_entropy_interval and request_timeout must be positive "
+                                 "and drop_every >= 0")
         self.node = node
         self.shard = shard
         self.anti_entropy_interval = anti_entropy_interval
         self.request_timeout = request_timeout
         self.drop_every = drop_every
         self.counters: collections.Counter[str] = collections.Counter()
+        #: ``(done, total)`` of the catch-up running or last finished.
+        self.progress: tuple[int, int] | None = None
         self._asked: dict[tuple[str, tuple[Any, ...]], tuple[SyncMessage, float]] = {}
         self._catchup_peer: str | None = None
         self._catchup_queue: collections.deque[str] = collections.deque()
+        self._catchup_failures: collections.Counter[str] = collections.Counter()
         self._caught_up: set[str] = set()
+        self._digest_sent: dict[str, float] = {}
         self._rr = itertools.count()
         self._task: asyncio.Task[None] | None = None
         self._broadcasts = 0
-        self.progress: tuple[int, int] | None = None
+        self._inbound: list[tuple[str, Records]] = []
+        self._merge_scheduled = False
         self._listeners: list[Callable[[str, Any], None]] = []
+        self._waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
+        self._probes: dict[tuple[str, tuple[Any, ...]], asyncio.Future[bool]] = {}
+        self._refusals_logged: set[tuple[str, str]] = set()
+        self._remove_listener: Callable[[], None] | None = None
+        self._closed = False
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Hook into the node (loop thread)."""
+        """Hook into the node and start the timers (on the loop thread).
+
+        Called before the node starts, no peer and no sync message is missed.
+        """
         self.node.register_kind(KIND_SYNC, self._on_sync)
-        self.node.add_peer_listener(self._on_peer)
+        self._remove_listener = self.node.add_peer_listener(self._on_peer)
         for peer in self.node.peers():
             self._queue_catchup(peer.name)
         self._task = asyncio.ensure_future(self._tick_loop())
 
     async def aclose(self) -> None:
-        """Stop replicating and close the shard."""
+        """Stop replicating and close the shard (records merged so far are durable)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(BaseException):
                 await self._task
+            self._task = None
+        if self._remove_listener is not None:
+            with contextlib.suppress(ValueError):
+                self._remove_listener()
+            self._remove_listener = None
+        self._merge_inbound()
+        self._closed = True
+        for _, fut in self._waiters:
+            if not fut.done():
+                fut.cancel()
+        for probe in self._probes.values():
+            if not probe.done():
+                probe.cancel()
         self.shard.close()
 
     # -- local writes --------------------------------------------------------------------
@@ -126,9 +193,15 @@ class Knowledge:
     def async_remember(self, activity: Activity) -> Record:
         """Store the observation of a ``Remember`` activity and replicate it.
 
+        Args:
+            activity: a ``Remember`` whose object is a Note with ``about`` and
+                ``content`` (optional ``severity``; the activity's ``context`` is the task).
+
+        Returns:
+            The stored record (durable when this returns).
+
         Raises:
-            KnowledgeError: the activity is not a Remember of a Note with ``about`` and
-                ``content``, or the shard refused it.
+            KnowledgeError: the activity is not such a Remember, or the shard refused it.
         """
         obj = activity.object
         if activity.type != "Remember" or obj is None or isinstance(obj, str):
@@ -138,87 +211,270 @@ class Knowledge:
         if not about or not finding:
             raise KnowledgeError("the Remember's object needs both 'about' and 'content'")
         severity = obj.extra.get("severity")
-        record = self.shard.remember(
+        record = self.async_observe(
             about, finding, context=activity.context,
             severity=severity if isinstance(severity, str) else None,
         )
-        self._broadcast(record)
         with contextlib.suppress(KnowledgeError, ActivityError):
             self.node.async_publish(C.CHANNEL_LOG, activity)
         return record
 
-    def async_retract(self, observation: str) -> Record:
-        """Retract an observation everywhere, permanently."""
-        record = self.shard.retract(observation)
-        self._broadcast(record)
+    def async_observe(self, about: str, finding: str, *, context: str | None = None,
+                      severity: str | None = None, generated_at: str | None = None) -> Record:
+        """Store a new observation by this node's agent and replicate it.
+
+        Args:
+            about: what it is about.
+            finding: the fact.
+            context: the task, if any.
+            severity: a short token, if any.
+            generated_at: canonical UTC timestamp (default now); data only, so a wrong
+                clock changes the text, never the order or the replication.
+
+        Returns:
+            The stored record (durable when this returns).
+
+        Raises:
+            KnowledgeError: a field is invalid.
+        """
+        record = self.shard.remember(about, finding, context=context, severity=severity,
+                                     generated_at=generated_at)
+        self.async_broadcast(record)
         return record
 
-    def _broadcast(self, record: Record) -> None:
+    def async_retract(self, observation: str | bytes) -> Record:
+        """Retract an observation everywhere, permanently.
+
+        Args:
+            observation: its IRI, hex id or 32-byte id.
+
+        Returns:
+            The retraction record (durable when this returns).
+
+        Raises:
+            KnowledgeError: no such observation here, or it is already retracted.
+        """
+        record = self.shard.retract(observation)
+        self.async_broadcast(record)
+        return record
+
+    def async_broadcast(self, record: Record) -> None:
+        """Broadcast a record this node wrote (again, if need be: duplicates are harmless)."""
         self._broadcasts += 1
         if self.drop_every and self._broadcasts % self.drop_every == 0:
             self.counters["fault.dropped-broadcast"] += 1
             return
         self.node.async_publish_kind(KIND_SYNC, encode_sync(Records((record,))))
-        self.counters["sent.records"] += 1
+        self.counters["sent.Records"] += 1
 
-    def query(self, sparql: str) -> QueryResult:
-        """Run a read-only query on the local shard, as the tools want it."""
-        result = self.shard.query(sparql)
+    def query(self, sparql: str, *, row_limit: int | None = None) -> QueryResult:
+        """Run a read-only query on the local shard, as the agent tools want it.
+
+        Safe to call from any one thread besides the loop (Oxigraph reads run beside the
+        loop's writes), which keeps a slow query from stalling the node's heartbeats.
+
+        Raises:
+            QueryError: refused, invalid, or past its deadline.
+        """
+        result = (self.shard.query(sparql) if row_limit is None
+                  else self.shard.query(sparql, row_limit=row_limit))
         if result.boolean is not None:
             return QueryResult(("answer",), ({"answer": str(result.boolean).lower()},), False)
         return QueryResult(result.variables, tuple(result.items()), result.truncated)
+
+    # -- waiting (for command-line tools and tests) ------------------------------------------
+
+    def caught_up_from(self) -> frozenset[str]:
+        """Peers this replica has finished a catch-up from (since they joined)."""
+        return frozenset(self._caught_up)
+
+    async def wait_caught_up(self, count: int, timeout: float) -> None:
+        """Wait until catch-ups from ``count`` peers have finished.
+
+        Raises:
+            TimeoutError: not within ``timeout`` seconds (the message says how far it got).
+        """
+        try:
+            await self._wait(lambda: len(self._caught_up) >= count, timeout)
+        except TimeoutError:
+            done, total = self.progress or (0, 0)
+            raise TimeoutError(
+                f"catch-up from {count} peer(s) not finished within {timeout}s "
+                f"({len(self._caught_up)} done; {done}/{total} records of the current one)"
+            ) from None
+
+    async def _wait(self, cond: Callable[[], bool], timeout: float) -> None:
+        if cond():
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (cond, fut)
+        self._waiters.append(entry)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(entry)
+
+    def _wake(self) -> None:
+        for cond, fut in list(self._waiters):
+            if not fut.done() and cond():
+                fut.set_result(None)
+
+    async def peer_holds(self, peer: str, origin: str, seq: int, timeout: float) -> bool:
+        """Ask ``peer`` whether it holds record ``(origin, seq)`` (a one-record pull).
+
+        Returns:
+            ``True`` if its answer carries the record, ``False`` if it answered without it.
+
+        Raises:
+            TimeoutError: no answer within ``timeout`` seconds.
+            UnknownPeerError: ``peer`` is not connected.
+        """
+        request = PullRequest(origin, seq, seq)
+        key = (peer, _asked_key(request) or ())
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._probes[key] = fut
+        try:
+            self._asked[key] = (request, time.monotonic())
+            self.node.async_send_kind(peer, KIND_SYNC, encode_sync(request))
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._probes.pop(key, None)
 
     # -- sync protocol -------------------------------------------------------------------
 
     def _send(self, peer: str, message: SyncMessage, reply: Reply | None = None) -> None:
         key = _asked_key(message)
-        if key is not None and isinstance(message, PullRequest | CatchupRequest):
+        if key is not None and isinstance(message, PullRequest | CatchupRequest | Digest):
             self._asked[(peer, key)] = (message, time.monotonic())
-        payload = encode_sync(message)
-        if reply is not None:
-            reply(KIND_SYNC, payload)
-        else:
-            try:
+        try:
+            payload = encode_sync(message)
+            if reply is not None:
+                reply(KIND_SYNC, payload)
+            else:
                 self.node.async_send_kind(peer, KIND_SYNC, payload)
-            except PorterError as exc:  # the peer left meanwhile
-                if key is not None:
-                    self._asked.pop((peer, key), None)
-                log.debug("sync to %s not sent: %s", peer, exc)
+        except PorterError as exc:  # the peer left meanwhile, or the message is too big
+            if key is not None:
+                self._asked.pop((peer, key), None)
+            log.debug("sync %s to %s not sent: %s", type(message).__name__, peer, exc)
+            return
         self.counters["sent." + type(message).__name__] += 1
 
+    def _refuse(self, peer: str, reason: str, error: Exception) -> None:
+        self.node.counters["dropped.sync." + reason] += 1
+        if (reason, peer) in self._refusals_logged or len(self._refusals_logged) > 10_000:
+            log.debug("refused sync from %s (%s): %s", peer, reason, error)
+            return
+        self._refusals_logged.add((reason, peer))
+        log.warning("refused a sync message from %s (%s): %s (further refusals of this kind "
+                    "from %s are only counted)", peer, reason, error, peer)
+
     def _on_sync(self, env: Envelope, payload: bytes, reply: Reply) -> None:
-        message = decode_sync(payload)
         peer = env.sender
+        try:
+            message = decode_sync(payload)
+        except SyncError as exc:
+            self._refuse(peer, "malformed", exc)
+            return
         self.counters["received." + type(message).__name__] += 1
+        try:
+            if isinstance(message, Records):
+                self._accept_records(env, message)
+            else:
+                self._handle(peer, message, reply)
+        except _Refused as exc:
+            self._refuse(peer, exc.reason, exc)
+        except SyncError as exc:
+            self._refuse(peer, "refused", exc)
+
+    def _accept_records(self, env: Envelope, message: Records) -> None:
+        if env.recipient is not None:
+            raise _Refused("not-broadcast", "records are accepted unasked only by broadcast; "
+                           "replies to pulls and catch-ups carry them otherwise")
+        for record in message.records:
+            if record.origin != env.sender:
+                raise _Refused("wrong-origin", f"{env.sender} broadcast a record written by "
+                               f"{record.origin}: a node broadcasts only its own records")
+        self._inbound.append((env.sender, message))
+        if not self._merge_scheduled:
+            self._merge_scheduled = True
+            asyncio.get_running_loop().call_soon(self._merge_inbound)
+
+    def _merge_inbound(self) -> None:
+        """Merge the broadcast records of this loop iteration as one batch."""
+        self._merge_scheduled = False
+        inbound, self._inbound = self._inbound, []
+        if not inbound or self._closed:
+            return
+        try:
+            report = self.shard.merge([r for _, m in inbound for r in m.records])
+        except SyncError:
+            # Someone sent a record that cannot go in; find out who, keep the others.
+            report = None
+            for peer, message in inbound:
+                try:
+                    self._merged(self.shard.merge(message.records), peer)
+                except SyncError as exc:
+                    self._refuse(peer, "refused", exc)
+        if report is not None:
+            self._merged(report, inbound[-1][0])
+
+    def _merged(self, report: Any, peer: str) -> None:
+        self.counters["merged.records"] += report.accepted
+        self.counters["merged.duplicates"] += report.duplicates
+        if report.accepted:
+            self._pull_gaps(prefer=peer)
+            self._notify("merged", report)
+            self._wake()
+
+    def _handle(self, peer: str, message: SyncMessage, reply: Reply) -> None:
         asked: SyncMessage | None = None
         key = _asked_key(message)
-        if isinstance(message, PullReply | CatchupChunk) and key is not None:
-            entry = self._asked.pop((peer, key), None)
+        is_reply = isinstance(message, PullReply | CatchupChunk | BucketEntries)
+        if is_reply:
+            entry = self._asked.get((peer, key or ()))
             if entry is None:
-                self.counters["dropped.unasked-reply"] += 1
-                log.debug("ignoring an unasked %s from %s", type(message).__name__, peer)
-                return
+                raise _Refused("unasked", f"{type(message).__name__} that was not asked for "
+                               "(or came too late)")
             asked = entry[0]
-        outcome = self.shard.handle(message, asked=asked)
+        try:
+            outcome = self.shard.handle(message, asked=asked)
+        except SyncError as exc:
+            if isinstance(message, CatchupChunk):
+                self._catchup_failed(peer, str(exc))
+            raise _Refused("refused", str(exc)) from None
+        if is_reply:
+            self._asked.pop((peer, key or ()), None)
+        if isinstance(message, PullReply):
+            probe = self._probes.get((peer, key or ()))
+            if probe is not None and not probe.done():
+                probe.set_result(bool(message.records))
         if outcome.merged is not None:
-            self.counters["merged.records"] += outcome.merged.accepted
-            self.counters["merged.duplicates"] += outcome.merged.duplicates
+            self._merged(outcome.merged, peer)
         if outcome.progress is not None:
             self.progress = outcome.progress
             done, total = outcome.progress
             log.info("catch-up from %s: %d/%d records", peer, done, total)
             self._notify("progress", outcome.progress)
-        for out in outcome.replies:
-            self._send(peer, out, reply if not isinstance(out, PullRequest | CatchupRequest)
-                       else None)
+        replies = outcome.replies
+        if isinstance(message, BucketEntries) and len(replies) > CATCHUP_AFTER_PULLS:
+            # Much is missing: one catch-up brings it in order, in a few large chunks.
+            self._caught_up.discard(peer)
+            self._queue_catchup(peer)
+            replies = ()
+        for out in replies:
+            asking = isinstance(out, PullRequest | CatchupRequest)
+            self._send(peer, out, None if asking else reply)
+        if isinstance(message, Digest) and outcome.replies:
+            # The digests differ: let the peer list what it has for us too.
+            self._send_digest(peer, reply_only_if_due=True)
         if isinstance(message, CatchupChunk) and outcome.finished:
             self._catchup_done(peer)
-        if outcome.merged is not None and outcome.merged.accepted:
-            self._pull_gaps(prefer=peer)
-            self._notify("merged", outcome.merged)
 
     def _pull_gaps(self, *, prefer: str | None = None) -> None:
-        connected = {p.name for p in self.node.peers()}
+        if self._catchup_peer is not None:
+            return  # the catch-up brings them
+        connected = sorted(p.name for p in self.node.peers())
         if not connected:
             return
         for request in self.shard.missing_ranges():
@@ -227,21 +483,26 @@ class Knowledge:
                 continue
             if request.origin in connected:
                 target = request.origin
-            elif prefer in connected:
+            elif prefer in connected and prefer is not None:
                 target = prefer
             else:
-                target = sorted(connected)[next(self._rr) % len(connected)]
+                target = connected[next(self._rr) % len(connected)]
             self._send(target, request)
 
     # -- catch-up and anti-entropy ---------------------------------------------------------
 
     def _on_peer(self, event: PeerEvent) -> None:
+        name = event.peer.name
         if event.kind is PeerEventKind.JOINED:
-            self._queue_catchup(event.peer.name)
+            self._catchup_failures.pop(name, None)
+            self._queue_catchup(name)
         elif event.kind is PeerEventKind.LEFT:
-            name = event.peer.name
             for key in [k for k in self._asked if k[0] == name]:
                 del self._asked[key]
+            self._caught_up.discard(name)
+            self._digest_sent.pop(name, None)
+            with contextlib.suppress(ValueError):
+                self._catchup_queue.remove(name)
             if self._catchup_peer == name:
                 self._catchup_peer = None
                 self._next_catchup()
@@ -258,43 +519,81 @@ class Knowledge:
             if self.node.peer(name) is None:
                 continue
             self._catchup_peer = name
+            self.progress = (0, 0)
             self._send(name, self.shard.catchup_request())
+            if (name, ("catchup",)) not in self._asked:  # could not be sent
+                self._catchup_peer = None
 
     def _catchup_done(self, peer: str) -> None:
         self._caught_up.add(peer)
         self._catchup_peer = None
+        self._catchup_failures.pop(peer, None)
         self.counters["catchups"] += 1
         self._notify("caught-up", peer)
+        self._wake()
         self._next_catchup()
+        self._pull_gaps()
+
+    def _catchup_failed(self, peer: str, why: str) -> None:
+        """A chunk was refused or never came: start that peer's catch-up over, or skip it."""
+        self._asked.pop((peer, ("catchup",)), None)
+        if self._catchup_peer != peer:
+            return
+        self._catchup_peer = None
+        self._catchup_failures[peer] += 1
+        if self._catchup_failures[peer] >= CATCHUP_ATTEMPTS:
+            log.warning("giving up catch-up from %s after %d attempts (%s); anti-entropy "
+                        "goes on", peer, CATCHUP_ATTEMPTS, why)
+            self.counters["catchup.abandoned"] += 1
+        else:
+            self._catchup_queue.appendleft(peer)
+        self._next_catchup()
+
+    def _send_digest(self, peer: str, *, reply_only_if_due: bool = False) -> None:
+        now = time.monotonic()
+        if reply_only_if_due and now - self._digest_sent.get(peer, 0.0) < (
+                self.anti_entropy_interval / 2):
+            return
+        self._digest_sent[peer] = now
+        self._send(peer, self.shard.digest())
 
     async def _tick_loop(self) -> None:
         last_digest = time.monotonic()
         while True:
-            await asyncio.sleep(min(0.25, self.anti_entropy_interval))
-            now = time.monotonic()
+            await asyncio.sleep(min(_TICK, self.anti_entropy_interval))
             try:
-                for key, (message, sent) in list(self._asked.items()):
-                    if now - sent > self.request_timeout:
-                        del self._asked[key]
-                        self.counters["timeout." + type(message).__name__] += 1
-                        if isinstance(message, CatchupRequest) and key[0] == self._catchup_peer:
-                            # Start that peer's catch-up over (from our current vector).
-                            self._catchup_peer = None
-                            self._catchup_queue.appendleft(key[0])
-                            self._next_catchup()
-                self._pull_gaps()
-                if now - last_digest >= self.anti_entropy_interval:
-                    last_digest = now
-                    peers = sorted(p.name for p in self.node.peers())
-                    if peers:
-                        target = peers[next(self._rr) % len(peers)]
-                        self._send(target, self.shard.digest())
+                self._tick(time.monotonic(), last_digest)
+                if time.monotonic() - last_digest >= self.anti_entropy_interval:
+                    last_digest = time.monotonic()
             except Exception:
                 log.exception("knowledge tick failed")
 
-    def add_listener(self, listener: Callable[[str, Any], None]) -> None:
-        """Call ``listener(event, detail)`` on ``merged``, ``progress``, ``caught-up``."""
+    def _tick(self, now: float, last_digest: float) -> None:
+        for key, (message, sent) in list(self._asked.items()):
+            if now - sent <= self.request_timeout:
+                continue
+            del self._asked[key]
+            if isinstance(message, Digest):
+                continue  # equal digests get no answer: nothing to time out
+            self.counters["timeout." + type(message).__name__] += 1
+            if isinstance(message, CatchupRequest):
+                self._catchup_failed(key[0], "no answer")
+        self._pull_gaps()
+        if self._catchup_peer is None and now - last_digest >= self.anti_entropy_interval:
+            peers = sorted(p.name for p in self.node.peers())
+            if peers:
+                self._send_digest(peers[next(self._rr) % len(peers)])
+
+    def add_listener(self, listener: Callable[[str, Any], None]) -> Callable[[], None]:
+        """Call ``listener(event, detail)`` on the loop thread: ``merged`` (a
+        :class:`~porter_mesh.adapters.shard.MergeReport`), ``progress`` (``(done,
+        total)``), ``caught-up`` (the peer's name).
+
+        Returns:
+            A function that removes the listener.
+        """
         self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
 
     def _notify(self, event: str, detail: Any) -> None:
         for listener in list(self._listeners):
@@ -304,28 +603,49 @@ class Knowledge:
                 log.exception("knowledge listener failed")
 
     def stats(self) -> dict[str, Any]:
-        """Shard summary plus replication counters."""
+        """Shard summary plus replication counters.
+
+        Returns:
+            ``observations``, ``observation_records``, ``retractions``,
+            ``version_vector``, ``digest`` (hex), ``records``, and the counters
+            (``sent.*``, ``received.*``, ``merged.*``, ``timeout.*``, ``catchups``...).
+        """
         st = self.shard.stats()
-        return {"observations": st.observations, "retractions": st.retractions,
-                "version_vector": st.version_vector, "digest": st.digest,
+        return {"observations": st.observations, "observation_records": st.observation_records,
+                "retractions": st.retractions, "records": st.observation_records
+                + st.retractions, "version_vector": st.version_vector, "digest": st.digest,
                 **dict(self.counters)}
 
 
 class SyncKnowledge:
-    """The knowledge replica for synchronous callers (the agent tools' port)."""
+    """The knowledge replica for synchronous callers (the agent tools' port).
+
+    Args:
+        sync_node: the :class:`~porter_mesh.node.sync.SyncNode` the replica rides on.
+        knowledge: the replica, started on that node's loop.
+    """
 
     def __init__(self, sync_node: Any, knowledge: Knowledge) -> None:
         self._node = sync_node
         self.knowledge = knowledge
 
     def remember(self, activity: Activity) -> None:
-        """Store durably and replicate (returns once stored)."""
+        """Store durably and replicate (returns once stored).
+
+        Raises:
+            KnowledgeError: the activity is not a valid Remember.
+            OperationTimeout: the node did not answer in time.
+        """
         self._node.call_in_loop(lambda: self.knowledge.async_remember(activity))
 
     def recall(self, sparql: str) -> QueryResult:
-        """Run a read-only query on the local shard."""
-        result: QueryResult = self._node.call_in_loop(lambda: self.knowledge.query(sparql), 60.0)
-        return result
+        """Run a read-only query on the local shard (on the caller's thread, so the node
+        keeps its heartbeats while a slow query runs).
+
+        Raises:
+            QueryError: refused, invalid, or past its deadline.
+        """
+        return self.knowledge.query(sparql)
 
     def stats(self) -> dict[str, Any]:
         """Shard summary plus replication counters."""
@@ -342,8 +662,14 @@ def attach_knowledge(sync_node: Any, data_dir: pathlib.Path, **options: Any) -> 
 
     Args:
         sync_node: a started :class:`~porter_mesh.node.sync.SyncNode`.
-        data_dir: the shard's directory.
+        data_dir: the shard's directory (created if missing).
         options: passed to :class:`Knowledge`.
+
+    Returns:
+        The replica's synchronous facade.
+
+    Raises:
+        KnowledgeError: the shard cannot be opened (in use, damaged).
     """
     node: Node = sync_node.node
 

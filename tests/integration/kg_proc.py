@@ -1,0 +1,252 @@
+"""A mesh node with a knowledge shard in its own process, driven by JSON lines on stdin.
+
+Used by the knowledge integration tests and the knowledge benchmark. Every line printed
+is one JSON object with an ``ev`` key:
+
+* ``up``: ports, incarnation, and the shard as reloaded from disk (``vv``, ``records``);
+* ``peer``: a roster change; ``progress`` / ``caught-up``: catch-up from a peer;
+* ``stored``: one Remember made durable (``seq``, ``id`` hex); ``stored-batch``: a count
+  when ``quiet`` was asked; ``retracted``; ``error``: a refused command;
+* ``stats``: shard summary, replication counters and node counters;
+* ``dump``: every record held (``[origin, seq, key hex]``) and every live observation
+  (``[iri, discoveredBy]``); ``rows``: a query's answer.
+
+Commands (``op`` key): ``remember`` (n, prefix, about, severity, generated_at, quiet),
+``retract`` (id), ``stats``, ``dump``, ``query`` (sparql), ``wait-subscribers``
+(n, timeout), ``quit``.
+
+:class:`KgProcess` starts one and talks to it (the tests and the benchmark use it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import pathlib
+import queue
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import orjson
+
+# Run as a script, this file still needs the repository on the path for the harness.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+from porter_mesh.adapters.shard import Durability, Shard
+from porter_mesh.core import constants as C
+from porter_mesh.core.as2 import Activity
+from porter_mesh.core.knowledge import DIGEST_BUCKETS
+from porter_mesh.core.peers import PeerEvent
+from porter_mesh.errors import PorterError
+from porter_mesh.node.knowledge import Knowledge
+from porter_mesh.node.node import Node
+from tests.integration.harness import NodeProcess
+
+KG_PROC = pathlib.Path(__file__).resolve()
+
+LIVE_QUERY = "SELECT ?o ?by WHERE { ?o a porter:Observation ; porter:discoveredBy ?by }"
+
+
+def emit(**fields: Any) -> None:
+    sys.stdout.write(orjson.dumps(fields).decode() + "\n")
+    sys.stdout.flush()
+
+
+def remember_activity(actor: str, about: str, finding: str, severity: str | None) -> Activity:
+    note: dict[str, Any] = {"type": "Note", "about": about, "content": finding}
+    if severity:
+        note["severity"] = severity
+    return Activity.from_dict({"type": "Remember", "actor": actor, "summary": f"finding {finding}",
+                               "object": note})
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--mesh", default="test")
+    parser.add_argument("--data-dir", type=pathlib.Path, required=True)
+    parser.add_argument("--router-port", type=int, default=0)
+    parser.add_argument("--pub-port", type=int, default=0)
+    parser.add_argument("--seed", action="append", default=[])
+    parser.add_argument("--no-discovery", action="store_true")
+    parser.add_argument("--drop-every", type=int, default=0)
+    parser.add_argument("--anti-entropy", type=float, default=0.5)
+    parser.add_argument("--request-timeout", type=float, default=1.0)
+    parser.add_argument("--heartbeat", type=float, default=0.2)
+    parser.add_argument("--evasive-after", type=float, default=0.8)
+    parser.add_argument("--expire-after", type=float, default=2.0)
+    parser.add_argument("--durability", choices=("fsync", "os"), default="fsync")
+    parser.add_argument("--log", default="WARNING")
+    return parser.parse_args()
+
+
+async def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=getattr(logging, args.log),
+                        format="%(relativeCreated)d %(name)s %(message)s")
+    logging.getLogger("zeroconf").setLevel(logging.WARNING)
+    node = Node(
+        name=args.name, mesh=args.mesh, interfaces=("127.0.0.1",),
+        router_port=args.router_port, pub_port=args.pub_port, seeds=tuple(args.seed),
+        discovery=not args.no_discovery, heartbeat_interval=args.heartbeat,
+        evasive_after=args.evasive_after, expire_after=args.expire_after,
+        channels=(), inbox_size=0,
+    )
+    shard = Shard(args.data_dir, agent=args.name, durability=Durability(args.durability))
+    reloaded = shard.stats()
+    knowledge = Knowledge(node, shard, anti_entropy_interval=args.anti_entropy,
+                          request_timeout=args.request_timeout, drop_every=args.drop_every)
+
+    def on_peer(event: PeerEvent) -> None:
+        emit(ev="peer", kind=event.kind.value, peer=event.peer.name,
+             inc=event.peer.incarnation, reason=event.reason)
+
+    def on_knowledge(event: str, detail: Any) -> None:
+        if event == "progress":
+            emit(ev="progress", done=detail[0], total=detail[1])
+        elif event == "caught-up":
+            emit(ev="caught-up", peer=detail)
+
+    # Hooked before the node starts: no peer and no sync message can slip past.
+    node.add_peer_listener(on_peer)
+    knowledge.add_listener(on_knowledge)
+    knowledge.start()
+    await node.astart()
+    emit(ev="up", name=node.name, pub=node.pub_port, router=node.router_port,
+         inc=node.incarnation, vv=reloaded.version_vector,
+         records=reloaded.observation_records + reloaded.retractions)
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while True:
+        line = await reader.readline()
+        if not line:
+            break
+        cmd = orjson.loads(line)
+        op = cmd["op"]
+        if op == "quit":
+            break
+        try:
+            await run_command(cmd, node, shard, knowledge)
+        except PorterError as exc:
+            emit(ev="error", op=op, error=str(exc), type=type(exc).__name__, tag=cmd.get("tag"))
+    await knowledge.aclose()
+    await node.aclose()
+    emit(ev="closed")
+
+
+async def run_command(cmd: dict[str, Any], node: Node, shard: Shard,
+                      knowledge: Knowledge) -> None:
+    op = cmd["op"]
+
+    def reply(**fields: Any) -> None:
+        emit(tag=cmd.get("tag"), **fields)
+
+    if op == "remember":
+        quiet = cmd.get("quiet", False)
+        prefix = cmd.get("prefix", "f")
+        started = time.monotonic()
+        for i in range(cmd.get("n", 1)):
+            finding = f"{prefix}{i}"
+            if cmd.get("generated_at"):
+                # A wall clock far off, as a skewed machine would stamp it.
+                record = knowledge.async_observe(cmd.get("about", "urn:porter:file:x"), finding,
+                                                 generated_at=cmd["generated_at"],
+                                                 severity=cmd.get("severity"))
+            else:
+                record = knowledge.async_remember(remember_activity(
+                    node.name, cmd.get("about", "urn:porter:file:x"), finding,
+                    cmd.get("severity")))
+            if not quiet:
+                emit(ev="stored", seq=record.seq, id=record.body.id.hex())
+            # Let replication traffic through between records of a burst.
+            await asyncio.sleep(0)
+        reply(ev="stored-batch", n=cmd.get("n", 1), prefix=prefix,
+              seconds=time.monotonic() - started, top=shard.state.top_seq(node.name))
+    elif op == "retract":
+        record = knowledge.async_retract(cmd["id"])
+        reply(ev="retracted", seq=record.seq, target=cmd["id"])
+    elif op == "stats":
+        reply(ev="stats", kg=knowledge.stats(), node=node.stats(), t=time.monotonic())
+    elif op == "dump":
+        state = shard.state
+        listing = state.bucket_entries(range(DIGEST_BUCKETS))
+        result = shard.query(LIVE_QUERY, row_limit=1_000_000, deadline=30.0)
+        reply(ev="dump", records=[[o, s, k.hex()] for o, s, k in listing.entries],
+              more=listing.more, retracted=sorted(t.hex() for t in state.retracted),
+              live=[[row["o"], row["by"]] for row in result.items()],
+              truncated=result.truncated)
+    elif op == "query":
+        result = shard.query(cmd["sparql"], row_limit=cmd.get("limit", 100))
+        reply(ev="rows", items=result.items(), truncated=result.truncated)
+    elif op == "wait-subscribers":
+        try:
+            await node.wait_for_subscribers(C.CHANNEL_CONTROL, cmd["n"], cmd.get("timeout", 10))
+            reply(ev="subscribers", n=cmd["n"])
+        except TimeoutError as exc:
+            reply(ev="error", op=op, error=str(exc), type="TimeoutError")
+    else:
+        reply(ev="error", op=op, error=f"unknown op {op!r}", type="usage")
+
+
+class KgProcess(NodeProcess):
+    """One ``kg_proc.py`` process, with helpers to ask it for stats and dumps.
+
+    Args:
+        name: the agent name.
+        data_dir: its data directory (the shard).
+        extra: more command-line options of this script.
+        mesh: the mesh name (unique per test).
+    """
+
+    def __init__(self, name: str, data_dir: pathlib.Path, *extra: str, mesh: str) -> None:
+        # The harness's start-up, with this script instead of node_proc.py.
+        self.name = name
+        self.data_dir = data_dir
+        cmd = [sys.executable, str(KG_PROC), "--name", name, "--mesh", mesh,
+               "--data-dir", str(data_dir), *extra]
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        self.events = []
+        self._queue = queue.Queue()
+        self._stderr = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self._err_reader = threading.Thread(target=self._read_err, daemon=True)
+        self._err_reader.start()
+        self._cursor = 0
+        self._tags = 0
+        self.up = self.wait_for(lambda e: e["ev"] == "up", 30, "start-up")
+
+    def ask(self, op: str, ev: str, timeout: float = 30.0, **cmd: Any) -> dict[str, Any]:
+        """Send a command and wait for its answer (matched by tag).
+
+        Raises:
+            AssertionError: the process reported an error, died, or did not answer.
+        """
+        self._tags += 1
+        tag = self._tags
+        self.command(op=op, tag=tag, **cmd)
+        event = self.wait_for(lambda e: e["ev"] in (ev, "error") and e.get("tag") == tag,
+                              timeout, f"answer to {op}")
+        if event["ev"] == "error":
+            raise AssertionError(f"{self.name}: {op} failed: {event}")
+        return event
+
+    def stats(self) -> dict[str, Any]:
+        """The shard summary and replication counters (``kg``) and node counters."""
+        return self.ask("stats", "stats")
+
+    def stored(self) -> list[dict[str, Any]]:
+        """Every ``stored`` event so far (the records this process reported durable)."""
+        return [e for e in self.events if e["ev"] == "stored"]
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
