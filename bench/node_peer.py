@@ -24,6 +24,8 @@ Roles:
   bytes every time; ``--mode orjson``: ``orjson.dumps`` per send, ``orjson.loads`` per
   receive).
 * ``zmq-echo`` / ``zmq-ping``: raw pyzmq ROUTER/DEALER ping-pong of the same bytes.
+* ``aio-echo`` / ``aio-ping``: the same ping-pong driven from asyncio event loops the
+  way the node reads its sockets, without any codec: the floor for an asyncio node.
 * ``zenoh-pub`` / ``zenoh-sub``: eclipse-zenoh peers, multicast scouting off, explicit
   ``tcp/127.0.0.1`` endpoints, reliable (blocking congestion control) publication.
 
@@ -558,6 +560,74 @@ def zmq_ping(a: argparse.Namespace) -> None:
         emit("result", **trips.result())
 
 
+def _watch_zmq(sock: Any, on_message: Callable[[list[bytes]], None]) -> Callable[[], None]:
+    """Call ``on_message`` for every message ``sock`` receives, from the event loop.
+
+    The same reading discipline as the node (descriptor watched with ``add_reader``,
+    drained without blocking while ``EVENTS`` says there is input), with no codec at
+    all: the floor an asyncio program on pyzmq cannot go below.
+    """
+    import zmq
+
+    def drain() -> None:
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            on_message(sock.recv_multipart(zmq.NOBLOCK))
+
+    loop = asyncio.get_running_loop()
+    loop.add_reader(sock.getsockopt(zmq.FD), drain)
+    loop.call_soon(drain)
+    return drain
+
+
+async def aio_echo(a: argparse.Namespace) -> None:
+    import zmq
+
+    with zmq_socket(zmq.ROUTER) as sock:
+        echoed = 0
+        cpu = CpuClock()
+        cpu.start()
+
+        def answer(frames: list[bytes]) -> None:
+            nonlocal echoed
+            sock.send_multipart(frames, zmq.NOBLOCK)
+            echoed += 1
+
+        _watch_zmq(sock, answer)
+        emit("ready", port=sock.bind_to_random_port("tcp://127.0.0.1"))
+        await async_stdin_closed(a.limit)
+        asyncio.get_running_loop().remove_reader(sock.getsockopt(zmq.FD))
+        emit("result", received=echoed, **cpu.per(echoed))
+
+
+async def aio_ping(a: argparse.Namespace) -> None:
+    import zmq
+
+    with zmq_socket(zmq.DEALER) as sock:
+        sock.connect(f"tcp://127.0.0.1:{a.port}")
+        loop = asyncio.get_running_loop()
+        waiter: list[asyncio.Future[bytes]] = []
+
+        def arrived(frames: list[bytes]) -> None:
+            if waiter and not waiter[0].done():
+                waiter[0].set_result(frames[-1])
+
+        drain = _watch_zmq(sock, arrived)
+        emit("ready")
+        trips = RoundTrips(a)
+        for left in trips:
+            waiter[:] = [loop.create_future()]
+            t0 = time.perf_counter_ns()
+            sock.send(PAYLOAD, zmq.NOBLOCK)
+            if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # a send can consume the edge
+                loop.call_soon(drain)
+            reply = await asyncio.wait_for(waiter[0], left)
+            trips.record(t0, time.perf_counter_ns())
+            if reply != PAYLOAD:
+                raise SystemExit("aio-ping: the echo changed the message")
+        loop.remove_reader(sock.getsockopt(zmq.FD))
+        emit("result", **trips.result())
+
+
 # -- eclipse-zenoh ----------------------------------------------------------------------
 
 
@@ -668,6 +738,8 @@ ROLES: dict[str, Callable[[argparse.Namespace], Any]] = {
     "zmq-sub": zmq_sub,
     "zmq-echo": zmq_echo,
     "zmq-ping": zmq_ping,
+    "aio-echo": aio_echo,
+    "aio-ping": aio_ping,
     "zenoh-pub": zenoh_pub,
     "zenoh-sub": zenoh_sub,
 }

@@ -68,7 +68,7 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
     assert (direct["acked"], direct["failed"]) == (300, 0)
     assert direct["rate"] > 0
     assert direct["receiver"]["received"] == 300
-    for system in ("mesh", "zmq"):
+    for system in ("mesh", "zmq", "aio"):
         rtt = res["rtt"][system]
         assert rtt["n"] == 30
         assert 0 < rtt["p50_us"] <= rtt["p99_us"]
@@ -85,7 +85,9 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
         "direct with acks prebuilt",
         "round trip p50",
         "round trip p99",
+        "round trip p50 asyncio floor",
         "discovery 3 nodes",
+        "discovery 3 incl. start-up",
     }
     assert set(verdicts.values()) <= {"PASS", "MISS", "info"}
     for row in res["summary"]:
