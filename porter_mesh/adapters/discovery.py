@@ -25,16 +25,21 @@ Every question is asked as "QM" (answer by multicast). Several mDNS responders o
 host (one per node process) share UDP port 5353 through ``SO_REUSEPORT``, and the kernel
 hands a unicast datagram to only one of them, so unicast answers are often lost there.
 
-Name conflicts. zeroconf's probe checks its cache for the name before announcing; on a
-shared host the defending answer to a probe is unicast and may be lost (see above), so
-the browser is started first: its multicast query fills the cache with every live
-node's records during the ~1.2 s probe window. On a conflict the name's records are
-asked for again: if no fresh answer comes, the cached record was stale (its owner died),
-it is dropped and registration is retried; if a live owner answers, it is asked again
-until ``conflict_grace`` seconds have passed (a previous incarnation of
-this same node that is still shutting down sends its goodbye within that time), then
-:class:`~porter_mesh.errors.ConfigError` names the owner. A process that was killed and
-restarted registers at once: nobody answers for a dead process.
+Name conflicts. zeroconf's own probe is not used: it asks with the unicast-response
+bit, and on a shared host the defending node's unicast answer is often delivered to
+another process (see above), so duplicates slipped through in tests. Instead the node
+sends its own probes before announcing: three multicast ("QM") queries 250 ms apart for
+its name's SRV and TXT records, with the proposed pointer record in the authority section,
+which makes them probes that a holder answers at once by multicast; then it listens
+until 1 s after the first. Only records received after probing began count, plus the
+browser's pointer answers, because the cache keeps a killed node's records for their
+whole TTL; a name nobody answers for is free and its stale cached records are dropped.
+If a live node answers, the name is probed again until ``conflict_grace`` seconds have
+passed (a previous incarnation of this node that is still shutting down says goodbye
+within that time), then :class:`~porter_mesh.errors.ConfigError` names the holder. A
+process that was killed and restarted registers at once: nobody answers for a dead
+process. Two nodes that start with the same name within the same second are not told
+apart (zeroconf's probe has no tie-break either).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import secrets
 import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
@@ -49,13 +55,12 @@ from typing import Any, Final
 from zeroconf import (
     DNSQuestionType,
     IPVersion,
-    NonUniqueNameException,
     ServiceInfo,
     ServiceStateChange,
     Zeroconf,
     current_time_millis,
 )
-from zeroconf._dns import DNSQuestion  # re-exported by zeroconf without __all__
+from zeroconf._dns import DNSQuestion, DNSRecord  # re-exported by zeroconf without __all__
 from zeroconf._protocol.outgoing import DNSOutgoing
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
@@ -73,8 +78,14 @@ _TYPE_TXT: Final = 16
 _TYPE_SRV: Final = 33
 _CLASS_IN: Final = 1
 _FLAGS_QR_QUERY: Final = 0
-_HOLDER_WAIT_MS: Final = 2000.0
-_HOLDER_POLL_S: Final = 0.05
+# Our name probe (see _name_is_held): three probes 250 ms apart as in RFC 6762, then
+# listen until 1 s after the first (the RFC's 250 ms after the last, plus room for a
+# busy host); look at the cache every 25 ms.
+_PROBE_COUNT: Final = 3
+_PROBE_INTERVAL_MS: Final = 250.0
+_PROBE_WAIT_MS: Final = 1000.0
+_PROBE_POLL_S: Final = 0.025
+_PROBE_PAUSE_S: Final = 1.0
 _SUFFIX: Final = "." + SERVICE_TYPE
 
 #: Counter names in :attr:`Discovery.stats`.
@@ -271,8 +282,15 @@ class Discovery:
                 question_type=DNSQuestionType.QM,
             )
             await self._register(info)
-        except BaseException:
+            if self._closed:
+                raise NodeClosedError("discovery was closed while it was starting")
+        except BaseException as exc:
+            closed_meanwhile = self._closed
             await self.aclose()
+            if closed_meanwhile and isinstance(exc, Exception) and not isinstance(
+                exc, ConfigError | NodeClosedError
+            ):
+                raise NodeClosedError("discovery was closed while it was starting") from exc
             raise
         self._info = info
 
@@ -310,9 +328,12 @@ class Discovery:
         self._resolving.clear()
         self._background.clear()
         aiozc, self._aiozc = self._aiozc, None
+        browser, self._browser = self._browser, None
         if aiozc is None:
             return
         try:
+            if browser is not None:
+                await browser.async_cancel()
             if self._info is not None:
                 # Await the goodbyes so that peers hear them before the sockets close.
                 await (await aiozc.async_unregister_service(self._info))
@@ -343,71 +364,86 @@ class Discovery:
         )
 
     async def _register(self, info: ServiceInfo) -> None:
+        """Claim the name by our own multicast probe, then announce (module docstring)."""
         assert self._aiozc is not None
         loop = asyncio.get_running_loop()
         deadline: float | None = None
-        for _attempt in range(8):
-            try:
-                announced = await self._aiozc.async_register_service(
-                    info, allow_name_change=False, cooperating_responders=False
-                )
-            except NonUniqueNameException:
-                self._stats["conflicts"] += 1
-                if deadline is None:
-                    deadline = loop.time() + self._conflict_grace
-                holder = await self._live_holder(info.name)
-                while holder is not None:
-                    if loop.time() >= deadline:
-                        raise self._conflict_error(info.name, holder) from None
-                    _log.debug("name conflict: %s is held by a live node; re-checking", info.name)
-                    holder = await self._live_holder(info.name)
-                _log.debug("name %s is free (again); registering", info.name)
-                continue
-            self._keep(announced)
-            return
-        raise ConfigError(
-            f"could not register {info.name!r}: its records keep reappearing on the "
-            "network; check for another node using the same agent name"
+        # Each round lasts until an answer arrives (at most _PROBE_WAIT_MS), so the
+        # deadline bounds the loop.
+        while await self._name_is_held(info):
+            self._stats["conflicts"] += 1
+            now = loop.time()
+            deadline = now + self._conflict_grace if deadline is None else deadline
+            if now >= deadline:
+                raise self._conflict_error(info.name)
+            _log.debug("name conflict: %s is held by a live node; re-checking", info.name)
+            # Receivers ignore a byte-identical packet for 0.8 s, and the holder answers
+            # every round alike: probing again at once would make its answers look
+            # like silence.
+            await asyncio.sleep(_PROBE_PAUSE_S)
+        # Our probe has run; zeroconf's own (see the module docstring) is skipped.
+        announced = await self._aiozc.async_register_service(
+            info, allow_name_change=False, cooperating_responders=True
         )
+        self._keep(announced)
 
-    async def _live_holder(self, name: str) -> AsyncServiceInfo | None:
-        """Ask who holds ``name`` now; return its records if a live node answers.
+    async def _name_is_held(self, info: ServiceInfo) -> bool:
+        """Probe the network: does a live node hold ``info.name`` now?
 
-        The cache alone cannot tell: it keeps a killed node's records for their whole
-        TTL. So the name's SRV and TXT records are asked for by multicast, and only
-        records received after asking count. A silent name is stale: its records are
-        dropped from the cache so that the next probe does not trip over them.
+        Three probes, 250 ms apart (RFC 6762 section 8.1), ask by multicast for the
+        name's SRV and TXT records and carry our proposed pointer record in the authority
+        section. A query with an authority section is a probe, which responders answer
+        at once by multicast, without the usual aggregation or once-a-second limit.
+        Only records received after the first probe count (the cache keeps a killed
+        node's records for their whole TTL), as do the browser's pointer answers for
+        the name. A name nobody answers for is free; what the cache still remembers
+        about it is stale and dropped.
         """
         assert self._aiozc is not None
         zc: Zeroconf = self._aiozc.zeroconf
+        name = info.name
+        key = name.lower()
         asked = current_time_millis()
-        query = DNSOutgoing(_FLAGS_QR_QUERY)
-        query.add_question(DNSQuestion(name, _TYPE_SRV, _CLASS_IN))
-        query.add_question(DNSQuestion(name, _TYPE_TXT, _CLASS_IN))
-        zc.async_send(query)
-        # A responder multicasts a record at most once a second, so an answer can take
-        # that long, plus its aggregation delay.
-        deadline = asked + _HOLDER_WAIT_MS
+        deadline = asked + _PROBE_WAIT_MS
+        sent = 0
         while (now := current_time_millis()) < deadline:
+            if sent < _PROBE_COUNT and now >= asked + sent * _PROBE_INTERVAL_MS:
+                # A random id makes each probe a distinct packet: responders ignore a
+                # byte-identical packet seen in the last 0.8 s, which would silence
+                # all but the first of our probes (and any probe another process
+                # sent for the same name just before).
+                probe = DNSOutgoing(_FLAGS_QR_QUERY, True, secrets.randbits(16))
+                probe.add_question(DNSQuestion(name, _TYPE_SRV, _CLASS_IN))
+                probe.add_question(DNSQuestion(name, _TYPE_TXT, _CLASS_IN))
+                probe.add_authorative_answer(info.dns_pointer())
+                zc.async_send(probe)
+                sent += 1
             fresh = [
-                r for r in zc.cache.async_entries_with_name(name)
+                r for r in [*zc.cache.async_entries_with_name(name), *self._pointers_to(key)]
                 # ttl <= 1: a goodbye, or a record that a newer one has superseded.
                 if r.created >= asked and r.ttl > 1 and not r.is_expired(now)
             ]
             if fresh:
-                holder = AsyncServiceInfo(SERVICE_TYPE, name)
-                holder.load_from_cache(zc)
-                return holder
-            await asyncio.sleep(_HOLDER_POLL_S)
-        key = name.lower()
-        stale = [
-            r for r in zc.cache.async_all_by_details(SERVICE_TYPE, _TYPE_PTR, _CLASS_IN)
+                return True
+            await asyncio.sleep(_PROBE_POLL_S)
+        zc.cache.async_remove_records(
+            [*self._pointers_to(key), *zc.cache.async_entries_with_name(name)]
+        )
+        return False
+
+    def _pointers_to(self, key: str) -> list[DNSRecord]:
+        assert self._aiozc is not None
+        return [
+            r for r in self._aiozc.zeroconf.cache.async_all_by_details(
+                SERVICE_TYPE, _TYPE_PTR, _CLASS_IN
+            )
             if getattr(r, "alias", "").lower() == key
         ]
-        zc.cache.async_remove_records([*stale, *zc.cache.async_entries_with_name(name)])
-        return None
 
-    def _conflict_error(self, name: str, holder: AsyncServiceInfo) -> ConfigError:
+    def _conflict_error(self, name: str) -> ConfigError:
+        assert self._aiozc is not None
+        holder = AsyncServiceInfo(SERVICE_TYPE, name)
+        holder.load_from_cache(self._aiozc.zeroconf)
         where = ", ".join(holder.parsed_addresses()) or "an unknown address"
         try:
             other = decode_txt(holder.properties)
@@ -416,7 +452,7 @@ class Discovery:
                 f"at {where}"
             )
         except FrameError:
-            detail = f"at {where}, with a record that is not a porter-mesh advert"
+            detail = f"at {where}; its TXT record was not received or is not an advert"
         agent = agent_from_service_name(name)
         return ConfigError(
             f"duplicate agent name {agent!r}: another live node already announces it "

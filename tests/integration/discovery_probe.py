@@ -4,7 +4,8 @@ Run as ``python -m tests.integration.discovery_probe --mesh M --name N [...]`` f
 repository root. It starts a :class:`~porter_mesh.adapters.discovery.Discovery`, prints
 one JSON object per line on stdout and obeys commands on stdin:
 
-stdout events: ``{"event": "ready", "name", "incarnation", "t"}``,
+stdout events: ``{"event": "starting", "t"}`` (imports done),
+``{"event": "ready", "name", "incarnation", "t"}`` (registered),
 ``{"event": "found", "peer", "incarnation", "addresses", "t"}``,
 ``{"event": "lost", "peer", "t"}``, ``{"event": "stats", "stats", "t"}``,
 ``{"event": "log", "level", "message"}`` (the package's log records),
@@ -95,6 +96,7 @@ async def _run(args: argparse.Namespace) -> int:
         on_lost=lost,
         conflict_grace=args.conflict_grace,
     )
+    _emit("starting")
     try:
         await discovery.astart(advert(args.incarnation))
     except PorterError as exc:
@@ -295,8 +297,9 @@ def measure(nodes: int, rounds: int, timeout: float = 30.0) -> list[dict[str, fl
     """Start ``nodes`` probes on 127.0.0.1 at once, ``rounds`` times; time discovery.
 
     Returns one row per round: ``full`` (first spawn to the last peer found by the last
-    node), ``ready`` (first spawn to the last node registered: process start-up plus
-    the name probe) and ``after_ready`` (last registration to full discovery).
+    node), ``imported`` (first spawn to the last process done importing and starting
+    discovery), ``ready`` (first spawn to the last node registered: start-up plus the
+    name probe) and ``after_ready`` (last registration to full discovery).
     """
     rows = []
     for _ in range(rounds):
@@ -314,6 +317,10 @@ def measure(nodes: int, rounds: int, timeout: float = 30.0) -> list[dict[str, fl
             ]
             ready_at = [p.wait_for(lambda e: e["event"] == "ready", timeout, "ready")["t"]
                         for p in probes]
+            starting_at = [
+                p.wait_for(lambda e: e["event"] == "starting", timeout, "starting")["t"]
+                for p in probes
+            ]
             for probe in probes:
                 probe.close()
         finally:
@@ -321,7 +328,12 @@ def measure(nodes: int, rounds: int, timeout: float = 30.0) -> list[dict[str, fl
                 probe.kill()
                 probe.cleanup()
         full, ready = max(found_at) - start, max(ready_at) - start
-        rows.append({"full": full, "ready": ready, "after_ready": max(0.0, full - ready)})
+        rows.append({
+            "full": full,
+            "imported": max(starting_at) - start,
+            "ready": ready,
+            "after_ready": max(0.0, full - ready),
+        })
     return rows
 
 
@@ -331,7 +343,7 @@ def _measure_main(argv: Sequence[str]) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     rows = measure(args.nodes, args.rounds)
-    for key in ("full", "ready", "after_ready"):
+    for key in ("full", "imported", "ready", "after_ready"):
         values = sorted(row[key] for row in rows)
         print(
             f"{args.nodes} nodes {key:>11}: min {values[0]:.2f}s  "

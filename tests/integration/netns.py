@@ -20,12 +20,14 @@ cannot be built here, for a test to skip with.
 Running something in a host (the hook for multi-host tests)::
 
     with network_lab(3) as lab:
-        procs = [lab.spawn(host, python_module("my.module", "--bind", host.address))
-                 for host in lab.hosts]
+        procs = spawn_on_hosts(
+            lab, lambda host: python_module("my.module", "--interface", host.address),
+            stdout=subprocess.PIPE,
+        )
 
-``lab.spawn`` starts the command inside the host's namespace with the repository as the
-working directory and reaps it at teardown. :class:`Host` also has ``command()`` and
-``run()`` for one-shot commands (``ip addr``, ``ping``...).
+``spawn_on_hosts`` and ``lab.spawn`` start commands inside the hosts' namespaces with
+the repository as the working directory, and the lab reaps them at teardown.
+:class:`Host` also has ``command()`` and ``run()`` for one-shot commands (``ip addr``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +130,23 @@ class Lab:
 
     def namespaces(self) -> list[str]:
         return [self.bridge_netns, *(h.netns for h in self.hosts)]
+
+
+def spawn_on_hosts(
+    lab: Lab, argv_for: Callable[[Host], Sequence[str]], **popen: Any
+) -> list[subprocess.Popen[Any]]:
+    """Start one process per host: the hook for running full nodes in the lab.
+
+    Args:
+        lab: the lab.
+        argv_for: builds each host's command, e.g.
+            ``lambda h: python_module("agents.worker", "--interface", h.address)``.
+        **popen: extra :class:`subprocess.Popen` arguments, the same for every host.
+
+    Returns:
+        The processes, in host order; the lab reaps them at teardown.
+    """
+    return [lab.spawn(host, argv_for(host), **popen) for host in lab.hosts]
 
 
 def python_module(module: str, *args: str) -> list[str]:

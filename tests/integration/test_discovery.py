@@ -65,6 +65,14 @@ def latest_found(probe: ProbeProcess, peer: str) -> dict[str, object] | None:
     return found[-1] if found else None
 
 
+def wait_stat(probe: ProbeProcess, key: str, at_least: int) -> None:
+    """Poll a probe's counter until it reaches ``at_least`` (deadline: DEADLINE)."""
+    deadline = time.monotonic() + DEADLINE
+    while (value := probe.stats()[key]) < at_least:
+        assert time.monotonic() < deadline, f"{probe.name}: {key}={value} < {at_least}"
+        probe.drain(0.1)  # waits for output with a timeout between polls
+
+
 # -- several processes ------------------------------------------------------------------
 
 
@@ -94,11 +102,10 @@ def test_five_processes_see_their_mesh_only(spawn: Spawn) -> None:
     print(f"5 processes: spawn to full discovery {last - probes[0].started_at:.2f}s")
     # The stranger saw the five and filtered them out, and they filtered it out: the
     # records did reach both sides, so "not found" means "ignored", not "not heard".
-    stranger_stats = stranger.stats()
     for probe in probes:
-        assert probe.stats()["other_mesh"] >= 1
+        wait_stat(probe, "other_mesh", 1)
         assert stranger.name not in probe.found_peers()
-    assert stranger_stats["other_mesh"] >= 5
+    wait_stat(stranger, "other_mesh", 5)
     assert not (stranger.found_peers() & names)
 
 
@@ -283,6 +290,13 @@ async def _misuse() -> None:
         await started.aclose()
     with pytest.raises(NodeClosedError):
         await started.aupdate(advert(me, mesh))
+    # Closed while registering: astart() must not report success.
+    racing = Discovery(mesh=mesh, on_found=print, on_lost=print)
+    starting = asyncio.create_task(racing.astart(advert(unique("me"), mesh)))
+    await asyncio.sleep(0)  # let astart() begin; this is a yield, not a wait
+    await racing.aclose()
+    with pytest.raises(NodeClosedError, match="closed while it was starting"):
+        await starting
 
 
 def test_misuse_is_reported_clearly() -> None:

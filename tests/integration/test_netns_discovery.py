@@ -19,6 +19,7 @@ from tests.integration.netns import (
     Lab,
     lab_namespaces_left,
     network_lab,
+    spawn_on_hosts,
     unavailable_reason,
 )
 
@@ -78,3 +79,12 @@ def test_three_hosts_discover_each_other_across_the_bridge(lab: Lab) -> None:
         for probe in probes:
             probe.kill()
             probe.cleanup()
+
+
+def test_each_host_sees_only_its_own_interfaces(lab: Lab) -> None:
+    procs = spawn_on_hosts(lab, lambda host: [IP, "-4", "-o", "addr"], stdout=subprocess.PIPE)
+    for host, proc in zip(lab.hosts, procs, strict=True):
+        out, _ = proc.communicate(timeout=10)
+        assert proc.returncode == 0
+        assigned = {(line.split()[1], line.split()[3]) for line in out.decode().splitlines()}
+        assert assigned == {("lo", "127.0.0.1/8"), ("eth0", f"{host.address}/24")}
