@@ -356,17 +356,18 @@ class _Applier:
     write to this thread lets the next batch be decoded and validated while Oxigraph
     (which releases the GIL) indexes the previous one, and lets batches that pile up be
     written together. Readers call :meth:`drain` first, so a query always sees every
-    record committed before it. At most ``depth`` batches wait, which bounds memory and
-    makes a fast sender wait for the store.
+    record committed before it. At most ``max_pending`` observations wait, which bounds
+    memory and makes a fast sender wait for the store.
     """
 
     def __init__(
-        self, write: Callable[[_StoreTask], None], *, depth: int = 16,
-        max_join: int = 16384,
+        self, write: Callable[[_StoreTask], None], *, max_pending: int = 65536,
+        max_join: int = 65536,
     ) -> None:
         self._write = write
-        self._depth = depth
+        self._max_pending = max_pending
         self._max_join = max_join
+        self._pending = 0
         self._queue: collections.deque[_StoreTask] = collections.deque()
         self._cond = threading.Condition()
         self._busy = False
@@ -379,9 +380,10 @@ class _Applier:
     def submit(self, task: _StoreTask) -> None:
         with self._cond:
             self._raise_error()
-            while len(self._queue) >= self._depth:
+            while self._queue and self._pending + len(task.add) > self._max_pending:
                 self._cond.wait()
             self._queue.append(task)
+            self._pending += len(task.add)
             self._cond.notify_all()
 
     def drain(self) -> None:
@@ -406,11 +408,13 @@ class _Applier:
                 if not self._queue:
                     return
                 task = self._queue.popleft()
+                self._pending -= len(task.add)
                 # Join what else is waiting: Oxigraph's bulk load costs about 25 ms per
                 # call on top of its per-triple cost, so fewer, larger writes keep up
                 # better when batches arrive faster than the store takes them.
                 while self._queue and len(task.add) + len(self._queue[0].add) <= self._max_join:
                     more = self._queue.popleft()
+                    self._pending -= len(more.add)
                     task = _StoreTask([*task.add, *more.add], [*task.remove, *more.remove],
                                       more.new_mark, task.old_marks)
                 self._busy = True

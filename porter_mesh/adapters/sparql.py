@@ -119,12 +119,12 @@ class QueryForm(enum.Enum):
 
 # --- lexing -----------------------------------------------------------------------------
 
-_NAME_START = "A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u02ff\u0370-\u037d\u037f-\u1fff\u200c-\u200d\u2070-\u218f\u2c00-\u2fef\u3001-\ud7ff\uf900-\ufdcf\ufdf0-\ufffd"  # noqa: E501
-_NAME_CHAR = _NAME_START + "_0-9\u00b7\u0300-\u036f\u203f-\u2040\\-"
-# Names may contain dots but not end with one (the dot would end the triple).
-_PREFIX = rf"(?:[{_NAME_START}](?:[{_NAME_CHAR}]|\.(?=[{_NAME_CHAR}.]*[{_NAME_CHAR}]))*)?:"
-_LOCAL_CHAR = rf"[{_NAME_CHAR}:]|%[0-9A-Fa-f]{{2}}|\\[_~.\-!$&'()*+,;=/?#@%]"
-_LOCAL = rf"(?:(?:{_LOCAL_CHAR})(?:{_LOCAL_CHAR}|\.(?=(?:{_LOCAL_CHAR}|\.)*(?:{_LOCAL_CHAR})))*)?"
+_NAME_START = "A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u02ff\u0370-\u037d\u037f-\u1fff\u200c-\u200d\u2070-\u218f\u2c00-\u2fef\u3001-\ud7ff\uf900-\ufdcf\ufdf0-\ufffd\U00010000-\U000effff"  # noqa: E501
+_VAR_CHAR = _NAME_START + "_0-9\u00b7\u0300-\u036f\u203f-\u2040"
+_NAME_CHAR = _VAR_CHAR + "\\-"
+# Every pattern below is linear: no nested quantifiers, no look-ahead that rescans. A
+# "run" is any stretch of name characters, dots, colons and escapes; _tokens() splits it
+# into prefixed names, blank nodes, words and dots afterwards, in one pass.
 _TOKEN_RE: Final = re.compile(
     rf"""
       (?P<ws>\s+)
@@ -134,12 +134,10 @@ _TOKEN_RE: Final = re.compile(
                |'''(?:[^'\\]|\\.|'(?!''))*'''
                |"(?:[^"\\\n\r]|\\.)*"
                |'(?:[^'\\\n\r]|\\.)*')
-    | (?P<var>[?$][{_NAME_CHAR}]+)
-    | (?P<bnode>_:[{_NAME_CHAR}](?:[{_NAME_CHAR}]|\.(?=[{_NAME_CHAR}.]*[{_NAME_CHAR}]))*)
+    | (?P<var>[?$][{_VAR_CHAR}]+)
     | (?P<lang>@[A-Za-z]+(?:-[A-Za-z0-9]+)*)
-    | (?P<pname>{_PREFIX}{_LOCAL})
-    | (?P<number>[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?)
-    | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
+    | (?P<number>[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?)
+    | (?P<run>(?:[{_NAME_START}_:])(?:[{_NAME_CHAR}.:%]|\\[_~.\-!$&'()*+,;=/?#@%])*)
     | (?P<op>\^\^|&&|\|\||!=|<=|>=|[{{}}()\[\].,;*+\-/|^?!=<>])
     | (?P<other>.)
     """,
@@ -155,12 +153,28 @@ class _Token:
 
 
 def _tokens(text: str) -> list[_Token]:
-    out = []
+    out: list[_Token] = []
     for m in _TOKEN_RE.finditer(text):
         kind = m.lastgroup or "other"
         if kind in ("ws", "comment"):
             continue
-        out.append(_Token(kind, m.group(), m.start()))
+        if kind != "run":
+            out.append(_Token(kind, m.group(), m.start()))
+            continue
+        run, start = m.group(), m.start()
+        body = run.rstrip(".")  # a name never ends with a dot: it ends the triple
+        if ":" in body:
+            out.append(_Token("bnode" if body.startswith("_:") else "pname", body, start))
+        else:
+            offset = start
+            for index, piece in enumerate(body.split(".")):
+                if index:
+                    out.append(_Token("op", ".", offset))
+                    offset += 1
+                if piece:
+                    out.append(_Token("word", piece, offset))
+                    offset += len(piece)
+        out.extend(_Token("op", ".", start + i) for i in range(len(body), len(run)))
     return out
 
 
@@ -649,9 +663,20 @@ class QueryEngine:
     ) -> QueryResult:
         assert self._checkpoint is not None
         _parse_only(checked.text, prefixes)
-        with self._lock:
+        # One isolated query at a time per worker; waiting for the worker counts against
+        # this query's deadline too.
+        if not self._lock.acquire(timeout=max(0.0, stop_at - time.monotonic())):
+            raise QueryTimeout(
+                f"query stopped at its deadline of {stop_at - started:.3g} s while waiting "
+                "for another isolated query to finish; raise the deadline",
+                reason="deadline",
+            )
+        try:
             path = self._checkpoint()
-            if self._worker is None or not self._worker.alive():
+            if self._worker is not None and not self._worker.alive():
+                self._worker.kill()  # reap it and close its pipes
+                self._worker = None
+            if self._worker is None:
                 self._worker = _Worker()
             worker = self._worker
             try:
@@ -666,6 +691,12 @@ class QueryEngine:
                     "deadline",
                     reason="deadline",
                 ) from None
+            except QueryError:
+                worker.kill()  # it died or spoke garbage: start afresh next time
+                self._worker = None
+                raise
+        finally:
+            self._lock.release()
         if not reply.get("ok"):
             if reply.get("syntax"):
                 raise _syntax_error(SyntaxError(reply.get("err", "")))
@@ -726,10 +757,15 @@ class _Worker:
     """A child process answering isolated queries; killed (by pid) at a deadline."""
 
     def __init__(self) -> None:
+        # The child must import this package even when it is not installed (a checkout
+        # on PYTHONPATH, or the current directory): put its root first on the path.
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "porter_mesh.adapters.sparql"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            close_fds=True,
+            close_fds=True, env=env,
         )
 
     def alive(self) -> bool:

@@ -280,3 +280,12 @@ def test_worker_is_stopped_with_the_shard(tmp_path: pathlib.Path) -> None:
         s.remember("a", "b")
         assert s.query("SELECT (COUNT(*) AS ?n) WHERE { ?s ?p ?o }").isolated
     # the autouse fixture fails this test if the worker process outlived the shard
+
+
+@pytest.mark.parametrize("piece", ["a.", "ex:a" + "." * 50, "_:b.", "?", '"""""a', "a:"])
+def test_lexing_is_linear_on_hostile_input(piece: str) -> None:
+    text = (piece * (MAX_QUERY_CHARS // len(piece)))[:MAX_QUERY_CHARS]
+    started = time.monotonic()
+    with pytest.raises(QueryError):
+        check_query(text)
+    assert time.monotonic() - started < 3.0

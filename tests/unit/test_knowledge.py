@@ -106,6 +106,7 @@ def test_fields_are_length_prefixed_so_boundaries_cannot_shift() -> None:
         ({"discovered_by": "Worker One"}, "agent name"),
         ({"generated_at": "2026-01-31 12:00:00"}, "xsd:dateTime"),
         ({"generated_at": "2026-02-30T12:00:00Z"}, "not a real date"),
+        ({"generated_at": "2026-01-31T24:00:00Z"}, "xsd:dateTime"),
         ({"generated_at": "2026-01-31T12:00:00+01:00"}, "UTC"),
         ({"severity": "very bad!"}, "severity"),
         ({"context": "x" * 300}, "context"),
