@@ -244,25 +244,27 @@ class Discovery:
         """The interface addresses zeroconf is bound to."""
         return self._interfaces
 
-    async def astart(self, advert: PeerAdvert) -> None:
+    async def astart(self, advert: PeerAdvert | None) -> None:
         """Start browsing, then register this node's service.
 
         Args:
             advert: this node's advert. When its ``addresses`` are empty, the interface
-                addresses are announced.
+                addresses are announced. None only browses: an observer (a tail
+                command, a dashboard) that sees the mesh without being announced.
 
         Raises:
             ConfigError: the advert is for another mesh, an interface address is not on
                 this host, or another live node already announces this agent name.
-            NodeClosedError: the discovery was started before or is closed.
+            NodeClosedError: the discovery was started before, or closed meanwhile.
         """
         if self._closed or self._started:
             raise NodeClosedError("this Discovery was already started; create a new one")
-        self._check_advert(advert)
+        if advert is not None:
+            self._check_advert(advert)
         _check_assigned(self._interfaces)
         self._started = True
-        info = self._service_info(advert)
-        self._own_key = info.name.lower()
+        info = self._service_info(advert) if advert is not None else None
+        self._own_key = info.name.lower() if info is not None else ""
         versions = {ipaddress.ip_address(i).version for i in self._interfaces}
         ip_version = (
             IPVersion.All
@@ -281,7 +283,8 @@ class Discovery:
                 handlers=[self._on_state_change],
                 question_type=DNSQuestionType.QM,
             )
-            await self._register(info)
+            if info is not None:
+                await self._register(info)
             if self._closed:
                 raise NodeClosedError("discovery was closed while it was starting")
         except BaseException as exc:
@@ -301,11 +304,17 @@ class Discovery:
             advert: the new advert; same agent name and mesh as the registered one.
 
         Raises:
-            ConfigError: the name or mesh differs from the registered advert.
+            ConfigError: the name or mesh differs from the registered advert, or this
+                Discovery only browses.
             NodeClosedError: not started, or closed.
         """
-        if self._closed or self._info is None or self._aiozc is None:
+        if self._closed or not self._started or self._aiozc is None:
             raise NodeClosedError("discovery is not running; call astart() first")
+        if self._info is None:
+            raise ConfigError(
+                "this Discovery only browses (started with astart(None)); start a new one "
+                "with an advert to announce the node"
+            )
         self._check_advert(advert)
         info = self._service_info(advert)
         if info.name.lower() != self._own_key:

@@ -60,9 +60,13 @@ def advert(name: str, mesh: str, incarnation: int = 1, **changes: object) -> Pee
     return PeerAdvert(**fields)  # type: ignore[arg-type]
 
 
-def latest_found(probe: ProbeProcess, peer: str) -> dict[str, object] | None:
-    found = [e for e in probe.events if e["event"] == "found" and e["peer"] == peer]
-    return found[-1] if found else None
+def wait_incarnation(observer: ProbeProcess, peer: str, incarnation: int) -> None:
+    """Wait until ``observer`` reports ``peer`` found with ``incarnation``."""
+    observer.wait_for(
+        lambda e: e["event"] == "found" and e["peer"] == peer and e["incarnation"] == incarnation,
+        DEADLINE,
+        f"found {peer} with incarnation {incarnation}",
+    )
 
 
 def wait_stat(probe: ProbeProcess, key: str, at_least: int) -> None:
@@ -133,11 +137,7 @@ def test_killed_and_restarted_process_is_found_with_new_incarnation(spawn: Spawn
     first.kill()  # no goodbye: the observer's cache still holds the old records
     second = spawn(mesh=mesh, name=name, incarnation=2002)
     second.wait_for(lambda e: e["event"] == "ready", DEADLINE, "ready")
-    observer.wait_for(
-        lambda e: e["event"] == "found" and e["peer"] == name and e["incarnation"] == 2002,
-        DEADLINE,
-        "found with the new incarnation",
-    )
+    wait_incarnation(observer, name, 2002)
     # Nobody answers for a dead process, so the name was free at once.
     assert second.stats()["conflicts"] == 0
     assert observer.stats()["updated"] == 1
@@ -149,11 +149,7 @@ def test_update_announces_new_incarnation(spawn: Spawn) -> None:
     node = spawn(mesh=mesh, name=unique("w"), incarnation=5)
     observer.wait_found([node.name], DEADLINE)
     node.send("update 6")
-    observer.wait_for(
-        lambda e: e["event"] == "found" and e["peer"] == node.name and e["incarnation"] == 6,
-        DEADLINE,
-        "found with incarnation 6",
-    )
+    wait_incarnation(observer, node.name, 6)
 
 
 def test_duplicate_live_name_is_a_config_error(spawn: Spawn) -> None:
@@ -187,11 +183,7 @@ def test_overlapping_restart_waits_for_the_old_incarnation(spawn: Spawn) -> None
     )
     old.close()  # the old incarnation finishes shutting down and says goodbye
     new.wait_for(lambda e: e["event"] == "ready", DEADLINE, "ready after the goodbye")
-    observer.wait_for(
-        lambda e: e["event"] == "found" and e["peer"] == name and e["incarnation"] == 2,
-        DEADLINE,
-        "found with the new incarnation",
-    )
+    wait_incarnation(observer, name, 2)
 
 
 # -- in-process: bogus records, configuration ---------------------------------------------
@@ -231,6 +223,8 @@ async def _malformed_records_are_ignored() -> None:
     found: list[PeerAdvert] = []
     lost: list[str] = []
     discovery = Discovery(mesh=mesh, on_found=found.append, on_lost=lost.append)
+    watched: list[PeerAdvert] = []  # an observer: browses, is not announced
+    watcher = Discovery(mesh=mesh, on_found=watched.append, on_lost=print)
     raw = AsyncZeroconf(interfaces=["127.0.0.1"], ip_version=IPVersion.V4Only)
     try:
         for instance, txt in bogus.items():
@@ -239,8 +233,11 @@ async def _malformed_records_are_ignored() -> None:
             )
         good_info = raw_info(good_name, good)  # type: ignore[arg-type]
         await raw.async_register_service(good_info, cooperating_responders=True)
-        await discovery.astart(advert(unique("me"), mesh))
+        await watcher.astart(None)
+        me = unique("me")
+        await discovery.astart(advert(me, mesh))
         await _poll(lambda: bool(found), DEADLINE, "good advert")
+        await _poll(lambda: {a.name for a in watched} == {good_name, me}, DEADLINE, "both")
         await _poll(
             lambda: discovery.stats["bad_advert"] + discovery.stats["other_version"]
             >= len(bogus),
@@ -260,6 +257,7 @@ async def _malformed_records_are_ignored() -> None:
     finally:
         await discovery.aclose()
         await discovery.aclose()  # idempotent
+        await watcher.aclose()
         await raw.async_close()
 
 
@@ -290,6 +288,13 @@ async def _misuse() -> None:
         await started.aclose()
     with pytest.raises(NodeClosedError):
         await started.aupdate(advert(me, mesh))
+    observer = Discovery(mesh=mesh, on_found=print, on_lost=print)
+    await observer.astart(None)
+    try:
+        with pytest.raises(ConfigError, match="only browses"):
+            await observer.aupdate(advert(me, mesh))
+    finally:
+        await observer.aclose()
     # Closed while registering: astart() must not report success.
     racing = Discovery(mesh=mesh, on_found=print, on_lost=print)
     starting = asyncio.create_task(racing.astart(advert(unique("me"), mesh)))
