@@ -10,6 +10,7 @@ import orjson
 
 from porter_mesh.cli.common import add_mesh_options, ephemeral_name, node_config, run
 from porter_mesh.core import constants as C
+from porter_mesh.core.peers import PeerEvent, PeerEventKind
 from porter_mesh.node.node import Message, Node
 
 
@@ -56,7 +57,16 @@ def main(args: argparse.Namespace) -> int:
 
     async def body() -> int:
         seen = 0
-        async with Node(config) as node:
+        node = Node(config)
+
+        def on_peer(event: PeerEvent) -> None:
+            if event.kind is PeerEventKind.JOINED:
+                print(f"watching {event.peer.name}", file=sys.stderr, flush=True)
+            elif event.kind is PeerEventKind.LEFT:
+                print(f"{event.peer.name} left ({event.reason})", file=sys.stderr, flush=True)
+
+        node.add_peer_listener(on_peer)
+        async with node:
             if watch_direct:
                 node.observe_direct()
             while args.count <= 0 or seen < args.count:

@@ -1,0 +1,114 @@
+"""The mesh commands as a user runs them: node, peers, tail, send, control."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.harness import NodeProcess, peers_seen
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
+_ids = itertools.count()
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "porter_mesh.cli.main", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def mesh() -> str:
+    return f"c{os.getpid()}-{next(_ids)}"
+
+
+@pytest.fixture
+def team(mesh: str) -> Iterator[list[NodeProcess]]:
+    nodes = [NodeProcess("alpha", mesh=mesh), NodeProcess("beta", mesh=mesh)]
+    try:
+        for node in nodes:
+            other = {"alpha", "beta"} - {node.name}
+            node.wait_until(lambda ev, o=other: o <= peers_seen(ev), 20, f"{node.name} peers")
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def test_peers_lists_the_roster(team: list[NodeProcess], mesh: str) -> None:
+    out = cli("peers", "--mesh", mesh, "--json", "--wait", "3")
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    by_name = {r["name"]: r for r in rows}
+    assert set(by_name) == {"alpha", "beta"}
+    assert all(r["state"] == "alive" for r in rows)
+    assert by_name["alpha"]["incarnation"] == f"{team[0].up['inc']:x}"
+    table = cli("peers", "--mesh", mesh, "--wait", "3")
+    assert "alpha" in table.stdout and "NAME" in table.stdout
+
+
+def test_send_direct_and_broadcast_and_tail(team: list[NodeProcess], mesh: str) -> None:
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "porter_mesh.cli.main", "tail", "--mesh", mesh, "--json",
+         "--count", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert tail.stderr is not None and tail.stdout is not None
+        watching: set[str] = set()
+        while watching != {"alpha", "beta"}:  # the tail reports each peer it connects to
+            line = tail.stderr.readline()
+            assert line, "tail exited before connecting"
+            if line.startswith("watching "):
+                watching.add(line.split()[1])
+        alpha, beta = team
+        direct = cli("send", "task:alpha", "Add GET /users endpoint", "--mesh", mesh,
+                     "--context", "urn:porter:task:cli1")
+        assert direct.returncode == 0, direct.stderr
+        msg = alpha.wait_for(lambda e: e["ev"] == "msg" and e["direct"], 20, "direct from cli")
+        assert msg["sender"] == "porter-ui" and msg["text"] == "Add GET /users endpoint"
+        bcast = cli("send", "log", "hello mesh", "--mesh", mesh)
+        assert bcast.returncode == 0, bcast.stderr
+        beta.wait_for(lambda e: e["ev"] == "msg" and e["text"] == "hello mesh", 20,
+                      "broadcast from cli")
+        alpha.command(op="publish", channel="log", text="from alpha ", n=1)
+        out, _ = tail.communicate(timeout=30)
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+            tail.communicate(timeout=5)
+    got = [json.loads(line) for line in out.splitlines()]
+    assert {g["activity"]["summary"] for g in got} == {"Add GET /users endpoint",
+                                                       "from alpha 0"}
+    offer = next(g for g in got if g["direct"])
+    assert offer["channel"] == "task:alpha" and offer["activity"]["type"] == "Offer"
+    assert offer["sender"] == "porter-ui"
+    assert offer["activity"]["context"] == "urn:porter:task:cli1"
+
+
+def test_send_to_unknown_agent_fails_clearly(team: list[NodeProcess], mesh: str) -> None:
+    out = cli("send", "task:nobody", "hello", "--mesh", mesh, "--wait", "2")
+    assert out.returncode == 1
+    assert "no agent 'nobody'" in out.stderr
+
+
+def test_node_command_runs_and_halts(mesh: str) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "porter_mesh.cli.main", "node", "--name", "gamma",
+         "--role", "worker", "--mesh", mesh], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert "node gamma up" in first
+        out = cli("control", "halt", "--to", "gamma", "--mesh", mesh)
+        assert out.returncode == 0, out.stderr
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        if proc.stderr:
+            proc.stderr.close()
