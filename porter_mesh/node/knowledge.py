@@ -437,6 +437,8 @@ class Knowledge:
                 raise _Refused("unasked", f"{type(message).__name__} that was not asked for "
                                "(or came too late)")
             asked = entry[0]
+        if isinstance(message, BucketEntries):
+            message = self._without_conflicts(peer, message)
         try:
             outcome = self.shard.handle(message, asked=asked)
         except SyncError as exc:
@@ -470,6 +472,24 @@ class Knowledge:
             self._send_digest(peer, reply_only_if_due=True)
         if isinstance(message, CatchupChunk) and outcome.finished:
             self._catchup_done(peer)
+
+    def _without_conflicts(self, peer: str, listing: BucketEntries) -> BucketEntries:
+        """The listing without the entries that conflict with records held here.
+
+        Two honest replicas can hold different records at one ``(origin, seq)`` when a
+        forging node fed them different versions. Those slots can never agree, but they
+        must not stop the rest of the listing from repairing both sides.
+        """
+        mine = {(o, s): k for o, s, k in self.shard.state.bucket_entries(
+            listing.buckets).entries}
+        keep = tuple(e for e in listing.entries if mine.get((e[0], e[1]), e[2]) == e[2])
+        if len(keep) == len(listing.entries):
+            return listing
+        clash = next(e for e in listing.entries if mine.get((e[0], e[1]), e[2]) != e[2])
+        self._refuse(peer, "conflict", SyncError(
+            f"{len(listing.entries) - len(keep)} listed record(s) differ from those held "
+            f"here, e.g. ({clash[0]}, {clash[1]}): a node fed them forged records"))
+        return BucketEntries(listing.buckets, keep, listing.more)
 
     def _pull_gaps(self, *, prefer: str | None = None) -> None:
         if self._catchup_peer is not None:

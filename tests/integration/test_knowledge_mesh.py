@@ -7,16 +7,39 @@ with deadlines, never on sleeps.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
+import zmq
+import zmq.utils.garbage as zmq_garbage
 
+from porter_mesh.core import constants as C
+from porter_mesh.core.envelope import KIND_SYNC, Envelope, encode_direct
+from porter_mesh.core.knowledge import (
+    MAX_RECORDS_PER_MESSAGE,
+    BucketEntries,
+    CatchupChunk,
+    CatchupRequest,
+    Observation,
+    PullReply,
+    PullRequest,
+    Record,
+    Records,
+    decode_sync,
+    encode_record,
+    encode_sync,
+)
+from porter_mesh.node.node import Reply
+from porter_mesh.node.sync import SyncNode
 from tests.integration.harness import peers_seen
 from tests.integration.kg_proc import KgProcess
 
@@ -177,3 +200,228 @@ def test_five_nodes_converge_through_kill_late_join_and_loss(
     assert any(e["ev"] == "caught-up" for e in n4.events)
     assert any(e["ev"] == "caught-up" for e in n2b.events)
     assert time.monotonic() - started < 60
+
+
+def test_reported_remember_survives_kill_and_restart_resumes_then_catches_up(
+        procs: list[KgProcess], mesh: str, tmp_path: Path) -> None:
+    a = start(procs, "a", tmp_path, mesh=mesh)
+    b = start(procs, "b", tmp_path, mesh=mesh)
+    see_each_other([a, b])
+    a.command(op="remember", n=400, prefix="a-")
+    a.wait_until(lambda ev: sum(e["ev"] == "stored" for e in ev) >= 100, 30, "a stores 100")
+    a.kill()
+    read_to_end(a)
+    reported = ids_reported(a)
+    top = max(reported)
+    b.ask("remember", "stored-batch", n=30, prefix="b-while-a-is-down-")
+
+    # Alone (no discovery, no seed): whatever it has now came from its own disk.
+    ports = ("--pub-port", str(a.up["pub"]), "--router-port", str(a.up["router"]))
+    alone = start(procs, "a", tmp_path, "--no-discovery", *ports, mesh=mesh)
+    assert alone.up["vv"].get("a", 0) >= top
+    dump = alone.ask("dump", "dump")
+    held = {(o, s): k for o, s, k in dump["records"]}
+    live = {iri.rsplit(":", 1)[1] for iri, _ in dump["live"]}
+    for seq, obs in reported.items():
+        assert held.get(("a", seq)) == obs[:32] and obs in live, f"stored record {seq} lost"
+    alone.stop()
+
+    # Back on the mesh: it catches up with what b wrote meanwhile and never reuses a seq.
+    again = start(procs, "a", tmp_path, *ports, mesh=mesh)
+    again.wait_for(lambda e: e["ev"] == "caught-up" and e["peer"] == "b", 20, "catch-up")
+    poll(converged([again, b], {"a": top, "b": 30}), 20, "convergence after restart")
+    fresh = again.ask("remember", "stored-batch", n=1, prefix="after-restart-")
+    assert fresh["top"] == alone.up["vv"]["a"] + 1
+    poll(converged([again, b], {"a": fresh["top"], "b": 30}), 20, "the new record replicates")
+
+
+def test_clock_skew_neither_reorders_nor_loses(
+        procs: list[KgProcess], mesh: str, tmp_path: Path) -> None:
+    skewed = start(procs, "skewed", tmp_path, "--drop-every", "3", mesh=mesh)
+    honest = start(procs, "honest", tmp_path, mesh=mesh)
+    see_each_other([skewed, honest])
+    # A wall clock a century ahead, then one stuck in 1970, then the right time.
+    stamps = ("2126-01-01T00:00:00.000000Z", "1970-01-01T00:00:01.000000Z", None)
+    for i, stamp in enumerate(stamps):
+        skewed.ask("remember", "stored-batch", n=20, prefix=f"skew{i}-", generated_at=stamp)
+        honest.ask("remember", "stored-batch", n=5, prefix=f"honest{i}-")
+    written = ids_reported(skewed)
+    poll(converged([skewed, honest], {"skewed": 60, "honest": 15}), 20, "convergence")
+    dump = honest.ask("dump", "dump")
+    # Order is the origin's sequence, whatever the stamps say: seq i is the i-th written.
+    held = {s: k for o, s, k in dump["records"] if o == "skewed"}
+    assert held == {seq: obs[:32] for seq, obs in written.items()}
+    rows = honest.ask("query", "rows", limit=1000, sparql=(
+        "SELECT ?f ?t WHERE { ?o porter:discoveredBy 'skewed' ; porter:finding ?f ; "
+        "prov:generatedAtTime ?t }"))["items"]
+    # The stamps are data, kept as written (Oxigraph prints a dateTime canonically).
+    stamped = {r["f"]: datetime.fromisoformat(r["t"]) for r in rows}
+    assert len(stamped) == 60
+    for batch in (0, 1):
+        stamp = datetime.fromisoformat(str(stamps[batch]))
+        assert all(stamped[f"skew{batch}-{i}"] == stamp for i in range(20))
+
+
+# --- hostile input -----------------------------------------------------------------------
+
+
+def obs_record(origin: str, seq: int, finding: str) -> Record:
+    return Record(origin, seq, Observation("urn:porter:file:h", finding, origin,
+                                           "2026-01-01T00:00:00.000000Z"))
+
+
+def packed(head: dict[str, Any], records: list[bytes] | None = None) -> bytes:
+    """A sync message built by hand, past the rules the codec would enforce."""
+    data = msgpack.packb(head, use_bin_type=True)
+    if records is None:
+        return data
+    # Add "r" to the map: bump the map header and append the key and the array.
+    body = msgpack.packb({**head, "r": []}, use_bin_type=True)[:-1]
+    return body + msgpack.Packer(use_bin_type=True).pack_array_header(len(records)) + b"".join(
+        records)
+
+
+def forged_hash(origin: str, seq: int) -> bytes:
+    """A record whose content does not hash to the id it carries."""
+    item = msgpack.unpackb(encode_record(obs_record(origin, seq, "honest text")))
+    item[5] = "tampered text"
+    return msgpack.packb(item, use_bin_type=True)
+
+
+class Hostile:
+    """A real node in this process that speaks the mesh protocol but sends garbage on the
+    sync path, and answers the victim's requests with poison."""
+
+    def __init__(self, mesh: str, victim_router: int) -> None:
+        self.node = SyncNode(name="hostile", mesh=mesh, discovery=False,
+                             seeds=(f"127.0.0.1:{victim_router}",), heartbeat_interval=0.2,
+                             evasive_after=1.5, expire_after=5.0)
+        self.answers: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.node.call_in_loop(lambda: self.node.node.register_kind(KIND_SYNC, self._on_sync))
+
+    def _on_sync(self, env: Envelope, payload: bytes, reply: Reply) -> None:
+        message = decode_sync(payload)  # the victim speaks properly
+        if isinstance(message, CatchupRequest):
+            n = self.answers["catchup", env.sender]
+            self.answers["catchup", env.sender] += 1
+            good = encode_record(obs_record("hostile", 1, "poison"))
+            too_many = MAX_RECORDS_PER_MESSAGE + 1
+            chunk = [
+                # Counts that do not add up to what was asked.
+                packed({"t": "cc", "d": 999, "tot": 999, "c": None}, [good]),
+                # A record whose hash does not match.
+                packed({"t": "cc", "d": 1, "tot": 1, "c": None}, [forged_hash("hostile", 1)]),
+                # Oversize: more records than a chunk may carry.
+                packed({"t": "cc", "d": too_many, "tot": too_many, "c": None},
+                       [good] * too_many),
+            ][n % 3]
+            reply(KIND_SYNC, chunk)
+        elif isinstance(message, PullRequest):
+            n = self.answers["pull", env.sender]
+            self.answers["pull", env.sender] += 1
+            outside = encode_record(obs_record("hostile", message.last + 1, "outside"))
+            reply(KIND_SYNC, [
+                # Another range than the one asked.
+                encode_sync(PullReply(message.origin, message.first, message.last + 1, ())),
+                # The asked range, with a record outside it.
+                packed({"t": "pulled", "o": message.origin, "f": message.first,
+                        "l": message.last}, [outside]),
+            ][n % 2])
+
+    def send(self, payload: bytes) -> None:
+        self.node.call_in_loop(lambda: self.node.node.async_send_kind("victim", KIND_SYNC,
+                                                                      payload))
+
+    def broadcast(self, payload: bytes) -> None:
+        self.node.call_in_loop(lambda: self.node.node.async_publish_kind(KIND_SYNC, payload))
+
+
+@pytest.fixture(scope="module")
+def zmq_gc_thread() -> None:
+    """pyzmq starts one garbage-collector thread per process on the first zero-copy send
+    (the hostile node's megabyte replies) and keeps it for the life of the process; start
+    it before the leak check looks, since it is not this test's to stop."""
+    if zmq_garbage.gc.thread is None or not zmq_garbage.gc.thread.is_alive():
+        zmq_garbage.gc.start()
+
+
+@pytest.mark.usefixtures("zmq_gc_thread")
+def test_garbage_on_the_sync_path_is_refused_and_the_node_keeps_serving(
+        procs: list[KgProcess], mesh: str, tmp_path: Path) -> None:
+    victim = start(procs, "victim", tmp_path, "--no-discovery", mesh=mesh)
+    seed = ("--seed", f"127.0.0.1:{victim.up['router']}")
+    good = start(procs, "good", tmp_path, "--no-discovery", *seed, mesh=mesh)
+    see_each_other([victim, good])
+    good.ask("remember", "stored-batch", n=20, prefix="before-")
+    poll(converged([victim, good], {"good": 20}), 20, "first convergence")
+
+    hostile = Hostile(mesh, victim.up["router"])
+    raw: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        victim.wait_until(lambda ev: "hostile" in peers_seen(ev), 20, "victim meets hostile")
+        hostile.node.wait_for_peers(["victim"], 20)
+        hostile.node.run_coroutine(
+            hostile.node.node.wait_for_subscribers("control", 1, 20), 25)
+        # Direct garbage from a peer on the roster.
+        hostile.send(b"\xc1 not msgpack")
+        hostile.send(packed({"t": "pull", "o": "good", "f": 10, "l": 5}))      # inverted
+        hostile.send(packed({"t": "pull", "o": "good", "f": 1, "l": 100_000}))  # too long
+        hostile.send(packed({"t": "pull", "o": "good", "f": 0, "l": 3}))        # seq 0
+        hostile.send(encode_sync(Records((obs_record("hostile", 1, "x"),))))  # not broadcast
+        # Broadcast: one honest record of its own, then forgeries.
+        hostile.broadcast(encode_sync(Records((obs_record("hostile", 1, "mine"),))))
+        hostile.broadcast(encode_sync(Records((obs_record("hostile", 1, "other"),))))  # clash
+        hostile.broadcast(encode_sync(Records((obs_record("hostile", 10**9, "far"),))))
+        hostile.broadcast(encode_sync(Records((obs_record("good", 21, "not mine"),))))
+        hostile.broadcast(packed({"t": "rec"}, [forged_hash("hostile", 2)]))
+        hostile.broadcast(encode_sync(Records((obs_record("hostile", 3, "gap"),))))
+        # A raw socket that never said hello, and was never asked anything.
+        dealer = raw.socket(zmq.DEALER)
+        dealer.connect(f"tcp://127.0.0.1:{victim.up['router']}")
+        env = Envelope(C.PROTOCOL_VERSION, "raw.1", "stranger", C.CHANNEL_CONTROL, 0, 7,
+                       time.time_ns() // 1_000_000 << 16, "victim", kind=KIND_SYNC)
+        for payload in (b"\x93garbage", packed({"t": "cc", "d": 0, "tot": 0}),
+                        encode_sync(PullReply("good", 1, 1, ())),
+                        encode_sync(CatchupChunk((), 0, 0, None)),
+                        encode_sync(BucketEntries((), ()))):
+            dealer.send_multipart(encode_direct(env, payload))
+
+        expected = {"malformed": 7, "unasked": 3, "not-broadcast": 1, "wrong-origin": 1,
+                    "refused": 3}
+
+        seen: list[Any] = []
+
+        def all_refused() -> bool:
+            st = victim.stats()
+            drops = {k.removeprefix("dropped.sync."): v for k, v in st["node"].items()
+                     if k.startswith("dropped.sync.")}
+            seen[:] = [drops, st["kg"]]
+            return (all(drops.get(k, 0) >= v for k, v in expected.items())
+                    and st["kg"].get("catchup.abandoned", 0) >= 1)
+
+        try:
+            poll(lambda: all_refused() and hostile.answers["pull", "victim"] >= 2, 30,
+                 f"victim refuses everything ({expected})")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; refused {seen}; {hostile.answers}; " + str(
+                [e for e in victim.events if e["ev"] in ("caught-up", "progress", "peer")])
+            ) from None
+        assert hostile.answers["catchup", "victim"] >= 1
+
+        # The victim keeps serving, in both directions, and holds nothing forged.
+        good.ask("remember", "stored-batch", n=20, prefix="after-")
+        victim.ask("remember", "stored-batch", n=5, prefix="victim-")
+        poll(lambda: (victim.stats()["kg"]["version_vector"].get("good") == 40
+                      and good.stats()["kg"]["version_vector"].get("victim") == 5), 20,
+             "replication after the garbage")
+        mine = {(o, s, k) for o, s, k in victim.ask("dump", "dump")["records"]}
+        theirs = {(o, s, k) for o, s, k in good.ask("dump", "dump")["records"]}
+        honest = {(o, s, k) for o, s, k in mine if o != "hostile"}
+        assert honest == {(o, s, k) for o, s, k in theirs if o != "hostile"}
+        assert {(o, s, k) for o, s, k in mine if o == "hostile"} <= {
+            ("hostile", 1, obs_record("hostile", 1, "mine").key.hex()),
+            ("hostile", 3, obs_record("hostile", 3, "gap").key.hex())}
+        dealer.close(0)
+    finally:
+        hostile.node.close()
+        raw.destroy(linger=0)
