@@ -1,4 +1,9 @@
-"""``porter-mesh recall 'SPARQL'``: query a knowledge shard (offline, on its data directory).
+"""``porter-mesh recall 'SPARQL'``: query the knowledge graph.
+
+Online by default: the command joins the mesh as the human user (``porter-ui``), catches
+that user's own replica up from a peer (progress on stderr; see
+:mod:`porter_mesh.cli.cmd_kgsync`), then queries it locally. Offline with ``--data-dir``
+or ``--agent``: it opens that stopped node's shard directly.
 
 Runs the same read-only guard as a node's ``Recall``: SELECT, ASK, CONSTRUCT and
 DESCRIBE with the prefixes porter, as, prov, rdf, rdfs and xsd predefined; updates, LOAD
@@ -23,6 +28,14 @@ from porter_mesh.adapters.sparql import (
     term_text,
 )
 from porter_mesh.cli.cmd_kg import add_shard_options, open_shard
+from porter_mesh.cli.cmd_kgsync import (
+    add_network_options,
+    add_online_options,
+    catch_up,
+    find_peer,
+    online_replica,
+)
+from porter_mesh.cli.common import run
 from porter_mesh.errors import PorterError
 
 #: Widest a table cell gets before it is shortened with an ellipsis.
@@ -32,8 +45,10 @@ CELL_WIDTH = 60
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "recall", help="run a read-only SPARQL query on a knowledge shard",
-        description="Run a read-only SPARQL query on a node's shard (the node must be "
-        "stopped). Prefixes porter, as, prov, rdf, rdfs, xsd are predefined.",
+        description="Run a read-only SPARQL query. Online by default (join the mesh as "
+        "porter-ui, catch its replica up from a peer, query it); with --data-dir or --agent, "
+        "on that stopped node's shard. Prefixes porter, as, prov, rdf, rdfs, xsd are "
+        "predefined.",
     )
     parser.add_argument("sparql", help="the query, e.g. 'SELECT ?about ?finding WHERE { ?o "
                         "porter:about ?about ; porter:finding ?finding }'")
@@ -45,23 +60,44 @@ def register(sub: Any) -> None:
     parser.add_argument("--timeout", type=float, default=DEFAULT_DEADLINE, metavar="SECONDS",
                         help="query deadline (default %(default)s)")
     add_shard_options(parser)
+    add_network_options(parser)
+    add_online_options(parser, data_dir=False)
     parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.data_dir is None and not args.agent:
+        return _online(args)
     try:
         with open_shard(args) as shard:
             result = shard.query(args.sparql, row_limit=args.limit, deadline=args.timeout)
     except PorterError as exc:  # QueryError messages carry the reason and the position
         print(f"porter-mesh: {exc}", file=sys.stderr)
         return 1
+    _print(args, result)
+    return 0
+
+
+def _online(args: argparse.Namespace) -> int:
+    async def body() -> int:
+        async with online_replica(args) as knowledge:
+            await find_peer(knowledge, args.wait)
+            await catch_up(knowledge, args.catchup_timeout)
+            result = knowledge.shard.query(args.sparql, row_limit=args.limit,
+                                           deadline=args.timeout)
+        _print(args, result)
+        return 0
+
+    return run(body)
+
+
+def _print(args: argparse.Namespace, result: QueryResult) -> None:
     if args.json:
         print(orjson.dumps(as_json(result)).decode())
     elif args.csv:
         write_csv(result)
     else:
         print(as_table(result))
-    return 0
 
 
 def as_json(result: QueryResult) -> dict[str, Any]:

@@ -11,6 +11,9 @@ import collections
 import contextlib
 import itertools
 import os
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import orjson
 import pytest
 import zmq
 import zmq.utils.garbage as zmq_garbage
@@ -425,3 +429,72 @@ def test_garbage_on_the_sync_path_is_refused_and_the_node_keeps_serving(
     finally:
         hostile.node.close()
         raw.destroy(linger=0)
+
+
+# --- the command line ------------------------------------------------------------------------
+
+PROFILE_QUERY = (
+    "SELECT ?about ?finding WHERE { ?obs <https://porter.chapeaux.io/vocab#about> ?about ; "
+    "<https://porter.chapeaux.io/vocab#finding> ?finding }"
+)
+PROFILE_BINDING = {"about": "urn:porter:file:server.ts",
+                   "finding": "depends on express module for HTTP routing"}
+
+
+def cli(*args: str, data: Path, mesh: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``porter-mesh ARGS`` as a real process, with porter-ui's replica under ``data``."""
+    env = dict(os.environ, PORTER_MESH_DATA=str(data), PORTER_MESH=mesh)
+    env.pop("PORTER_MESH_AGENT", None)
+    return subprocess.run([sys.executable, "-m", "porter_mesh.cli.main", *args],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_remember_and_recall_commands_against_running_nodes(
+        procs: list[KgProcess], mesh: str, tmp_path: Path) -> None:
+    a = start(procs, "a", tmp_path, mesh=mesh)
+    b = start(procs, "b", tmp_path, "--drop-every", "2", mesh=mesh)
+    see_each_other([a, b])
+    a.ask("remember", "stored-batch", n=300, prefix="a-", quiet=True)
+    ui = tmp_path / "ui"
+
+    done = cli("remember", PROFILE_BINDING["about"], PROFILE_BINDING["finding"],
+               "--severity", "high", "--context", "urn:porter:task:a3f9", data=ui, mesh=mesh)
+    assert done.returncode == 0, done.stderr
+    iri = done.stdout.strip()
+    assert iri.startswith("urn:porter:obs:") and "holds it" in done.stderr
+    poll(converged([a, b], {"a": 300, "porter-ui": 1}), 20, "the Remember reaches every node")
+    rows = b.ask("query", "rows", sparql=(
+        "SELECT ?o ?sev ?ctx WHERE { ?o porter:discoveredBy 'porter-ui' ; "
+        "porter:severity ?sev ; porter:context ?ctx }"))["items"]
+    assert rows == [{"o": iri, "sev": "high", "ctx": "urn:porter:task:a3f9"}]
+
+    # Its replica lost, porter-ui still never reuses a sequence number: it catches up first.
+    shutil.rmtree(ui / mesh / "porter-ui")
+    again = cli("remember", "urn:porter:file:db.ts", "uses pg", data=ui, mesh=mesh)
+    assert again.returncode == 0, again.stderr
+    poll(converged([a, b], {"a": 300, "porter-ui": 2}), 20, "the second Remember replicates")
+
+    # Recall: online catch-up (progress on stderr), then the profile's query locally.
+    shutil.rmtree(ui / mesh / "porter-ui")
+    recalled = cli("recall", PROFILE_QUERY, "--json", "--limit", "1000", data=ui, mesh=mesh)
+    assert recalled.returncode == 0, recalled.stderr
+    assert "caught up from" in recalled.stderr
+    items = orjson.loads(recalled.stdout)["items"]
+    assert PROFILE_BINDING in items and len(items) == 302
+    table = cli("recall", "SELECT ?f WHERE { ?o porter:about 'urn:porter:file:db.ts' ; "
+                "porter:finding ?f }", data=ui, mesh=mesh)
+    assert table.returncode == 0 and "uses pg" in table.stdout and "1 row" in table.stdout
+    as_csv = cli("recall", "ASK { ?o porter:severity 'high' }", "--csv", data=ui, mesh=mesh)
+    assert as_csv.stdout.splitlines() == ["boolean", "true"]
+    refused = cli("recall", "LOAD <http://example.com/x>", data=ui, mesh=mesh)
+    assert refused.returncode == 1 and "LOAD" in refused.stderr
+
+
+def test_commands_without_a_peer_fail_clearly(mesh: str, tmp_path: Path) -> None:
+    for args in (("remember", "urn:porter:file:x", "a fact"), ("recall", PROFILE_QUERY)):
+        done = cli(*args, "--wait", "1", "--no-discovery", data=tmp_path, mesh=mesh)
+        assert done.returncode == 1
+        assert "no peer found on mesh" in done.stderr and done.stdout == ""
+    bad = cli("remember", "urn:porter:file:x", "a fact", "--severity", "not ok!", data=tmp_path,
+              mesh=mesh)
+    assert bad.returncode == 2 and "severity" in bad.stderr
