@@ -7,10 +7,17 @@ numbers of the stream (this sender, this recipient) and waits in the outbox unti
 recipient acknowledges that range. Many messages may be in flight at once (pipelining):
 acknowledgements name ranges, so one ack can settle a whole burst.
 
-A message not acknowledged in time is sent again with exponential backoff
-(``retry_initial`` doubling up to ``retry_max``), with the *same* sequence numbers, so
-the receiver's de-duplication makes the handler run once. When the deadline passes the
-message fails and the caller is told (the node raises ``DeliveryTimeout``).
+A message not acknowledged in time is sent again with exponential backoff, with the
+*same* sequence numbers, so the receiver's de-duplication makes the handler run once.
+When the deadline passes the message fails and the caller is told (the node raises
+``DeliveryTimeout``).
+
+The first resend waits one retransmission timeout (RTO), which adapts to the measured
+acknowledgement time the way TCP's does (RFC 6298: smoothed round trip plus four times
+its variation, measured only on messages sent once), bounded below by ``retry_initial``
+and above by ``retry_max``. Under a deep pipeline acknowledgements take longer, because
+messages queue behind each other; a fixed timer would then resend messages that are
+merely waiting, doubling the load exactly when the receiver is busiest.
 
 The outbox is bounded per recipient (``max_pending``): a stopped receiver cannot grow the
 sender's memory without limit; ``add`` raises ``OverflowError`` and the node turns that
@@ -54,6 +61,7 @@ class Pending(Generic[T]):
     next_try: float
     attempts: int
     token: T
+    sent_at: float = 0.0
 
 
 class Outbox(Generic[T]):
@@ -76,6 +84,18 @@ class Outbox(Generic[T]):
         self._tie = 0
         self.resent = 0
         self.failed = 0
+        self._srtt: float | None = None
+        self._rttvar = 0.0
+        self.rto = retry_initial
+
+    def _sample(self, rtt: float) -> None:
+        """Fold one acknowledgement time into the RTO (RFC 6298, section 2)."""
+        if self._srtt is None:
+            self._srtt, self._rttvar = rtt, rtt / 2
+        else:
+            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - rtt)
+            self._srtt = 0.875 * self._srtt + 0.125 * rtt
+        self.rto = min(max(self._srtt + 4 * self._rttvar, self.retry_initial), self.retry_max)
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -108,9 +128,8 @@ class Outbox(Generic[T]):
         token: T,
     ) -> Pending[T]:
         """Record a message that was just sent for the first time."""
-        entry = Pending(
-            recipient, first_seq, count, frames, deadline, now + self.retry_initial, 1, token
-        )
+        entry = Pending(recipient, first_seq, count, frames, deadline, now + self.rto, 1, token,
+                        now)
         key = (recipient, first_seq)
         self._pending[key] = entry
         self._per_peer[recipient] = self._per_peer.get(recipient, 0) + 1
@@ -132,12 +151,21 @@ class Outbox(Generic[T]):
                 del self._per_peer[entry.recipient]
         return entry
 
-    def acked(self, recipient: str, first_seq: int) -> Pending[T] | None:
+    def acked(self, recipient: str, first_seq: int, now: float | None = None) -> Pending[T] | None:
         """The recipient acknowledged the message starting at ``first_seq``.
+
+        Args:
+            recipient: who acknowledged.
+            first_seq: the first sequence of the acknowledged message.
+            now: monotonic time of the acknowledgement; when given, and the message was
+                sent only once, it updates the retransmission timeout.
 
         Returns the settled entry, or ``None`` for an unknown or repeated ack.
         """
-        return self._remove((recipient, first_seq))
+        entry = self._remove((recipient, first_seq))
+        if entry is not None and now is not None and entry.attempts == 1:
+            self._sample(max(0.0, now - entry.sent_at))
+        return entry
 
     def poll(self, now: float) -> tuple[list[Pending[T]], list[Pending[T]]]:
         """Entries to resend now, and entries whose deadline passed (removed)."""
@@ -157,7 +185,7 @@ class Outbox(Generic[T]):
             if now < entry.next_try:
                 self._push(entry)  # rescheduled (e.g. by ``retry_now``)
                 continue
-            backoff = min(self.retry_initial * (2 ** entry.attempts), self.retry_max)
+            backoff = min(self.rto * (2 ** entry.attempts), self.retry_max)
             entry.attempts += 1
             entry.next_try = now + backoff
             self.resent += 1
@@ -171,7 +199,7 @@ class Outbox(Generic[T]):
         entries = [e for e in self._pending.values() if e.recipient == recipient]
         for entry in entries:
             entry.attempts += 1
-            entry.next_try = now + self.retry_initial
+            entry.next_try = now + self.rto
             self._push(entry)
         self.resent += len(entries)
         return entries

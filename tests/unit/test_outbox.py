@@ -67,3 +67,31 @@ def test_retry_now_and_fail_all() -> None:
     assert [e.token for e in ob.retry_now("a", 0.05)] == ["t1"]
     assert sorted(e.token for e in ob.fail_all()) == ["t1", "t2"]
     assert len(ob) == 0
+
+
+def test_retransmission_timeout_follows_measured_ack_times() -> None:
+    ob = make()  # retry_initial 0.1, retry_max 0.4
+    assert ob.rto == 0.1
+    for i in range(20):  # acks take 0.3 s: a deep pipeline
+        first = ob.allocate("a", 1)
+        ob.add("a", first, 1, [b"x"], deadline=99, now=i, token="t")
+        ob.acked("a", first, now=i + 0.3)
+    assert 0.3 <= ob.rto <= 0.4
+    first = ob.allocate("a", 1)
+    ob.add("a", first, 1, [b"x"], deadline=999, now=100.0, token="t")
+    assert ob.poll(100.25) == ([], [])  # a fixed 0.1 s timer would have resent by now
+    for _ in range(40):  # acks become fast again: the timer comes back down
+        first = ob.allocate("b", 1)
+        ob.add("b", first, 1, [b"x"], deadline=999, now=200, token="t")
+        ob.acked("b", first, now=200.001)
+    assert ob.rto == 0.1
+
+
+def test_resent_messages_do_not_skew_the_timer() -> None:
+    ob = make()
+    first = ob.allocate("a", 1)
+    ob.add("a", first, 1, [b"x"], deadline=99, now=0, token="t")
+    resend, _ = ob.poll(0.15)
+    assert resend
+    ob.acked("a", first, now=5.0)  # ambiguous: which send was acknowledged?
+    assert ob.rto == 0.1
