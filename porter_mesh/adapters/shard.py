@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import enum
 import fcntl
 import gc
@@ -62,6 +63,7 @@ import os
 import pathlib
 import shutil
 import struct
+import sys
 import threading
 import time
 import zlib
@@ -106,11 +108,11 @@ from porter_mesh.core.knowledge import (
     ReplicaState,
     Retraction,
     SyncMessage,
-    decode_record,
     encode_record,
     format_timestamp,
     observation_id_from_iri,
     observation_iri,
+    record_from_journal,
 )
 from porter_mesh.errors import ConfigError, KnowledgeError, SyncError
 
@@ -341,6 +343,24 @@ def _ntriples(observations: Iterable[Observation]) -> bytes:
     return b"".join(out)
 
 
+def _find_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or ``None`` where there is no such thing."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        trim: Callable[[int], int] | None = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except OSError:
+        return None
+    return trim
+
+
+# Oxigraph's bulk loader sorts a batch in buffers spread over its worker threads'
+# allocator arenas; once the batch is written those pages are free but stay resident
+# unless handed back. After each bulk write the shard hands them back, so a node's
+# memory after a catch-up reflects what it holds, not the high-water mark of loading it.
+_MALLOC_TRIM: Final = _find_malloc_trim()
+
+
 def _watermark_quad(end: int) -> ox.Quad:
     return ox.Quad(_META_SUBJECT, _META_WATERMARK, ox.Literal(str(end), datatype=_XSD_INTEGER),
                    _META_GRAPH)
@@ -451,8 +471,8 @@ class _StoreTask:
 class Shard:
     """A durable replica of the knowledge graph in a data directory.
 
-    Not safe for concurrent writers from several threads without the internal lock it
-    takes; one process at a time may open a data directory (a file lock enforces it).
+    Thread-safe: writes are serialised by an internal lock, queries may run concurrently.
+    One process at a time may open a data directory (a file lock enforces it).
 
     Args:
         data_dir: the directory (created if missing).
@@ -488,10 +508,11 @@ class Shard:
                 )
             self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = self._take_lock()
+        journal: _Journal | None = None
         try:
             self.agent = self._check_meta(meta_path, agent)
-            self._journal = _Journal(self.data_dir / "knowledge.journal",
-                                     fsync=durability is Durability.FSYNC)
+            self._journal = journal = _Journal(self.data_dir / "knowledge.journal",
+                                               fsync=durability is Durability.FSYNC)
             self._state = ReplicaState()
             self._load_journal()
             try:
@@ -509,6 +530,8 @@ class Shard:
             self._engine = QueryEngine(self._store, checkpoint=self._checkpoint)
             self._graph: rdflib.Graph | None = None
         except BaseException:
+            if journal is not None:
+                journal.close()
             os.close(self._lock_fd)
             raise
         self._closed = False
@@ -589,7 +612,7 @@ class Shard:
         for offset, payload in self._journal.scan():
             if offset < mark:
                 continue
-            body = decode_record(payload).body
+            body = record_from_journal(payload).body
             if isinstance(body, Observation):
                 if not self._state.is_retracted(body.id):
                     adds[body.id] = body
@@ -613,6 +636,8 @@ class Shard:
         try:
             if len(add) >= BULK_THRESHOLD:
                 store.bulk_load(_ntriples(add), format=ox.RdfFormat.N_TRIPLES, lenient=True)
+                if _MALLOC_TRIM is not None:
+                    _MALLOC_TRIM(0)
             elif add:
                 store.load(_ntriples(add), format=ox.RdfFormat.N_TRIPLES, lenient=True)
             for start in range(0, len(remove), 256):
@@ -827,7 +852,7 @@ class Shard:
             size += len(payload)
             if size > _REPLY_BUDGET or len(out) == MAX_RECORDS_PER_MESSAGE:
                 break
-            out.append(decode_record(payload))
+            out.append(record_from_journal(payload))  # checked when it was stored
         return out
 
     def catchup_request(self, *, limit: int = MAX_RECORDS_PER_MESSAGE) -> CatchupRequest:

@@ -105,6 +105,7 @@ __all__ = [
     "observation_id_from_iri",
     "observation_iri",
     "pull_requests_for",
+    "record_from_journal",
 ]
 
 # --- vocabulary -------------------------------------------------------------------------
@@ -499,6 +500,42 @@ def decode_record(data: bytes) -> Record:
     except Exception as exc:  # msgpack raises several unrelated types
         raise SyncError(f"record is not valid msgpack: {exc}") from None
     return _record_from_item(item, wire=bytes(data))
+
+
+def _build(cls: type[Any], **fields: Any) -> Any:
+    """An instance of a frozen slots dataclass, fields set directly (no checks)."""
+    obj = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(obj, name, value)
+    return obj
+
+
+def record_from_journal(data: bytes) -> Record:
+    """Rebuild a record that this node itself checked and stored, without checking again.
+
+    For serving pulls and catch-ups from the node's own journal, whose frames are
+    checksummed: it skips field validation and hashing, about ten times cheaper than
+    :func:`decode_record`. The receiving node checks everything anyway. Never use it on
+    bytes from the network.
+
+    Args:
+        data: a record as :func:`encode_record` wrote it.
+
+    Returns:
+        The record, carrying ``data`` as its encoding.
+    """
+    item = msgpack.unpackb(data, raw=False)
+    if item[0] == RecordKind.OBSERVATION:
+        _, origin, seq, body_id, about, finding, at, context, severity = item
+        body: Body = _build(Observation, about=about, finding=finding, discovered_by=origin,
+                            generated_at=at, context=context, severity=severity, id=body_id)
+    else:
+        _, origin, seq, body_id, target, at = item
+        body = _build(Retraction, target=target, retracted_by=origin, retracted_at=at,
+                      id=body_id)
+    record: Record = _build(Record, origin=origin, seq=seq, body=body,
+                            key=body_id[:_KEY_BYTES], wire=bytes(data))
+    return record
 
 
 # --- sync messages ----------------------------------------------------------------------

@@ -33,6 +33,7 @@ from porter_mesh.core.knowledge import (
     format_timestamp,
     observation_id_from_iri,
     pull_requests_for,
+    record_from_journal,
 )
 from porter_mesh.errors import KnowledgeError, SyncError
 
@@ -506,3 +507,13 @@ def test_apply_needs_one_locator_per_record() -> None:
     plan = state.plan([rec("w", 1)])
     with pytest.raises(KnowledgeError):
         state.apply(plan, [])
+
+
+def test_record_from_journal_equals_the_checked_decoding() -> None:
+    for record in (rec("worker-1", 3), Record("w", 2, obs(2, "w", context="c", severity="low")),
+                   retraction("reviewer", 9, obs(1))):
+        data = encode_record(record)
+        trusted = record_from_journal(data)
+        assert trusted == decode_record(data) == record
+        assert trusted.key == record.key and trusted.wire == data
+        assert trusted.body.id == record.body.id
