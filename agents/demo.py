@@ -88,7 +88,8 @@ class Timeline:
         self.log.close()
 
 
-def _spawn(role: str, name: str, *, mesh: str, out: Path, extra: list[str]) -> Agent:
+def _spawn(role: str, name: str, *, mesh: str, out: Path, extra: list[str],
+           env_extra: dict[str, str] | None = None) -> Agent:
     log_path = out / "agents" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_file = open(log_path, "wb")  # noqa: SIM115 - closed when the agent is reaped
@@ -97,7 +98,7 @@ def _spawn(role: str, name: str, *, mesh: str, out: Path, extra: list[str]) -> A
         "--mesh", mesh, "--workspace", str(out / "workspace"),
         "--data-dir", str(out / "data" / name), *extra,
     ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
     proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
                             stdin=subprocess.DEVNULL)
     return Agent(role, name, proc, log_path, log_file)
@@ -147,8 +148,19 @@ async def _wait_connected(node: Node, timeline: Timeline, names: list[str],
         await asyncio.sleep(0.05)
 
 
+def _secure_mesh(out: Path, names: list[str]) -> dict[str, dict[str, str]]:
+    """Keys for every agent and the demo's own seat, all trusted: the environment each
+    agent process runs with (``--secure``)."""
+    from porter_mesh.adapters.security import provision_mesh
+    from porter_mesh.node.config import ENV_KEY, ENV_TRUSTED
+
+    trusted, secrets = provision_mesh(out / "keys", [C.HUMAN_AGENT, *names])
+    return {name: {ENV_KEY: str(path), ENV_TRUSTED: str(trusted)}
+            for name, path in secrets.items()}
+
+
 async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[str]] | None
-                   = None, stream: IO[str] = sys.stdout) -> int:
+                   = None, stream: IO[str] = sys.stdout, secure: bool = False) -> int:
     """Run the demo; returns the exit status.
 
     Args:
@@ -157,6 +169,7 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
         extra: additional command-line options per agent name (tests use this for fault
             injection).
         stream: where the timeline goes.
+        secure: run every node with CurveZMQ (keys made in ``out/keys``, all trusted).
     """
     started = time.monotonic()
     if out.exists():
@@ -166,8 +179,17 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
     timeline = Timeline(out / "messages.jsonl", stream=stream)
     agents: list[Agent] = []
     print(f"porter-mesh demo: mesh {mesh!r} on 127.0.0.1, output in {out}", file=stream)
+    envs: dict[str, dict[str, str]] = {}
+    keys: dict[str, Path] = {}
+    if secure:
+        envs = _secure_mesh(out, [name for _, name in TEAM])
+        seat = envs.pop(C.HUMAN_AGENT)
+        keys = {"secret_key_file": Path(seat["PORTER_MESH_KEY"]),
+                "trusted_dir": Path(seat["PORTER_MESH_TRUSTED"])}
+        print(f"secured with CurveZMQ: keys and trusted directory in {out / 'keys'}",
+              file=stream)
     node = Node(name=C.HUMAN_AGENT, role="human", mesh=mesh, heartbeat_interval=0.25,
-                evasive_after=2.0, expire_after=6.0, inbox_size=0)
+                evasive_after=2.0, expire_after=6.0, inbox_size=0, **keys)
     node.add_handler(timeline)
     try:
         await node.astart()
@@ -178,7 +200,8 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
             if role == "architect":
                 options += ["--wait-go"]
             options += (extra or {}).get(name, [])
-            agents.append(_spawn(role, name, mesh=mesh, out=out, extra=options))
+            agents.append(_spawn(role, name, mesh=mesh, out=out, extra=options,
+                                 env_extra=envs.get(name)))
         names = [name for _, name in TEAM]
         await _wait_connected(node, timeline, names, agents, timeout=max(5.0, timeout / 2))
         print(f"{time.monotonic() - timeline.start:6.2f}s  team connected: "

@@ -16,6 +16,9 @@ def register(sub: Any) -> None:
                         help="output directory, made fresh (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=30.0,
                         help="seconds for the whole story (default %(default)s)")
+    parser.add_argument("--secure", action="store_true",
+                        help="run every node with CurveZMQ: keys made in OUT/keys, all "
+                        "trusted (see docs/security.md)")
     parser.set_defaults(func=main)
 
 
@@ -23,6 +26,7 @@ def main(args: argparse.Namespace) -> int:
     from agents.demo import run_demo
 
     try:
-        return asyncio.run(run_demo(args.out.resolve(), timeout=args.timeout))
+        return asyncio.run(run_demo(args.out.resolve(), timeout=args.timeout,
+                                    secure=args.secure))
     except KeyboardInterrupt:
         return 130

@@ -10,16 +10,65 @@ from typing import Any
 
 from porter_mesh.core import constants as C
 from porter_mesh.core.advert import check_agent_name
-from porter_mesh.errors import ConfigError
+from porter_mesh.errors import ConfigError, SecurityError
 
-__all__ = ["NodeConfig", "default_data_dir"]
+__all__ = ["ENV_INSECURE", "ENV_KEY", "ENV_TRUSTED", "NodeConfig", "default_data_dir",
+           "default_trusted_dir", "split_seed"]
+
+#: Environment variables that supply the security settings' defaults, so that every
+#: ``porter-mesh`` command an operator runs (and the agents a demo starts) picks them up.
+ENV_KEY = "PORTER_MESH_KEY"
+ENV_TRUSTED = "PORTER_MESH_TRUSTED"
+ENV_INSECURE = "PORTER_MESH_INSECURE"
+
+
+def _data_root() -> pathlib.Path:
+    base = os.environ.get("PORTER_MESH_DATA")
+    return pathlib.Path(base) if base else pathlib.Path.home() / ".local/share/porter-mesh"
 
 
 def default_data_dir(mesh: str, name: str) -> pathlib.Path:
     """``$PORTER_MESH_DATA/<mesh>/<name>``, else ``~/.local/share/porter-mesh/<mesh>/<name>``."""
-    base = os.environ.get("PORTER_MESH_DATA")
-    root = pathlib.Path(base) if base else pathlib.Path.home() / ".local/share/porter-mesh"
-    return root / mesh / name
+    return _data_root() / mesh / name
+
+
+def default_trusted_dir(mesh: str) -> pathlib.Path:
+    """The trusted-key directory of ``mesh``: ``$PORTER_MESH_DATA/<mesh>/trusted``, else
+    ``~/.local/share/porter-mesh/<mesh>/trusted``."""
+    return _data_root() / mesh / "trusted"
+
+
+def _env_path(variable: str) -> pathlib.Path | None:
+    value = os.environ.get(variable)
+    return pathlib.Path(value).expanduser() if value else None
+
+
+def _env_key() -> pathlib.Path | None:
+    return _env_path(ENV_KEY)
+
+
+def _env_trusted() -> pathlib.Path | None:
+    return _env_path(ENV_TRUSTED)
+
+
+def _env_insecure() -> bool:
+    return os.environ.get(ENV_INSECURE, "").strip().lower() in ("1", "true", "yes")
+
+
+def split_seed(seed: str) -> tuple[str | None, str, int]:
+    """Split a seed ``[NAME@]HOST:PORT`` into ``(name or None, host, port)``.
+
+    Raises:
+        ConfigError: the seed is not of that form.
+    """
+    name, at, endpoint = seed.rpartition("@")
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"seed {seed!r} is not HOST:PORT or NAME@HOST:PORT "
+                          "(e.g. 127.0.0.1:5555 or worker-1@10.0.0.5:5555)")
+    if at:
+        check_agent_name(name)
+    return (name if at else None), host, int(port)
 
 
 def _is_loopback(host: str) -> bool:
@@ -45,7 +94,8 @@ class NodeConfig:
         advertise: register this node in mDNS (short-lived tools such as ``send`` do not).
         observer: only watch: no mDNS record, no hello, no heartbeats, so the node never
             appears on anyone's roster (``tail`` and ``peers`` run this way).
-        seeds: ``host:port`` ROUTER endpoints of peers to contact without mDNS.
+        seeds: ``HOST:PORT`` ROUTER endpoints of peers to contact without mDNS; a
+            secured node writes them ``NAME@HOST:PORT`` (it must know whose key to expect).
         heartbeat_interval: seconds between heartbeats on ``control``.
         evasive_after / expire_after: silence (seconds) before a peer is EVASIVE / gone.
         send_timeout: default deadline (seconds) for a direct send to be acknowledged.
@@ -62,6 +112,14 @@ class NodeConfig:
             it in memory only.
         slots: task slots advertised (workers).
         tools: tool names advertised.
+        secret_key_file: this agent's secret certificate (``NAME.key_secret`` from
+            ``porter-mesh keygen``). Setting it secures the node: CurveZMQ on every
+            socket, only keys of the trusted directory let in, senders bound to their
+            keys. Default ``$PORTER_MESH_KEY``.
+        trusted_dir: the mesh's directory of trusted public keys. Default
+            ``$PORTER_MESH_TRUSTED``, else ``<data root>/<mesh>/trusted``.
+        insecure: allow binding beyond loopback without keys (protected mode is on by
+            default: such a node refuses to start). Default ``$PORTER_MESH_INSECURE``.
     """
 
     name: str
@@ -91,6 +149,9 @@ class NodeConfig:
     slots: int = 0
     tools: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    secret_key_file: pathlib.Path | None = field(default_factory=_env_key)
+    trusted_dir: pathlib.Path | None = field(default_factory=_env_trusted)
+    insecure: bool = field(default_factory=_env_insecure)
 
     def __post_init__(self) -> None:
         check_agent_name(self.name)
@@ -111,9 +172,7 @@ class NodeConfig:
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{port_name}={port} is not a TCP port (0-65535)")
         for seed in self.seeds:
-            host, _, port = seed.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ConfigError(f"seed {seed!r} is not HOST:PORT (e.g. 127.0.0.1:5555)")
+            split_seed(seed)
         if not 0 < self.heartbeat_interval < self.evasive_after < self.expire_after:
             raise ConfigError(
                 "timings must satisfy 0 < heartbeat_interval < evasive_after < expire_after "
@@ -134,6 +193,34 @@ class NodeConfig:
     def loopback_only(self) -> bool:
         """True when every bound interface is a loopback address."""
         return all(_is_loopback(h) for h in self.interfaces)
+
+    @property
+    def secured(self) -> bool:
+        """True when the node runs CurveZMQ (it has a secret key)."""
+        return self.secret_key_file is not None
+
+    @property
+    def trusted_path(self) -> pathlib.Path:
+        """The trusted directory in use: ``trusted_dir``, else the mesh's default."""
+        return self.trusted_dir if self.trusted_dir is not None else default_trusted_dir(self.mesh)
+
+    def check_protected(self) -> None:
+        """Protected mode: refuse to expose an unsecured node beyond loopback.
+
+        Raises:
+            SecurityError: an interface is not loopback, the node has no key, and the
+                operator did not ask for ``insecure``.
+        """
+        if self.secured or self.insecure or self.loopback_only:
+            return
+        exposed = ", ".join(h for h in self.interfaces if not _is_loopback(h))
+        raise SecurityError(
+            f"refusing to bind {exposed} without keys (protected mode): anyone who can reach "
+            "that address could join the mesh and read its traffic. Give the node a key "
+            f"(secret_key_file=..., or ${ENV_KEY}; see docs/security.md), or accept the "
+            f"risk explicitly with insecure=True (--insecure on the command line, or "
+            f"{ENV_INSECURE}=1)"
+        )
 
     def with_changes(self, **changes: Any) -> NodeConfig:
         """A copy with some settings changed (checked again)."""

@@ -36,6 +36,24 @@ acknowledging, and acknowledges duplicates again without delivering them.
 Liveness comes from heartbeats, not mDNS (a killed process sends no goodbye); see
 :mod:`porter_mesh.core.peers`. Peers are found by zeroconf, by ``hello`` to static seeds,
 and by peer exchange in the ``welcome`` reply.
+
+Security. A node with a secret key (``NodeConfig.secret_key_file``) runs CurveZMQ on
+every socket (:mod:`porter_mesh.adapters.security` explains keys, the trusted directory
+and ZAP). Its sockets then differ in three ways: there is one SUB per peer instead of
+one shared SUB (libzmq sets the CURVE server key per socket); DEALERs carry no chosen
+routing id (the ROUTER makes up one, so a trusted peer cannot claim another's id and
+take over its replies); and the ROUTER is read with ``copy=False`` to get each message's
+ZAP User-Id, the agent name bound to the sender's key. Every message must then come
+from the name it claims: the User-Id on the ROUTER, the peer of the socket on a SUB or
+DEALER; every activity's ``actor`` must be that name too. Anything else is dropped and
+written to the audit log. Adverts (mDNS, hellos, peer exchange) must carry a key that
+the trusted directory binds to the advertised name, and an advert that would move a live
+peer (new incarnation, endpoints or key) is believed only first-hand, from that peer
+over an authenticated connection, since anyone can send mDNS. The trusted directory is
+re-read on every handshake and every heartbeat; a peer whose key was removed is
+disconnected. An unsecured node pays for none of this: the checks are behind
+``peer``/``user`` arguments that are None there. A node bound beyond loopback without a
+key refuses to start unless ``insecure`` is set (protected mode).
 """
 
 from __future__ import annotations
@@ -53,6 +71,7 @@ from typing import Any, NamedTuple, cast
 import zmq
 
 from porter_mesh.adapters.journal import DeliveryJournal, JournalRecord
+from porter_mesh.adapters.security import AUDIT_FILE, MeshSecurity, check_libzmq
 from porter_mesh.core import constants as C
 from porter_mesh.core.advert import PeerAdvert, decode_txt, encode_txt
 from porter_mesh.core.as2 import Activity
@@ -85,9 +104,10 @@ from porter_mesh.errors import (
     NodeClosedError,
     PorterError,
     ProtocolError,
+    SecurityError,
     UnknownPeerError,
 )
-from porter_mesh.node.config import NodeConfig
+from porter_mesh.node.config import NodeConfig, split_seed
 
 __all__ = ["Message", "Node"]
 
@@ -97,6 +117,8 @@ _DRAIN_LIMIT = 512
 _TICK = 0.05
 _DIRECT_STREAM = "direct"
 _OBSERVE_PREFIX = C.DIRECT_PREFIX.encode()
+#: The ZeroMQ message property that carries the ZAP User-Id (our bound agent name).
+_USER_ID = "User-Id"
 
 # Kinds of the mesh's own (non-AS2) messages.
 K_HEARTBEAT = KIND_HEARTBEAT
@@ -157,14 +179,16 @@ class _OnceLog:
 
 
 class _PeerLink:
-    """Sockets and endpoints used to reach one peer."""
+    """Sockets and endpoints used to reach one peer (``sub``: its own SUB, secured only)."""
 
-    __slots__ = ("advert", "dealer", "pub_endpoint")
+    __slots__ = ("advert", "dealer", "pub_endpoint", "sub")
 
-    def __init__(self, advert: PeerAdvert, dealer: zmq.Socket[bytes], pub_endpoint: str) -> None:
+    def __init__(self, advert: PeerAdvert, dealer: zmq.Socket[bytes], pub_endpoint: str,
+                 sub: zmq.Socket[bytes] | None = None) -> None:
         self.advert = advert
         self.dealer = dealer
         self.pub_endpoint = pub_endpoint
+        self.sub = sub
 
 
 def _fd(sock: zmq.Socket[bytes]) -> int:
@@ -227,6 +251,8 @@ class Node:
         self._sub: zmq.Socket[bytes] | None = None
         self._router: zmq.Socket[bytes] | None = None
         self._seed_dealers: dict[str, zmq.Socket[bytes]] = {}
+        self._security: MeshSecurity | None = None
+        self._observing = False
         self._readers: dict[zmq.Socket[bytes], Callable[[], None]] = {}
         self._journal: DeliveryJournal | None = None
         self._discovery: Any = None
@@ -252,25 +278,36 @@ class Node:
 
         Raises:
             ConfigError: a port is taken or an interface cannot be bound.
+            SecurityError: libzmq is too old; the node would bind beyond loopback without
+                keys and without ``insecure``; or its key or trusted directory cannot be
+                used. Raised before any socket is bound.
         """
         if self._started:
             return
+        cfg = self.config
+        check_libzmq()
+        cfg.check_protected()
+        security = self._load_security() if cfg.secured else None
         self._started = True
         self._loop = asyncio.get_running_loop()
         self._inbox_event = asyncio.Event()
         self._halt_event = asyncio.Event()
-        cfg = self.config
         self._ctx = zmq.Context()
+        if security is not None:
+            # The authenticator must answer before the first client can knock.
+            security.start(self._ctx)
+            self._security = security
         try:
             # XPUB rather than PUB: it tells us who subscribed to what, so callers can
             # wait for subscribers instead of guessing (the "slow joiner" problem).
-            self._pub = self._socket(zmq.XPUB)
+            self._pub = self._server_socket(zmq.XPUB)
             self._pub.setsockopt(zmq.XPUB_VERBOSER, 1)
             self.pub_port = self._bind(self._pub, cfg.pub_port)
-            self._router = self._socket(zmq.ROUTER)
+            self._router = self._server_socket(zmq.ROUTER)
             self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
             self.router_port = self._bind(self._router, cfg.router_port)
-            self._sub = self._socket(zmq.SUB)
+            # A secured node keeps one SUB per peer instead (see the module docstring).
+            self._sub = self._socket(zmq.SUB) if security is None else None
         except zmq.ZMQError as exc:
             self._close_sockets()
             raise ConfigError(
@@ -286,7 +323,8 @@ class Node:
                     record.sender, _DIRECT_STREAM, record.incarnation,
                     record.first_seq, record.count,
                 )
-        self._watch(self._sub, self._drain_sub)
+        if self._sub is not None:
+            self._watch(self._sub, self._drain_sub)
         self._watch(self._router, self._drain_router)
         self._watch(self._pub, self._drain_xpub)
         self._ticker = asyncio.ensure_future(self._tick_loop())
@@ -301,8 +339,29 @@ class Node:
             await self._discovery.astart(self.advert() if announce else None)
         for seed in cfg.seeds:
             self._hello_seed(seed)
-        log.info("node %s up: pub %d router %d incarnation %x", self.name, self.pub_port,
-                 self.router_port, self.incarnation)
+        log.info("node %s up: pub %d router %d incarnation %x%s", self.name, self.pub_port,
+                 self.router_port, self.incarnation, " (CurveZMQ)" if security else "")
+
+    def _load_security(self) -> MeshSecurity:
+        cfg = self.config
+        assert cfg.secret_key_file is not None
+        for seed in cfg.seeds:
+            if split_seed(seed)[0] is None:
+                raise SecurityError(
+                    f"seed {seed!r} has no agent name: a secured node must know whose key "
+                    "to expect there; write it NAME@HOST:PORT with NAME trusted on the mesh"
+                )
+        return MeshSecurity.load(
+            name=self.name, mesh=cfg.mesh, key_file=cfg.secret_key_file,
+            trusted_dir=cfg.trusted_path,
+            audit_path=cfg.data_dir / AUDIT_FILE if cfg.data_dir is not None else None,
+            counters=self.counters, observer=cfg.observer,
+        )
+
+    @property
+    def secured(self) -> bool:
+        """True when this node runs CurveZMQ."""
+        return self._security is not None
 
     async def aclose(self) -> None:
         """Leave gracefully: say goodbye, unregister from mDNS, fail pending sends,
@@ -351,6 +410,7 @@ class Node:
         socks: list[zmq.Socket[bytes] | None] = [
             self._sub, self._router,
             *(link.dealer for link in self._links.values()),
+            *(link.sub for link in self._links.values()),
             *self._seed_dealers.values(),
         ]
         for other in socks:
@@ -359,6 +419,9 @@ class Node:
         self._sub = self._router = None
         self._links.clear()
         self._seed_dealers.clear()
+        if self._security is not None:
+            # After the server sockets: none of them may outlive the authenticator.
+            self._security.stop()
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -372,6 +435,19 @@ class Node:
         sock.setsockopt(zmq.SNDHWM, self.config.sndhwm)
         sock.setsockopt(zmq.RCVHWM, self.config.rcvhwm)
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
+        return sock
+
+    def _server_socket(self, kind: int) -> zmq.Socket[bytes]:
+        sock = self._socket(kind)
+        if self._security is not None:
+            self._security.serve(sock)
+        return sock
+
+    def _client_socket(self, kind: int, server_key: str | None) -> zmq.Socket[bytes]:
+        sock = self._socket(kind)
+        if self._security is not None:
+            assert server_key is not None
+            self._security.client(sock, server_key)
         return sock
 
     def _bind(self, sock: zmq.Socket[bytes], port: int) -> int:
@@ -416,6 +492,7 @@ class Node:
             version=C.PROTOCOL_VERSION, incarnation=self.incarnation,
             addresses=tuple(self.config.interfaces), slots=self.config.slots,
             tools=tuple(self.config.tools),
+            public_key=self._security.identity.public_key if self._security else None,
         )
 
     def _on_discovered(self, advert: PeerAdvert) -> None:
@@ -427,7 +504,9 @@ class Node:
         # mDNS removal is only a hint; liveness is decided by heartbeats and goodbyes.
         log.debug("mDNS says %s is gone", name)
 
-    def _found(self, advert: PeerAdvert) -> None:
+    def _found(self, advert: PeerAdvert, *, verified: bool = False) -> None:
+        """An advert arrived; ``verified``: first-hand from that peer over an
+        authenticated connection (only a secured node tells the difference)."""
         if advert.mesh != self.config.mesh or advert.name == self.name:
             return
         if advert.version != C.PROTOCOL_VERSION:
@@ -437,7 +516,36 @@ class Node:
         if not advert.addresses:
             self._drop("bad-advert", advert.name, "advert of %s has no address", advert.name)
             return
+        if self._security is not None and not self._advert_acceptable(advert, verified):
+            return
         self._apply_peer_events(self._peers.found(advert, time.monotonic()))
+
+    def _advert_acceptable(self, advert: PeerAdvert, verified: bool) -> bool:
+        assert self._security is not None
+        problem = self._security.store.advert_problem(advert)
+        if problem is not None:
+            event, detail = problem
+            self._refuse(event, advert.name, detail, key=advert.public_key)
+            return False
+        current = self._peers.get(advert.name)
+        if (not verified and current is not None
+                and (current.incarnation, current.advert.public_key,
+                     current.advert.endpoint_pub(), current.advert.endpoint_router())
+                != (advert.incarnation, advert.public_key, advert.endpoint_pub(),
+                    advert.endpoint_router())):
+            # Anyone can send mDNS or repeat a public key; only the peer itself, over its
+            # authenticated connection, may move it. A genuine restart says hello itself.
+            self._drop("unverified-advert", advert.name, "ignored a second-hand advert that "
+                       "would move live peer %s", advert.name)
+            return False
+        return True
+
+    def _refuse(self, event: str, peer: str | None, detail: str, *,
+                key: str | None = None) -> None:
+        """Drop something a secured node must not accept: count it and audit it."""
+        self.counters["dropped." + event] += 1
+        if self._security is not None:
+            self._security.audit.record(event, detail, peer=peer, key=key)
 
     def _apply_peer_events(self, events: Iterable[PeerEvent]) -> None:
         for event in events:
@@ -453,7 +561,8 @@ class Node:
                 link = self._links.get(peer.name)
                 if link is not None and (link.advert.endpoint_pub() != peer.advert.endpoint_pub()
                                          or link.advert.endpoint_router()
-                                         != peer.advert.endpoint_router()):
+                                         != peer.advert.endpoint_router()
+                                         or link.advert.public_key != peer.advert.public_key):
                     self._disconnect(peer.name)
                     self._connect(peer.advert)
             self.counters["peer." + event.kind.value] += 1
@@ -466,14 +575,24 @@ class Node:
                     log.exception("peer listener failed")
 
     def _connect(self, advert: PeerAdvert) -> None:
-        assert self._sub is not None
         pub = advert.endpoint_pub()
-        self._sub.connect(pub)
-        dealer = self._socket(zmq.DEALER)
-        dealer.setsockopt(zmq.ROUTING_ID, f"{self.name}/{self.incarnation:x}".encode())
+        sub = None
+        if self._security is None:
+            assert self._sub is not None
+            self._sub.connect(pub)
+        else:
+            sub = self._client_socket(zmq.SUB, advert.public_key)
+            for topic in self._topics():
+                sub.setsockopt(zmq.SUBSCRIBE, topic)
+            sub.connect(pub)
+            self._watch(sub, functools.partial(self._drain_sub, sub, advert.name))
+        dealer = self._client_socket(zmq.DEALER, advert.public_key)
+        if self._security is None:
+            # A readable id helps debugging; a secured ROUTER makes up its own (see above).
+            dealer.setsockopt(zmq.ROUTING_ID, f"{self.name}/{self.incarnation:x}".encode())
         dealer.setsockopt(zmq.IMMEDIATE, 0)
         dealer.connect(advert.endpoint_router())
-        self._links[advert.name] = _PeerLink(advert, dealer, pub)
+        self._links[advert.name] = _PeerLink(advert, dealer, pub, sub)
         self._watch(dealer, functools.partial(self._drain_dealer, dealer, advert.name))
         self._send_hello(dealer)
         # Anything still in flight to this name goes to the new connection now.
@@ -485,11 +604,32 @@ class Node:
         link = self._links.pop(name, None)
         if link is None:
             return
-        if self._sub is not None:
+        if link.sub is not None:
+            self._unwatch(link.sub)
+            link.sub.close(linger=0)
+        elif self._sub is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self._sub.disconnect(link.pub_endpoint)
         self._unwatch(link.dealer)
         link.dealer.close(linger=0)
+
+    def _revalidate_links(self) -> None:
+        """The trusted keys changed: cut off peers whose key is no longer trusted."""
+        assert self._security is not None
+        store = self._security.store
+        for name, link in list(self._links.items()):
+            key = link.advert.public_key
+            if key is None or store.name_for(key) != name:
+                self._refuse("revoked-key", name, f"the key of {name!r} is no longer trusted; "
+                             "disconnected", key=key)
+                info = self._peers.get(name)
+                if info is not None:
+                    self._apply_peer_events(self._peers.left(name, info.incarnation,
+                                                             "untrusted"))
+                self._disconnect(name)
+        for seed in self.config.seeds:
+            if seed not in self._seed_dealers:
+                self._hello_seed(seed)
 
     # ------------------------------------------------------------------ hello / seeds
 
@@ -506,14 +646,25 @@ class Node:
     def _hello_seed(self, seed: str) -> None:
         if seed in self._seed_dealers:
             return
-        host, _, port = seed.rpartition(":")
-        dealer = self._socket(zmq.DEALER)
-        dealer.setsockopt(zmq.ROUTING_ID, f"{self.name}/{self.incarnation:x}/s".encode())
+        name, host, port = split_seed(seed)
+        key = None
+        if self._security is not None:
+            key = self._security.store.key_for(name or "")
+            if key is None or name in self._links:
+                # Untrusted: retried when the trusted directory changes. Linked: the
+                # regular connection already reaches it.
+                if key is None:
+                    self._drop("untrusted-seed", seed, "seed %s: no trusted key for %r",
+                               seed, name)
+                return
+        dealer = self._client_socket(zmq.DEALER, key)
+        if self._security is None:
+            dealer.setsockopt(zmq.ROUTING_ID, f"{self.name}/{self.incarnation:x}/s".encode())
         if ":" in host.strip("[]"):
             dealer.setsockopt(zmq.IPV6, 1)
         dealer.connect(f"tcp://{host}:{port}")
         self._seed_dealers[seed] = dealer
-        self._watch(dealer, functools.partial(self._drain_dealer, dealer, None))
+        self._watch(dealer, functools.partial(self._drain_dealer, dealer, None, name))
         self._send_hello(dealer)
 
     def _adverts_from_body(self, body: dict[str, Any], origin: str) -> list[PeerAdvert]:
@@ -528,26 +679,36 @@ class Node:
 
     # ------------------------------------------------------------------ subscribe
 
+    def _sub_sockets(self) -> list[zmq.Socket[bytes]]:
+        subs = [link.sub for link in self._links.values() if link.sub is not None]
+        return subs if self._sub is None else [self._sub, *subs]
+
+    def _topics(self) -> list[bytes]:
+        topics = [encode_topic(channel) for channel in self._channels]
+        return [*topics, _OBSERVE_PREFIX] if self._observing else topics
+
     def subscribe(self, channel: str) -> None:
         """Receive broadcasts on ``channel`` from now on (idempotent)."""
         if channel not in self._channels:
             self._channels.add(channel)
-            if self._sub is not None:
-                self._sub.setsockopt(zmq.SUBSCRIBE, encode_topic(channel))
+            for sub in self._sub_sockets():
+                sub.setsockopt(zmq.SUBSCRIBE, encode_topic(channel))
 
     def unsubscribe(self, channel: str) -> None:
         """Stop receiving ``channel`` (``control`` cannot be dropped)."""
         if channel == C.CHANNEL_CONTROL or channel not in self._channels:
             return
         self._channels.discard(channel)
-        if self._sub is not None:
-            self._sub.setsockopt(zmq.UNSUBSCRIBE, encode_topic(channel))
+        for sub in self._sub_sockets():
+            sub.setsockopt(zmq.UNSUBSCRIBE, encode_topic(channel))
 
     def observe_direct(self) -> None:
         """Also receive copies of direct messages delivered anywhere on the mesh
-        (for observers such as ``porter-mesh tail``)."""
-        assert self._sub is not None
-        self._sub.setsockopt(zmq.SUBSCRIBE, _OBSERVE_PREFIX)
+        (for observers such as ``porter-mesh tail``). On a secured mesh a copy is
+        vouched for by the node that relays it, which checked the original sender."""
+        self._observing = True
+        for sub in self._sub_sockets():
+            sub.setsockopt(zmq.SUBSCRIBE, _OBSERVE_PREFIX)
 
     @property
     def channels(self) -> frozenset[str]:
@@ -754,9 +915,12 @@ class Node:
 
     # ------------------------------------------------------------------ receiving
 
-    def _drain_sub(self) -> None:
-        sock = self._sub
+    def _drain_sub(self, sock: zmq.Socket[bytes] | None = None,
+                   peer: str | None = None) -> None:
+        """Read the shared SUB, or (secured) the SUB of ``peer``."""
         if sock is None:
+            sock = self._sub
+        if sock is None or sock.closed:
             return
         handle = self._on_broadcast
         n = 0
@@ -764,15 +928,16 @@ class Node:
             while n < _DRAIN_LIMIT:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
                 n += 1
-                handle(frames)
+                handle(frames, peer)
         except zmq.Again:
             pass
         except zmq.ZMQError:
-            if not self._closed:
+            # A peer's goodbye closes its own SUB while that SUB is being read.
+            if not self._closed and not sock.closed:
                 raise
             return
         if n >= _DRAIN_LIMIT and self._loop is not None:
-            self._loop.call_soon(self._drain_sub)
+            self._loop.call_soon(self._drain_sub, sock, peer)
         self._after_batch()
 
     def _drain_xpub(self) -> None:
@@ -816,14 +981,20 @@ class Node:
         if self._pending_acks or self._pending_bcast or self._pending_direct:
             self._flush()
 
-    def _on_broadcast(self, frames: list[bytes]) -> None:
+    def _on_broadcast(self, frames: list[bytes], peer: str | None = None) -> None:
+        """One message from a SUB; ``peer``: the authenticated publisher (secured)."""
         if frames and frames[0].startswith(_OBSERVE_PREFIX):
             self._on_observed(frames)
             return
         try:
             env, payload = decode_broadcast(frames)
         except ProtocolError as exc:
-            self._drop(exc.reason, "?", "dropped a broadcast that cannot be decoded: %s", exc)
+            self._drop(exc.reason, peer or "?", "dropped a broadcast that cannot be decoded: %s",
+                       exc)
+            return
+        if peer is not None and env.sender != peer:
+            self._refuse("spoofed-sender", peer, f"{peer!r} published a message claiming "
+                         f"to be from {env.sender[:64]!r}")
             return
         known, events = self._peers.heard(env.sender, env.incarnation, time.monotonic())
         if events:
@@ -864,6 +1035,8 @@ class Node:
 
     def _deliver_activities(self, env: Envelope, activities: list[Activity], *,
                             direct: bool) -> None:
+        if self._security is not None:
+            activities = self._bound_activities(env, activities)
         inbox = self._inbox
         limit = self.config.inbox_size
         handlers = self._handlers
@@ -886,6 +1059,22 @@ class Node:
         if delivered and self._inbox_event is not None:
             self._inbox_event.set()
 
+    def _bound_activities(self, env: Envelope, activities: list[Activity]) -> list[Activity]:
+        """The activities whose ``actor`` is the (authenticated) sender; the rest are
+        refused. The profile's plain-text fallback has no actor and speaks for its
+        sender."""
+        sender = env.sender
+        if all(a.actor == sender or a.is_fallback for a in activities):
+            return activities
+        kept = []
+        for activity in activities:
+            if activity.actor == sender or activity.is_fallback:
+                kept.append(activity)
+            else:
+                self._refuse("spoofed-actor", sender, f"{sender!r} sent a {activity.type} "
+                             f"with actor {activity.actor[:64]!r} on {env.channel}")
+        return kept
+
     def _on_observed(self, frames: list[bytes]) -> None:
         """A copy of a direct message, republished by its receiver for observers."""
         try:
@@ -901,8 +1090,14 @@ class Node:
             return
         n = 0
         accepted: list[tuple[Envelope, bytes, bytes, list[Activity]]] = []
+        secured = self._security is not None
         try:
             while n < _DRAIN_LIMIT:
+                if secured:
+                    frames, user = self._recv_authenticated(sock)
+                    n += 1
+                    self._on_direct(frames, accepted, user)
+                    continue
                 frames = sock.recv_multipart(zmq.NOBLOCK)
                 n += 1
                 self._on_direct(frames, accepted)
@@ -934,17 +1129,32 @@ class Node:
             self._loop.call_soon(self._drain_router)
         self._after_batch()
 
+    @staticmethod
+    def _recv_authenticated(sock: zmq.Socket[bytes]) -> tuple[list[bytes], str]:
+        """One ROUTER message and the User-Id of the connection it came on."""
+        parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        try:
+            user = parts[-1].get(_USER_ID)
+        except zmq.ZMQError:
+            user = ""
+        return [part.bytes for part in parts], str(user or "")
+
     def _on_direct(self, frames: list[bytes],
-                   accepted: list[tuple[Envelope, bytes, bytes, list[Activity]]]) -> None:
+                   accepted: list[tuple[Envelope, bytes, bytes, list[Activity]]],
+                   user: str | None = None) -> None:
+        """One ROUTER message; ``user``: the authenticated sender name (secured)."""
         if len(frames) < 2:
-            self._drop("frames", "?", "dropped a direct message with %d frames", len(frames))
+            self._drop("frames", user or "?", "dropped a direct message with %d frames",
+                       len(frames))
             return
         ident = frames[0]
-        origin = ident[:64].decode("utf-8", "replace")
+        origin = user or ident[:64].decode("utf-8", "replace")
         try:
             env, payload = decode_direct(frames[1:])
         except ProtocolError as exc:
             self._drop(exc.reason, origin, "dropped a direct message from %s: %s", origin, exc)
+            return
+        if user is not None and not self._authentic(env, user):
             return
         if env.kind is not None:
             self._on_control(env, payload, ident)
@@ -989,6 +1199,19 @@ class Node:
         else:
             acks.append(env.seq)
 
+    def _authentic(self, env: Envelope, user: str) -> bool:
+        assert self._security is not None
+        if env.sender != user:
+            self._refuse("spoofed-sender", user, f"{user!r} sent a message claiming to be "
+                         f"from {env.sender[:64]!r}")
+            return False
+        if user not in self._security.store.names:
+            # Connected before its key was removed from the trusted directory.
+            self._refuse("revoked-key", user, f"message from {user!r}, whose key is no "
+                         "longer trusted")
+            return False
+        return True
+
     def _flush_acks(self) -> None:
         router = self._router
         pending, self._pending_acks = self._pending_acks, {}
@@ -1003,7 +1226,8 @@ class Node:
                 self.counters["dropped.ack"] += 1
         self._after_send(router)
 
-    def _drain_dealer(self, sock: zmq.Socket[bytes], peer: str | None) -> None:
+    def _drain_dealer(self, sock: zmq.Socket[bytes], peer: str | None,
+                      seed_name: str | None = None) -> None:
         if sock.closed:
             return
         n = 0
@@ -1011,7 +1235,7 @@ class Node:
             while n < _DRAIN_LIMIT:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
                 n += 1
-                self._on_dealer(frames, peer)
+                self._on_dealer(frames, peer, seed_name)
         except zmq.Again:
             pass
         except zmq.ZMQError:
@@ -1019,13 +1243,20 @@ class Node:
                 raise
             return
         if n >= _DRAIN_LIMIT and self._loop is not None:
-            self._loop.call_soon(lambda: self._drain_dealer(sock, peer))
+            self._loop.call_soon(self._drain_dealer, sock, peer, seed_name)
         self._after_batch()
 
-    def _on_dealer(self, frames: list[bytes], peer: str | None) -> None:
+    def _on_dealer(self, frames: list[bytes], peer: str | None,
+                   seed_name: str | None = None) -> None:
+        """A reply on the DEALER to ``peer`` (or to a seed, expected to be ``seed_name``)."""
         origin = peer or "seed"
         try:
             env, payload = decode_direct(frames)
+            expected = peer or seed_name
+            if self._security is not None and env.sender != expected:
+                self._refuse("spoofed-sender", expected, f"the server of {expected!r} sent a "
+                             f"reply claiming to be from {env.sender[:64]!r}")
+                return
             handler = self._kind_handlers.get(env.kind or "")
             if handler is not None and peer is not None:
                 self._run_kind(handler, env, payload, self._reply_to(env))
@@ -1041,7 +1272,7 @@ class Node:
             self._on_ack(env, body)
         elif env.kind == K_WELCOME:
             for advert in self._adverts_from_body(body, env.sender):
-                self._found(advert)
+                self._found(advert, verified=advert.name == env.sender)
             if peer is None:
                 self._close_seed_for(env.sender)
         else:
@@ -1119,13 +1350,14 @@ class Node:
         if not isinstance(seqs, list):
             self._drop("bad-ack", env.sender, "malformed ack from %s", env.sender)
             return
-        _, events = self._peers.heard(env.sender, env.incarnation, time.monotonic())
+        now = time.monotonic()
+        _, events = self._peers.heard(env.sender, env.incarnation, now)
         if events:
             self._apply_peer_events(events)
         for first in seqs:
             if not isinstance(first, int):
                 continue
-            entry = self._outbox.acked(env.sender, first)
+            entry = self._outbox.acked(env.sender, first, now)
             if entry is not None:
                 for fut in entry.token:
                     if not fut.done():
@@ -1147,7 +1379,7 @@ class Node:
             self._on_heartbeat(env, body)
         elif kind == K_HELLO and ident is not None:
             for advert in self._adverts_from_body(body, env.sender):
-                self._found(advert)
+                self._found(advert, verified=advert.name == env.sender)
             if self._router is not None:
                 self._send_control_direct(self._router, K_WELCOME, self._hello_body(),
                                           ident=ident)
@@ -1230,6 +1462,8 @@ class Node:
                 "s": {ch: seq for ch, seq in self._bseq.items() if ch != C.CHANNEL_CONTROL},
                 "d": self.draining,
             })
+        if force_beat and self._security is not None and self._security.refresh():
+            self._revalidate_links()
         if force_beat:
             self._apply_peer_events(self._peers.tick(now))
             for seed in self.config.seeds:

@@ -1,0 +1,609 @@
+"""CurveZMQ for a mesh: keys, the directory of trusted keys, ZAP and the audit log.
+
+Theory of operation
+-------------------
+A secured mesh encrypts and authenticates every connection with CurveZMQ. Each agent
+owns a key pair in the standard ZeroMQ certificate format (``NAME.key`` holds the
+public key, ``NAME.key_secret`` both keys; the secret file is readable by its owner
+only). Each mesh has a **trusted directory** of public certificates: a key is allowed on
+the mesh when its certificate is in that directory, and the file name binds it to one
+agent name (``worker-1.key`` is the key of ``worker-1`` and of nobody else). The file
+name was chosen over certificate metadata because pyzmq writes metadata into the secret
+certificate only, and because ``ls trusted/`` then shows at a glance who may join.
+
+Every node is a CURVE *server* on the sockets it binds (XPUB, ROUTER) and a CURVE
+*client* on the sockets it connects (one SUB and one DEALER per peer), with the peer's
+public key from its advert as the server key. libzmq sets the server key per socket, so a
+secured node cannot share one SUB among publishers that hold different keys; it keeps
+one SUB per peer instead. A client that knows the server key is sure to talk to the
+holder of the matching secret key, so whatever arrives on a peer's SUB or DEALER comes
+from that peer.
+
+Servers ask pyzmq's ZAP authenticator (:class:`MeshAuthenticator`, driven by the node's
+event loop) about every new connection. Its credentials callback consults a
+:class:`TrustStore`, which re-reads the directory whenever the directory or one of its
+files changed (a ``stat`` per handshake, not a one-time load), so adding or removing a key
+takes effect for the next connection without a restart. An accepted connection carries
+the bound agent name as its ZAP User-Id, which libzmq attaches to every message read from
+it; the node compares that name with the envelope's sender and each activity's
+``actor`` (see :mod:`porter_mesh.node.node`). The authenticator must be running before a
+server socket binds: libzmq lets a CURVE client in unauthenticated when no ZAP handler
+answers, so :meth:`MeshSecurity.start` also sets ``ZAP_ENFORCE_DOMAIN`` where libzmq
+supports it.
+
+Refusals and spoofing attempts go to the :class:`AuditLog`: a JSON-lines file in the
+node's data directory (when it has one), a counter per event (``audit.<event>``) and a
+warning the first time. Repeats of one event from one subject are written a few times,
+then only counted, so a hostile peer cannot fill the disk.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime
+import logging
+import os
+import pathlib
+import re
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+import zmq
+from zmq.auth import create_certificates, load_certificate
+from zmq.auth.asyncio import AsyncioAuthenticator
+
+from porter_mesh.core.advert import PeerAdvert, check_agent_name
+from porter_mesh.errors import SecurityError
+
+__all__ = [
+    "AUDIT_FILE",
+    "MIN_LIBZMQ",
+    "AuditLog",
+    "Identity",
+    "MeshAuthenticator",
+    "MeshSecurity",
+    "TrustStore",
+    "check_libzmq",
+    "create_key_pair",
+    "load_identity",
+    "provision_mesh",
+    "trust_key",
+]
+
+log = logging.getLogger("porter_mesh.security")
+
+#: libzmq releases before 4.3.2 have remotely exploitable bugs (CVE-2019-6250 and
+#: CVE-2019-13132); a node refuses to run on them.
+MIN_LIBZMQ: Final = (4, 3, 2)
+#: Name of the audit log inside a node's data directory.
+AUDIT_FILE: Final = "audit.jsonl"
+#: Public certificates in the trusted directory end with this suffix.
+PUBLIC_SUFFIX: Final = ".key"
+SECRET_SUFFIX: Final = ".key_secret"
+#: A certificate is a few hundred bytes; anything much larger is not one.
+_MAX_CERT_BYTES: Final = 64 * 1024
+_Z85_KEY_RE: Final = re.compile(rb"[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")
+_METADATA_NAME_RE: Final = re.compile(rb"^\s+name\s*=\s*\"?([^\"\s]+)\"?\s*$", re.MULTILINE)
+#: Audit lines written per (event, subject) before further ones are only counted.
+_AUDIT_REPEATS: Final = 10
+_AUDIT_SUBJECTS: Final = 10_000
+
+
+def check_libzmq(version: tuple[int, int, int] | None = None) -> None:
+    """Refuse a libzmq that is too old, or one built without CURVE.
+
+    Args:
+        version: the version to check (default: the libzmq pyzmq is linked with).
+
+    Raises:
+        SecurityError: the version is older than :data:`MIN_LIBZMQ`.
+    """
+    found = version if version is not None else zmq.zmq_version_info()
+    if tuple(found) < MIN_LIBZMQ:
+        have = ".".join(map(str, found))
+        need = ".".join(map(str, MIN_LIBZMQ))
+        raise SecurityError(
+            f"libzmq {have} is too old: versions before {need} have remotely exploitable "
+            f"bugs; upgrade pyzmq (pip install -U pyzmq bundles a current libzmq)"
+        )
+
+
+def _valid_key(key: bytes | None) -> bool:
+    return key is not None and _Z85_KEY_RE.fullmatch(key) is not None
+
+
+def _read_cert(path: pathlib.Path) -> tuple[bytes, bytes | None, bytes]:
+    """``(public, secret or None, raw text)`` of a certificate file.
+
+    Raises:
+        SecurityError: the file cannot be read or holds no valid public key.
+    """
+    try:
+        size = path.stat().st_size
+        if size > _MAX_CERT_BYTES:
+            raise SecurityError(f"{path} is {size} bytes: not a ZeroMQ certificate")
+        raw = path.read_bytes()
+        public, secret = load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise SecurityError(f"cannot read the certificate {path}: {exc}") from None
+    if not _valid_key(public) or (secret is not None and not _valid_key(secret)):
+        raise SecurityError(f"{path} does not hold a 40-character Z85 CurveZMQ key")
+    return public, secret, raw
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """This node's key pair, loaded from its secret certificate.
+
+    Attributes:
+        public_key: Z85 public key (40 characters), announced in the advert.
+        secret_key: Z85 secret key; never logged or shown.
+        name: the agent name written in the certificate's metadata, if any.
+        path: the certificate file.
+    """
+
+    public_key: str
+    secret_key: bytes = field(repr=False)
+    name: str | None
+    path: pathlib.Path
+
+
+def load_identity(path: pathlib.Path) -> Identity:
+    """Load a secret certificate made by ``porter-mesh keygen``.
+
+    Args:
+        path: the ``NAME.key_secret`` file.
+
+    Returns:
+        The node's identity.
+
+    Raises:
+        SecurityError: the file is missing, readable by others than its owner, or holds
+            no secret key.
+    """
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise SecurityError(
+            f"cannot read the secret key {path}: {exc.strerror}; make one with "
+            "'porter-mesh keygen NAME'"
+        ) from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise SecurityError(
+            f"the secret key {path} is accessible to other users (mode "
+            f"{stat.S_IMODE(mode):o}); run 'chmod 600 {path}' (and make a new key pair if "
+            "others may have read it)"
+        )
+    public, secret, raw = _read_cert(path)
+    if secret is None:
+        raise SecurityError(
+            f"{path} holds only a public key; give the .key_secret file of this agent"
+        )
+    match = _METADATA_NAME_RE.search(raw.split(b"\ncurve", 1)[0])
+    name = match.group(1).decode("utf-8", "replace") if match else None
+    return Identity(public.decode("ascii"), secret, name, path)
+
+
+def create_key_pair(directory: pathlib.Path, name: str, *, force: bool = False
+                    ) -> tuple[pathlib.Path, pathlib.Path]:
+    """Write a new key pair for agent ``name``: ``NAME.key`` and ``NAME.key_secret``.
+
+    The files are first written into a private temporary directory and then moved into
+    place, so the secret key is never readable by others, not even for a moment.
+
+    Args:
+        directory: where to write the two files (made if missing).
+        name: the agent name (recorded in the secret certificate's metadata).
+        force: replace an existing key pair of that name.
+
+    Returns:
+        ``(public certificate, secret certificate)`` paths.
+
+    Raises:
+        ConfigError: ``name`` is not a valid agent name.
+        SecurityError: the files exist (without ``force``) or cannot be written.
+    """
+    check_agent_name(name)
+    public = directory / f"{name}{PUBLIC_SUFFIX}"
+    secret = directory / f"{name}{SECRET_SUFFIX}"
+    if not force and (public.exists() or secret.exists()):
+        raise SecurityError(
+            f"a key pair for {name!r} already exists in {directory}; keep it, or pass "
+            "--force to replace it (peers that trust the old key must then be updated)"
+        )
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=directory, prefix=".keygen-") as tmp:
+            made_public, made_secret = create_certificates(tmp, name, metadata={"name": name})
+            os.chmod(made_secret, 0o600)
+            os.chmod(made_public, 0o644)
+            os.replace(made_secret, secret)
+            os.replace(made_public, public)
+    except OSError as exc:
+        raise SecurityError(f"cannot write a key pair into {directory}: {exc}") from None
+    return public, secret
+
+
+def trust_key(cert: pathlib.Path, trusted_dir: pathlib.Path, *, name: str | None = None,
+              force: bool = False) -> pathlib.Path:
+    """Add a public certificate to a mesh's trusted directory, bound to an agent name.
+
+    Args:
+        cert: a public certificate (``NAME.key``, as written by ``keygen``).
+        trusted_dir: the mesh's trusted directory (made if missing).
+        name: the agent name to bind the key to (default: the file name without ``.key``).
+        force: replace a different key already trusted under that name.
+
+    Returns:
+        The path of the certificate in the trusted directory.
+
+    Raises:
+        ConfigError: the name is not a valid agent name.
+        SecurityError: the file holds a secret key or no valid key; the name is bound to
+            another key (without ``force``); or the key is already trusted under another
+            name (one key, one agent).
+    """
+    public, secret, raw = _read_cert(cert)
+    if secret is not None:
+        raise SecurityError(
+            f"{cert} contains a secret key; trust the public certificate (the .key file) "
+            "instead: a secret key never leaves the agent that owns it"
+        )
+    agent = name if name is not None else cert.name.removesuffix(PUBLIC_SUFFIX)
+    check_agent_name(agent)
+    store = TrustStore(trusted_dir)
+    store.refresh()
+    key = public.decode("ascii")
+    holder = store.name_for(key)
+    if holder is not None and holder != agent:
+        raise SecurityError(
+            f"this key is already trusted as {holder!r}; one key belongs to one agent "
+            f"(remove {trusted_dir / (holder + PUBLIC_SUFFIX)} first to rename it)"
+        )
+    current = store.key_for(agent)
+    if current is not None and current != key and not force:
+        raise SecurityError(
+            f"{agent!r} is already trusted with another key; pass --force to replace it"
+        )
+    target = trusted_dir / f"{agent}{PUBLIC_SUFFIX}"
+    try:
+        trusted_dir.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_bytes(raw)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)  # atomic: a reader sees the old file or the new one
+    except OSError as exc:
+        raise SecurityError(f"cannot write into {trusted_dir}: {exc}") from None
+    return target
+
+
+def provision_mesh(directory: pathlib.Path, names: list[str] | tuple[str, ...]
+                   ) -> tuple[pathlib.Path, dict[str, pathlib.Path]]:
+    """Make a key pair for each agent and trust them all: a self-contained secured mesh
+    (for the demo, benchmarks and tests; a lab does the same with ``keygen`` and
+    ``trust``, see ``docs/security.md``).
+
+    Args:
+        directory: where the key pairs go; the trusted directory is its ``trusted``.
+        names: the agents.
+
+    Returns:
+        ``(trusted directory, {name: secret certificate})``.
+
+    Raises:
+        SecurityError: a file cannot be written, or a key pair already exists there.
+    """
+    trusted = directory / "trusted"
+    secrets: dict[str, pathlib.Path] = {}
+    for name in names:
+        public, secrets[name] = create_key_pair(directory, name)
+        trust_key(public, trusted)
+    return trusted, secrets
+
+
+class TrustStore:
+    """The trusted directory of one mesh, re-read whenever it changes.
+
+    Args:
+        directory: the directory of public certificates (``NAME.key``).
+
+    A key listed under two names is trusted under neither (it is ambiguous), and files
+    that are not certificates are skipped with a warning; neither stops the others from
+    loading.
+    """
+
+    def __init__(self, directory: pathlib.Path) -> None:
+        self.directory = directory
+        #: Increases every time the set of trusted keys changes.
+        self.generation = 0
+        self._signature: tuple[Any, ...] | None = None
+        self._by_key: dict[str, str] = {}
+        self._by_name: dict[str, str] = {}
+        self._warned: set[str] = set()
+
+    @property
+    def names(self) -> frozenset[str]:
+        """Agent names that currently have a trusted key."""
+        return frozenset(self._by_name)
+
+    def name_for(self, key: str) -> str | None:
+        """The agent a Z85 public key is bound to, or None when it is not trusted."""
+        return self._by_key.get(key)
+
+    def key_for(self, name: str) -> str | None:
+        """The trusted Z85 public key of agent ``name``, or None."""
+        return self._by_name.get(name)
+
+    def _scan(self) -> tuple[Any, ...]:
+        entries: list[tuple[str, int, int, int]] = []
+        try:
+            with os.scandir(self.directory) as it:
+                for entry in it:
+                    if entry.name.endswith(PUBLIC_SUFFIX) and not entry.name.startswith("."):
+                        st = entry.stat()
+                        entries.append((entry.name, st.st_mtime_ns, st.st_size, st.st_ino))
+        except FileNotFoundError:
+            return ("missing",)
+        return tuple(sorted(entries))
+
+    def refresh(self) -> bool:
+        """Re-read the directory if it changed since the last look.
+
+        Returns:
+            True when the set of trusted keys was reloaded.
+        """
+        signature = self._scan()
+        if signature == self._signature:
+            return False
+        self._signature = signature
+        found: list[tuple[str, str]] = []
+        for item in signature:
+            if not isinstance(item, tuple):
+                continue
+            filename = item[0]
+            path = self.directory / filename
+            agent = filename.removesuffix(PUBLIC_SUFFIX)
+            try:
+                check_agent_name(agent)
+                public, _, _ = _read_cert(path)
+            except Exception as exc:  # a stray file must not hide the good ones
+                self._warn(filename, "skipping %s in the trusted directory: %s", path, exc)
+                continue
+            found.append((agent, public.decode("ascii")))
+        uses = collections.Counter(key for _, key in found)
+        by_key: dict[str, str] = {}
+        by_name: dict[str, str] = {}
+        for agent, key in found:
+            if uses[key] > 1:
+                self._warn(agent + PUBLIC_SUFFIX, "the key of %s in %s is trusted under "
+                           "several names; trusting it under none", agent, self.directory)
+                continue
+            by_key[key] = agent
+            by_name[agent] = key
+        changed = by_key != self._by_key
+        self._by_key, self._by_name = by_key, by_name
+        if changed:
+            self.generation += 1
+        return changed
+
+    def _warn(self, filename: str, message: str, *args: object) -> None:
+        if filename not in self._warned and len(self._warned) < 1000:
+            self._warned.add(filename)
+            log.warning(message, *args)
+
+    def advert_problem(self, advert: PeerAdvert) -> tuple[str, str] | None:
+        """Why a secured node must ignore ``advert``, or None when its key is trusted for
+        its name.
+
+        Returns:
+            ``(event, detail)``: ``insecure-advert`` (no key: no downgrade),
+            ``untrusted-advert`` (the key is not trusted) or ``advert-key-mismatch``
+            (the name is bound to another key, or the key to another name).
+        """
+        if advert.public_key is None:
+            return ("insecure-advert",
+                    f"advert of {advert.name!r} carries no public key; a secured node only "
+                    "connects to secured peers")
+        holder = self._by_key.get(advert.public_key)
+        if holder == advert.name:
+            return None
+        expected = self._by_name.get(advert.name)
+        if holder is None and expected is None:
+            return ("untrusted-advert",
+                    f"advert of {advert.name!r} carries a key that is not trusted "
+                    f"({advert.public_key[:8]}...)")
+        return ("advert-key-mismatch",
+                f"advert of {advert.name!r} carries key {advert.public_key[:8]}..., which "
+                + (f"belongs to {holder!r}" if holder else
+                   f"is not the key trusted for {advert.name!r}"))
+
+
+class AuditLog:
+    """Security events: a JSON-lines file, a counter per event, a warning the first time.
+
+    Args:
+        path: the file to append to, or None to only count and log.
+        node: this node's name (written on every line).
+        counters: where ``audit.<event>`` is counted.
+    """
+
+    def __init__(self, path: pathlib.Path | None, node: str,
+                 counters: collections.Counter[str]) -> None:
+        self.path = path
+        self.node = node
+        self._counters = counters
+        self._seen: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._fd: int | None = None
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                # O_APPEND: each line lands whole at the end, even with several writers.
+                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            except OSError as exc:
+                raise SecurityError(f"cannot open the audit log {path}: {exc}") from None
+
+    def record(self, event: str, detail: str, *, peer: str | None = None,
+               key: str | None = None, address: str | None = None) -> None:
+        """Count ``event`` and, unless it repeats too often, write it down.
+
+        Args:
+            event: a short tag (``untrusted-key``, ``spoofed-actor``...).
+            detail: what happened, in words.
+            peer: the agent concerned (authenticated or claimed), when known.
+            key: the Z85 public key concerned, when known.
+            address: the remote address, when known.
+        """
+        self._counters["audit." + event] += 1
+        subject = (event, peer or key or address or "?")
+        seen = self._seen[subject]
+        if seen >= _AUDIT_REPEATS or (not seen and len(self._seen) >= _AUDIT_SUBJECTS):
+            return
+        self._seen[subject] = seen + 1
+        if not seen:
+            log.warning("security: %s (%s)", detail, event)
+        if self._fd is None:
+            return
+        line = orjson.dumps({
+            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
+            "node": self.node, "event": event, "peer": peer, "key": key,
+            "address": address, "detail": detail,
+            "repeat": seen + 1,
+        }) + b"\n"
+        try:
+            os.write(self._fd, line)
+        except OSError as exc:
+            log.error("cannot write the audit log %s: %s", self.path, exc)
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class MeshAuthenticator(AsyncioAuthenticator):
+    """pyzmq's ZAP authenticator on the node's event loop, asking a :class:`TrustStore`.
+
+    The User-Id of an accepted connection is the agent name its key is bound to.
+
+    Args:
+        context: the node's ZeroMQ context.
+        store: the trusted keys.
+        audit: where refusals are recorded.
+        domain: the ZAP domain (the mesh name) the node's server sockets use.
+    """
+
+    def __init__(self, context: zmq.Context[Any], store: TrustStore, audit: AuditLog,
+                 domain: str) -> None:
+        super().__init__(context, log=logging.getLogger("porter_mesh.security.zap"))
+        self.store = store
+        self.audit = audit
+        self._address = ""
+        self.configure_curve_callback(domain, credentials_provider=self)
+
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        """Answer one ZAP request (pyzmq's logic), remembering the client's address
+        for the audit log."""
+        self._address = msg[3].decode("utf-8", "replace") if len(msg) > 3 else ""
+        await super().handle_zap_message(msg)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """The credentials check: is ``key`` (Z85) in the trusted directory now?"""
+        self.store.refresh()
+        text = key.decode("ascii", "replace")
+        if self.store.name_for(text) is not None:
+            return True
+        self.audit.record("untrusted-key",
+                          f"refused a connection from {self._address or 'an unknown address'}"
+                          f" with a key that is not trusted ({text[:8]}...)",
+                          key=text, address=self._address or None)
+        return False
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        """The agent name bound to the client's key (the connection's User-Id)."""
+        key = zmq.utils.z85.encode(client_public_key).decode("ascii")
+        return self.store.name_for(key) or ""
+
+
+@dataclass
+class MeshSecurity:
+    """Everything a secured node needs: its identity, the trusted keys, the audit log.
+
+    Build it with :meth:`load`; call :meth:`start` before binding any socket and
+    :meth:`stop` after closing them.
+    """
+
+    identity: Identity
+    store: TrustStore
+    audit: AuditLog
+    domain: str
+    authenticator: MeshAuthenticator | None = None
+
+    @classmethod
+    def load(cls, *, name: str, mesh: str, key_file: pathlib.Path,
+             trusted_dir: pathlib.Path, audit_path: pathlib.Path | None,
+             counters: collections.Counter[str], observer: bool = False) -> MeshSecurity:
+        """Load the node's key and the mesh's trusted directory.
+
+        Raises:
+            SecurityError: the key cannot be used (see :func:`load_identity`), it was made
+                for another agent, or the trusted directory does not exist.
+        """
+        identity = load_identity(key_file)
+        if not observer and identity.name is not None and identity.name != name:
+            raise SecurityError(
+                f"the key {key_file} was made for {identity.name!r}, not {name!r}; run this "
+                f"agent as {identity.name!r} or make it a key with 'porter-mesh keygen {name}'"
+            )
+        if not trusted_dir.is_dir():
+            raise SecurityError(
+                f"the trusted directory {trusted_dir} does not exist; add the mesh's public "
+                f"keys with 'porter-mesh trust FILE --mesh {mesh}' (see docs/security.md)"
+            )
+        store = TrustStore(trusted_dir)
+        store.refresh()
+        bound = store.name_for(identity.public_key)
+        if bound is None:
+            log.warning("this node's own key is not in %s: peers that share that directory "
+                        "will refuse it", trusted_dir)
+        elif bound != name and not observer:
+            raise SecurityError(
+                f"{trusted_dir} trusts this node's key as {bound!r}, not {name!r}; an agent "
+                "can only speak under the name its key is bound to"
+            )
+        return cls(identity, store, AuditLog(audit_path, name, counters), mesh)
+
+    def start(self, context: zmq.Context[Any]) -> None:
+        """Start the ZAP authenticator on the running event loop (before any bind)."""
+        self.authenticator = MeshAuthenticator(context, self.store, self.audit, self.domain)
+        self.authenticator.start()
+
+    def stop(self) -> None:
+        """Stop the authenticator and close the audit log (after the sockets closed)."""
+        if self.authenticator is not None:
+            self.authenticator.stop()
+            self.authenticator = None
+        self.audit.close()
+
+    def serve(self, sock: zmq.Socket[Any]) -> None:
+        """Make ``sock`` a CURVE server that asks ZAP about every client."""
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self.identity.secret_key)
+        sock.setsockopt(zmq.ZAP_DOMAIN, self.domain.encode())
+        # Without it libzmq lets clients in when no ZAP handler answers.
+        with contextlib.suppress(AttributeError, zmq.ZMQError):
+            sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+
+    def client(self, sock: zmq.Socket[Any], server_key: str) -> None:
+        """Make ``sock`` a CURVE client of the server holding ``server_key``."""
+        sock.setsockopt(zmq.CURVE_SERVERKEY, server_key.encode("ascii"))
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, self.identity.public_key.encode("ascii"))
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self.identity.secret_key)
+
+    def refresh(self) -> bool:
+        """Re-read the trusted directory if it changed; True when keys changed."""
+        return self.store.refresh()
