@@ -180,7 +180,7 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
     agents: list[Agent] = []
     print(f"porter-mesh demo: mesh {mesh!r} on 127.0.0.1, output in {out}", file=stream)
     envs: dict[str, dict[str, str]] = {}
-    keys: dict[str, Path] = {}
+    keys: dict[str, Any] = {}
     if secure:
         envs = _secure_mesh(out, [name for _, name in TEAM])
         seat = envs.pop(C.HUMAN_AGENT)
