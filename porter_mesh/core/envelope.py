@@ -15,7 +15,8 @@ add fields without a flag day:
 key    field            required  value
 =====  ===============  ========  ===========================================================
 ``v``  ``version``      yes       :data:`~porter_mesh.core.constants.PROTOCOL_VERSION`
-``i``  ``msg_id``       yes       unique per sender (see :func:`make_msg_id`)
+``i``  ``msg_id``       no        unique per sender; absent means the conventional id
+                                  ``make_msg_id(e, c, s)`` (see below)
 ``f``  ``sender``       yes       agent name ("from")
 ``c``  ``channel``      yes       ``log``, ``task``, ``task:<agent>``, ``control``... (no NUL)
 ``s``  ``seq``          yes       sequence of the first activity carried, per (sender,
@@ -32,8 +33,7 @@ key    field            required  value
 =====  ===============  ========  ===========================================================
 
 Keys are one character because CPython shares one-character strings, so decoding builds
-no key objects: measured here, unpacking the map costs about 20% less than with
-two-character keys.
+no key objects.
 
 The payload is the AS2 activity as JSON (the profile keeps AS2 as JSON on the wire); a
 batch of ``n > 1`` activities is a JSON array of exactly ``n`` objects. When ``kind`` is
@@ -43,29 +43,71 @@ The decoders take untrusted bytes: every malformed input raises
 :class:`~porter_mesh.errors.FrameError` (or :class:`~porter_mesh.errors.ActivityError`
 for a bad activity) with a ``reason`` tag for counting drops, never anything else.
 
-Performance: these functions sit on every message, so the hot paths avoid per-field
-function calls. The usual envelope (required keys only) is read with seven dict lookups
-and validated by one boolean expression; only when that fails does a slower pass work
-out which field is wrong, to say so in the error. ``bench/bench_codec.py`` measures the
-cost against bare orjson.
+The message id
+--------------
+Every :class:`Envelope` has a ``msg_id``, but the wire carries it only when it is not
+the conventional ``"<incarnation hex>.<channel>.<seq>"`` (:func:`make_msg_id`), which
+the receiver can work out from ``e``, ``c`` and ``s``. The encoder leaves ``i`` out when
+the id equals that form, and the decoder fills it in eagerly, so a decoded envelope
+always holds the id as a plain string and compares equal to the one that was sent.
+Eager rather than lazy because the id is a ``NamedTuple`` field: a lazily computed one
+would need a custom class, and then envelopes built with and without the id would no
+longer compare equal. Formatting it costs about as much as unpacking the 30 bytes it
+would take on the wire, and the envelope is 25-30 bytes shorter.
+
+Layout and templates (performance)
+----------------------------------
+These functions sit on every message. The encoder writes a fixed layout: the map
+header, the fields that are constant for a stream (``v``, ``f``, ``c``, ``e``, ``t``),
+the optional per-message fields that are present (``k``, ``r``, ``n``, ``i``), and last
+``s`` and ``h``, both as msgpack *uint 64* (``0xcf`` and 8 big-endian bytes) whatever
+their value. A msgpack map may list its pairs in any order and an integer may use a
+wider format than it needs, so this is an ordinary msgpack map that any decoder reads.
+
+The fixed layout lets both directions skip msgpack for the usual message:
+
+* *Encoding.* The bytes of the constant part are built once per (sender, channel,
+  incarnation, recipient) and kept in a small cache; an envelope with only the required
+  fields is then that prefix plus one ``struct`` call for ``seq`` and ``hlc``.
+* *Decoding.* Everything before the last 19 bytes (the value of ``s``, the key of ``h``
+  and its value) is the same for every message of a stream. The first message of a
+  stream is decoded in full; when re-encoding the result gives back exactly the
+  received bytes (which proves they have this module's layout and nothing unknown), that
+  prefix and the fields it decodes to are cached. Later messages whose prefix is in the
+  cache are read with one ``struct`` call and three range checks. Anything else (another
+  encoder's layout, an unknown key, a ``ref``, a non-conventional id, a prefix not yet
+  seen) takes the full path: msgpack, then one boolean expression over the fields, and
+  only when that fails a slower pass that works out which field is wrong.
+
+Both caches hold at most :data:`_CACHE_MAX` entries and start over when full, so a
+flood of distinct streams costs only cache misses. ``bench/bench_codec.py`` measures
+all of this against bare orjson.
 """
 
 from __future__ import annotations
 
 import secrets
-import sys
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 import msgpack
+import orjson
 
 from porter_mesh.core.as2 import (
     Activity,
+    _activity,
+    _json_of,
     activities_from_json_array,
     activities_to_json_array,
     parse_activity,
 )
-from porter_mesh.core.constants import MAX_BATCH, MAX_MESSAGE_BYTES, PROTOCOL_VERSION
+from porter_mesh.core.constants import (
+    MAX_ACTIVITY_BYTES,
+    MAX_BATCH,
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+)
 from porter_mesh.errors import FrameError
 
 __all__ = [
@@ -95,7 +137,7 @@ __all__ = [
     "new_incarnation",
 ]
 
-#: Largest encoded envelope. Real ones are about 100 bytes; anything near this limit is
+#: Largest encoded envelope. Real ones are about 70 bytes; anything near this limit is
 #: garbage or an attack, and the cap also bounds every string field inside.
 MAX_ENVELOPE_BYTES: Final = 4096
 #: Largest control payload (``kind`` set): one ZeroMQ frame.
@@ -123,15 +165,20 @@ _U64: Final = (1 << 64) - 1
 
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
+_loads = orjson.loads
 _tuple_new = tuple.__new__
+_JSONDecodeError = orjson.JSONDecodeError
 
-# One shared Packer saves building a Packer per envelope (about a third of packing
-# time). Sharing is safe under the GIL: packing a dict of exact str/int values runs
-# entirely in C, with no Python code and no GC-tracked allocation that could let
-# another thread in mid-pack. A free-threaded interpreter gets the per-call packb.
-_pack_envelope: Any = (
-    msgpack.Packer().pack if getattr(sys, "_is_gil_enabled", lambda: True)() else _packb
-)
+# The end of every envelope this module writes: key "s", its value as uint 64, key "h",
+# its value as uint 64. _TAIL reads and writes the 19 bytes after _SEQ_KEY.
+_SEQ_KEY: Final = b"\xa1s\xcf"
+_HLC_KEY: Final = b"\xa1h\xcf"
+_TAIL: Final = struct.Struct(">Q3sQ")
+_TAIL_SIZE: Final = _TAIL.size
+#: Entries per template cache (streams: sender x channel x incarnation, few in a mesh).
+_CACHE_MAX: Final = 1024
+#: Only envelopes up to this size are cached for decoding (real ones are about 70 bytes).
+_CACHED_ENVELOPE_MAX: Final = 256
 
 
 class Envelope(NamedTuple):
@@ -142,7 +189,8 @@ class Envelope(NamedTuple):
 
     Attributes:
         version: protocol version, :data:`~porter_mesh.core.constants.PROTOCOL_VERSION`.
-        msg_id: unique per sender; :func:`make_msg_id` builds the conventional form.
+        msg_id: unique per sender; :func:`make_msg_id` builds the conventional form,
+            which the wire leaves out (the decoder derives it).
         sender: the sending agent's name.
         channel: the channel (``"log"``, ``"task"``, ``"task:<agent>"``, ``"control"``...).
         seq: per (sender, channel, incarnation) sequence of the first activity carried,
@@ -177,7 +225,8 @@ def make_msg_id(incarnation: int, channel: str, seq: int) -> str:
     Unique per sender because (incarnation, channel, seq) is; it needs no extra state
     and tells a reader at a glance where a message came from. The first and last dots
     delimit the parts (hex and decimal digits contain no dots), so a channel containing
-    dots is still unambiguous.
+    dots is still unambiguous. An envelope whose id has this form does not carry it on
+    the wire: the receiver derives it.
 
     Args:
         incarnation: the sender's incarnation.
@@ -202,14 +251,13 @@ def new_incarnation() -> int:
 # -- envelope --------------------------------------------------------------------------
 
 
-def _required_ok(
-    version: Any, msg_id: Any, sender: Any, channel: Any, seq: Any, inc: Any, hlc: Any
-) -> bool:
-    """Whether the required fields have the right types and ranges.
+def _valid(env: Envelope) -> bool:
+    """Whether every field of ``env`` has the right type and range.
 
-    One boolean expression, cheapest tests first: it runs twice per message (encode and
-    decode). Exact ``type() is`` tests keep ``bool`` (an ``int`` subclass) out.
+    One boolean expression, cheapest tests first. Exact ``type() is`` tests keep
+    ``bool`` (an ``int`` subclass) out.
     """
+    version, msg_id, sender, channel, seq, inc, hlc, recipient, ref, count, kind = env
     return (
         version == PROTOCOL_VERSION
         and type(version) is int
@@ -219,33 +267,18 @@ def _required_ok(
         and type(seq) is int
         and type(inc) is int
         and type(hlc) is int
+        and type(count) is int
         and msg_id != ""
         and sender != ""
         and channel != ""
-        and 0 <= seq <= _I63
         and 0 <= inc <= _I63
         and 0 <= hlc <= _U64
-        and "\0" not in channel
-    )
-
-
-def _optional_ok(seq: int, recipient: Any, ref: Any, count: Any, kind: Any) -> bool:
-    """Whether the optional fields (and the sequence range of a batch) are valid."""
-    return (
-        (recipient is None or (type(recipient) is str and recipient != ""))
-        and (ref is None or (type(ref) is str and ref != ""))
-        and type(count) is int
         and 1 <= count <= MAX_BATCH
-        and seq + count - 1 <= _I63
+        and 0 <= seq <= _I63 - count + 1
+        and "\0" not in channel
+        and (recipient is None or (type(recipient) is str and recipient != ""))
+        and (ref is None or (type(ref) is str and ref != ""))
         and ((kind is None and seq != 0) or (type(kind) is str and 0 < len(kind) <= MAX_KIND_CHARS))
-    )
-
-
-def _valid(env: Envelope) -> bool:
-    """Whether every field of ``env`` has the right type and range."""
-    version, msg_id, sender, channel, seq, inc, hlc, recipient, ref, count, kind = env
-    return _required_ok(version, msg_id, sender, channel, seq, inc, hlc) and _optional_ok(
-        seq, recipient, ref, count, kind
     )
 
 
@@ -317,14 +350,72 @@ def _invalid(env: Envelope, doing: str) -> FrameError:
     )
 
 
+def _too_large_envelope(size: int) -> FrameError:
+    return FrameError(
+        f"envelope encodes to {size} bytes, over the {MAX_ENVELOPE_BYTES}-byte limit; "
+        f"shorten the agent/channel names or ids",
+        reason="too-large",
+    )
+
+
+def _pack_entries(entries: dict[str, Any]) -> bytes:
+    """The key/value pairs of a msgpack map, without its header (at most 15 entries)."""
+    try:
+        packed: bytes = _packb(entries)
+    except UnicodeEncodeError as exc:
+        raise FrameError(
+            f"cannot encode envelope: a text field is not valid Unicode ({exc}); remove "
+            f"lone surrogates",
+            reason="bad-field",
+        ) from None
+    return packed[1:]  # a fixmap header is one byte
+
+
+# An encoding template per stream: (conventional id prefix, the whole envelope up to
+# _SEQ_KEY when no optional per-message field is present, and the prefix without
+# _SEQ_KEY with a map header for 0..4 optional per-message fields).
+_Template = tuple[str, bytes, tuple[bytes, ...]]
+_templates: dict[tuple[Any, ...], _Template] = {}
+
+
+def _template(env: Envelope) -> _Template:
+    """Check the per-stream fields of ``env`` and build (and cache) their encoding."""
+    version, _, sender, channel, _, inc, _, recipient, _, _, _ = env
+    if not (
+        version == PROTOCOL_VERSION
+        and type(version) is int
+        and _text(sender)
+        and _text(channel)
+        and "\0" not in channel
+        and type(inc) is int
+        and 0 <= inc <= _I63
+        and (recipient is None or _text(recipient))
+    ):
+        raise _invalid(env, "cannot encode envelope")
+    entries = {"v": version, "f": sender, "c": channel, "e": inc}
+    if recipient is not None:
+        entries["t"] = recipient
+    body = _pack_entries(entries)
+    size = 1 + len(body) + len(_SEQ_KEY) + _TAIL_SIZE
+    if size > MAX_ENVELOPE_BYTES:
+        raise _too_large_envelope(size)
+    # Header byte: fixmap (0x80) with the constant entries, "s", "h" and the extras.
+    heads = tuple(bytes((0x80 | (len(entries) + 2 + extra),)) + body for extra in range(5))
+    template = (f"{inc:x}.{channel}.", heads[0] + _SEQ_KEY, heads)
+    if len(_templates) >= _CACHE_MAX:
+        _templates.clear()  # streams are few; a flood of new ones only restarts the cache
+    _templates[(sender, channel, inc, recipient)] = template
+    return template
+
+
 def encode_envelope(env: Envelope) -> bytes:
-    """Encode an envelope as a msgpack map with short keys, omitting defaults.
+    """Encode an envelope for the wire.
 
     Args:
         env: the envelope.
 
     Returns:
-        The msgpack bytes.
+        The msgpack bytes (a map; see the module docstring for the layout).
 
     Raises:
         FrameError: ``reason="bad-version"`` / ``"bad-field"`` when a field has the wrong
@@ -337,28 +428,46 @@ def encode_envelope(env: Envelope) -> bytes:
             reason="bad-field",
         )
     version, msg_id, sender, channel, seq, inc, hlc, recipient, ref, count, kind = env
-    if not _required_ok(version, msg_id, sender, channel, seq, inc, hlc):
+    template = _templates.get((sender, channel, inc, recipient))
+    # A cache hit means sender, channel, incarnation and recipient equal values already
+    # checked; the identity and type tests keep True from passing for 1.
+    if template is None or version is not PROTOCOL_VERSION or type(inc) is not int:
+        template = _template(env)
+    id_prefix, plain, heads = template
+    if (
+        type(seq) is int
+        and type(hlc) is int
+        and 0 < seq <= _I63
+        and 0 <= hlc <= _U64
+        and kind is None
+        and ref is None
+        and count == 1
+        and type(count) is int
+        and msg_id == f"{id_prefix}{seq}"
+    ):
+        # The usual message: the cached prefix and the two numbers.
+        return plain + _TAIL.pack(seq, _HLC_KEY, hlc)
+    if not _valid(env):
         raise _invalid(env, "cannot encode envelope")
-    m = {"v": version, "i": msg_id, "f": sender, "c": channel, "s": seq, "e": inc, "h": hlc}
-    if seq == 0 or recipient is not None or ref is not None or count != 1 or kind is not None:
-        if not _optional_ok(seq, recipient, ref, count, kind):
-            raise _invalid(env, "cannot encode envelope")
-        if recipient is not None:
-            m["t"] = recipient
-        if ref is not None:
-            m["r"] = ref
-        if count != 1:
-            m["n"] = count
-        if kind is not None:
-            m["k"] = kind
-    data: bytes = _pack_envelope(m)
+    extras: dict[str, Any] = {}
+    if kind is not None:
+        extras["k"] = kind
+    if ref is not None:
+        extras["r"] = ref
+    if count != 1:
+        extras["n"] = count
+    if msg_id != f"{id_prefix}{seq}":
+        extras["i"] = msg_id
+    data = heads[len(extras)] + _pack_entries(extras) + _SEQ_KEY + _TAIL.pack(seq, _HLC_KEY, hlc)
     if len(data) > MAX_ENVELOPE_BYTES:
-        raise FrameError(
-            f"envelope encodes to {len(data)} bytes, over the {MAX_ENVELOPE_BYTES}-byte "
-            f"limit; shorten the agent/channel names or ids",
-            reason="too-large",
-        )
+        raise _too_large_envelope(len(data))
     return data
+
+
+# A decoding template per stream prefix (the envelope bytes but the last _TAIL_SIZE):
+# (version, id prefix, sender, channel, incarnation, recipient, count, kind, lowest and
+# highest valid seq).
+_prefixes: dict[bytes, tuple[Any, ...]] = {}
 
 
 def decode_envelope(data: bytes) -> Envelope:
@@ -368,13 +477,33 @@ def decode_envelope(data: bytes) -> Envelope:
         data: the envelope frame.
 
     Returns:
-        The envelope. Keys this version does not know are ignored.
+        The envelope, ``msg_id`` filled in when the wire left it out. Keys this version
+        does not know are ignored.
 
     Raises:
         FrameError: ``reason`` is ``"too-large"`` (over :data:`MAX_ENVELOPE_BYTES`),
             ``"bad-msgpack"`` (not one well-formed msgpack value), ``"not-a-map"``,
             ``"missing-key"``, ``"bad-version"`` or ``"bad-field"``.
     """
+    try:
+        template = _prefixes.get(data[:-_TAIL_SIZE])
+    except TypeError:  # not bytes (bytearray, memoryview, garbage): the full path says
+        template = None
+    if template is not None:
+        seq, key, hlc = _TAIL.unpack_from(data, len(data) - _TAIL_SIZE)
+        version, id_prefix, sender, channel, inc, recipient, count, kind, low, high = template
+        if key == _HLC_KEY and low <= seq <= high:
+            env: Envelope = _tuple_new(
+                Envelope,
+                (version, f"{id_prefix}{seq}", sender, channel, seq, inc, hlc,
+                 recipient, None, count, kind),
+            )  # fmt: skip
+            return env
+    return _decode_full(data)
+
+
+def _decode_full(data: bytes) -> Envelope:
+    """Decode any msgpack envelope; cache the stream's prefix when it has our layout."""
     try:
         size = len(data)
         if size > MAX_ENVELOPE_BYTES:
@@ -395,33 +524,14 @@ def decode_envelope(data: bytes) -> Envelope:
         ) from exc
     if type(m) is not dict:
         raise FrameError(f"envelope is a msgpack {type(m).__name__}, not a map", reason="not-a-map")
-    if len(m) == 7:
-        # Fast path: the usual envelope carries the required keys only (all optional
-        # fields at their default), so there is nothing else to look up or check.
-        try:
-            version = m["v"]
-            msg_id = m["i"]
-            sender = m["f"]
-            channel = m["c"]
-            seq = m["s"]
-            inc = m["e"]
-            hlc = m["h"]
-        except KeyError:
-            pass  # seven keys, but some unknown: the general path says which is missing
-        else:
-            # (kind is absent here, so seq 0 is not allowed: the general path says so)
-            if seq != 0 and _required_ok(version, msg_id, sender, channel, seq, inc, hlc):
-                fast: Envelope = _tuple_new(
-                    Envelope, (version, msg_id, sender, channel, seq, inc, hlc, None, None, 1, None)
-                )
-                return fast
     get = m.get
+    msg_id = get("i")
     try:
         env: Envelope = _tuple_new(
             Envelope,
             (
                 m["v"],
-                m["i"],
+                "-" if msg_id is None else msg_id,  # stands in for the derived id
                 m["f"],
                 m["c"],
                 m["s"],
@@ -435,13 +545,50 @@ def decode_envelope(data: bytes) -> Envelope:
         )
     except KeyError as exc:
         raise FrameError(
-            f"envelope lacks the required key {exc.args[0]!r}; required keys are "
-            f"v, i, f, c, s, e, h",
+            f"envelope lacks the required key {exc.args[0]!r}; required: v, f, c, s, e, h",
             reason="missing-key",
         ) from None
     if not _valid(env):
         raise _invalid(env, "refused envelope")
+    if msg_id is not None:
+        return env
+    version, _, sender, channel, seq, inc, hlc, recipient, ref, count, kind = env
+    env = _tuple_new(
+        Envelope,
+        (version, f"{inc:x}.{channel}.{seq}", sender, channel, seq, inc, hlc,
+         recipient, ref, count, kind),
+    )  # fmt: skip
+    if ref is None and type(data) is bytes and size <= _CACHED_ENVELOPE_MAX:
+        _remember_prefix(env, data)
     return env
+
+
+def _remember_prefix(env: Envelope, data: bytes) -> None:
+    """Cache the prefix of ``data`` if it is exactly what :func:`encode_envelope` writes.
+
+    Then every envelope with that prefix and a well-formed tail decodes to the same
+    fields but ``seq`` and ``hlc``; nothing else can share the prefix by accident.
+    """
+    try:
+        if encode_envelope(env) != data:
+            return
+    except FrameError:
+        return
+    version, _, sender, channel, _, inc, _, recipient, _, count, kind = env
+    if len(_prefixes) >= _CACHE_MAX:
+        _prefixes.clear()
+    _prefixes[data[:-_TAIL_SIZE]] = (
+        version,
+        f"{inc:x}.{channel}.",
+        sender,
+        channel,
+        inc,
+        recipient,
+        count,
+        kind,
+        1 if kind is None else 0,
+        _I63 - count + 1,
+    )
 
 
 # -- topic -----------------------------------------------------------------------------
@@ -628,11 +775,14 @@ def encode_payload(activities: Sequence[Activity]) -> bytes:
     """
     n = len(activities)
     if n == 1:
+        activity = activities[0]
         try:
-            data: bytes = activities[0].to_json()
-        except AttributeError:
+            # The cached JSON when there is some (read straight from the slot, which also
+            # refuses anything but an Activity), else serialised now and cached.
+            data: bytes = _json_of(activity) or activity.to_json()
+        except TypeError:
             raise FrameError(
-                f"a payload carries Activity values, not {type(activities[0]).__name__}; "
+                f"a payload carries Activity values, not {type(activity).__name__}; "
                 f"build them with porter_mesh.core.as2",
                 reason="bad-count",
             ) from None
@@ -668,6 +818,12 @@ def decode_payload(payload: bytes, count: int) -> list[Activity]:
             before parsing).
     """
     if count == 1:
+        if type(payload) is bytes and len(payload) <= MAX_ACTIVITY_BYTES:
+            # parse_activity's work for the usual payload, without its extra call.
+            try:
+                return [_activity(_loads(payload))]
+            except _JSONDecodeError:
+                pass  # not JSON: parse_activity delivers the profile's fallback Note
         return [parse_activity(payload)]
     if type(count) is not int or not 1 < count <= MAX_BATCH:
         raise FrameError(f"activity count {count!r} is outside 1..{MAX_BATCH}", reason="bad-count")

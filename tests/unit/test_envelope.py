@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from porter_mesh.core import envelope as envelope_module
 from porter_mesh.core.as2 import Activity, parse_activity
 from porter_mesh.core.constants import MAX_BATCH, MAX_MESSAGE_BYTES, PROTOCOL_VERSION
 from porter_mesh.core.envelope import (
@@ -76,9 +77,11 @@ def reason(exc_info: pytest.ExceptionInfo[FrameError]) -> str:
 def test_round_trip_minimal_envelope_uses_short_keys_and_omits_defaults() -> None:
     env = envelope()
     data = encode_envelope(env)
-    assert set(msgpack.unpackb(data)) == {"v", "i", "f", "c", "s", "e", "h"}
-    assert len(data) < 100
+    # The conventional message id is derived by the receiver, not sent.
+    assert set(msgpack.unpackb(data)) == {"v", "f", "c", "s", "e", "h"}
+    assert len(data) < 70
     assert decode_envelope(data) == env
+    assert decode_envelope(data).msg_id == make_msg_id(INC, "log", 7)
 
 
 def test_round_trip_full_envelope() -> None:
@@ -125,7 +128,7 @@ def test_malformed_frames(data: bytes, why: str) -> None:
     assert reason(info) == why
 
 
-@pytest.mark.parametrize("key", ["v", "i", "f", "c", "s", "e", "h"])
+@pytest.mark.parametrize("key", ["v", "f", "c", "s", "e", "h"])
 def test_missing_required_key(key: str) -> None:
     with pytest.raises(FrameError) as info:
         decode_envelope(msgpack.packb(raw_map(**{key: ...})))
@@ -202,6 +205,122 @@ def test_encode_refuses_what_a_peer_would_refuse() -> None:
     with pytest.raises(FrameError) as info:
         encode_envelope(envelope(sender="w" * MAX_ENVELOPE_BYTES))
     assert reason(info) == "too-large"
+
+
+def wire_fields(env: Envelope) -> dict[str, Any]:
+    """What a plain msgpack decoder must read from ``encode_envelope(env)``."""
+    m: dict[str, Any] = {
+        "v": env.version,
+        "f": env.sender,
+        "c": env.channel,
+        "s": env.seq,
+        "e": env.incarnation,
+        "h": env.hlc,
+    }
+    optional = {"t": env.recipient, "r": env.ref, "k": env.kind}
+    m.update({key: value for key, value in optional.items() if value is not None})
+    if env.count != 1:
+        m["n"] = env.count
+    if env.msg_id != make_msg_id(env.incarnation, env.channel, env.seq):
+        m["i"] = env.msg_id
+    return m
+
+
+SHAPES = [
+    envelope(),
+    envelope(seq=2**63 - 1, hlc=0),
+    envelope(seq=1, hlc=2**64 - 1, incarnation=0),
+    envelope(channel="task:reviewer", recipient="reviewer", count=MAX_BATCH, seq=2**63 - MAX_BATCH),
+    envelope(channel="control", kind=KIND_ACK, seq=0, ref="ab.task:w.3", recipient="w"),
+    envelope(msg_id="custom-id-1"),
+    envelope(msg_id=make_msg_id(INC + 1, "log", 7)),  # conventional form, wrong stream
+    envelope(sender="wörker-ü", channel="journal-ß"),
+]
+
+
+@pytest.mark.parametrize("env", SHAPES)
+def test_encoding_is_a_plain_msgpack_map(env: Envelope) -> None:
+    data = encode_envelope(env)
+    assert msgpack.unpackb(data) == wire_fields(env)  # any msgpack decoder reads it
+    assert decode_envelope(data) == env
+    # ... and this decoder reads what any msgpack encoder writes (other order, other
+    # integer widths, the conventional id present or not).
+    foreign = msgpack.packb(dict(reversed(wire_fields(env).items())))
+    assert foreign != data
+    assert decode_envelope(foreign) == env
+    assert decode_envelope(msgpack.packb({**wire_fields(env), "i": env.msg_id})) == env
+
+
+def numbered(seq: int, hlc: int = HLC) -> Envelope:
+    """The envelope of message ``seq`` of the stream, with its conventional id."""
+    return envelope(seq=seq, hlc=hlc, msg_id=make_msg_id(INC, "log", seq))
+
+
+def test_stream_prefix_is_cached_and_later_messages_decode_the_same() -> None:
+    envelope_module._prefixes.clear()
+    first = encode_envelope(numbered(1))
+    assert decode_envelope(first) == numbered(1)
+    assert list(envelope_module._prefixes) == [first[:-19]]
+    for seq, hlc in [(2, HLC + 1), (2**63 - 1, 0), (1000, 2**64 - 1)]:
+        data = encode_envelope(numbered(seq, hlc))
+        assert data[:-19] == first[:-19]
+        assert decode_envelope(data) == numbered(seq, hlc)
+        assert decode_envelope(data).msg_id == make_msg_id(INC, "log", seq)
+    assert len(envelope_module._prefixes) == 1
+
+
+def test_cached_prefix_with_a_bad_tail_is_refused_or_read_in_full() -> None:
+    envelope_module._prefixes.clear()
+    data = encode_envelope(envelope())
+    decode_envelope(data)  # caches the prefix
+    assert data[:-19] in envelope_module._prefixes
+    zero = data[:-19] + (0).to_bytes(8, "big") + data[-11:]
+    with pytest.raises(FrameError) as info:
+        decode_envelope(zero)  # seq 0 without kind
+    assert "control" in str(info.value)
+    big = data[:-19] + (2**63).to_bytes(8, "big") + data[-11:]
+    with pytest.raises(FrameError) as info:
+        decode_envelope(big)
+    assert repr("seq") in str(info.value)
+    renamed = data[:-11] + b"\xa1x" + data[-9:]  # "h" renamed "x": h is missing
+    with pytest.raises(FrameError) as info:
+        decode_envelope(renamed)
+    assert reason(info) == "missing-key"
+    with pytest.raises(FrameError) as info:
+        decode_envelope(data[:-1])  # truncated
+    assert reason(info) == "bad-msgpack"
+    # Not bytes: read in full, same result.
+    assert decode_envelope(bytearray(data)) == decode_envelope(memoryview(data)) == envelope()
+
+
+def test_foreign_layouts_and_one_off_fields_are_not_cached() -> None:
+    envelope_module._prefixes.clear()
+    decode_envelope(msgpack.packb(raw_map()))  # msgpack's own layout
+    decode_envelope(encode_envelope(envelope(ref="ab.log.1")))  # a ref is per message
+    decode_envelope(encode_envelope(envelope(msg_id="one-off")))  # so is a custom id
+    decode_envelope(msgpack.packb({**raw_map(), "zz": 1}))  # unknown key
+    assert envelope_module._prefixes == {}
+
+
+def test_caches_are_bounded() -> None:
+    for i in range(envelope_module._CACHE_MAX + 10):
+        decode_envelope(encode_envelope(envelope(sender=f"w{i}")))
+    assert 0 < len(envelope_module._prefixes) <= envelope_module._CACHE_MAX
+    assert 0 < len(envelope_module._templates) <= envelope_module._CACHE_MAX
+
+
+@pytest.mark.parametrize("field", ["sender", "channel", "recipient", "ref", "kind", "msg_id"])
+def test_text_that_is_not_unicode_is_refused(field: str) -> None:
+    with pytest.raises(FrameError) as info:
+        encode_envelope(envelope(**{field: "lone \udc80"}))
+    assert reason(info) == "bad-field"
+
+
+def test_bool_is_not_an_int_even_for_a_cached_stream() -> None:
+    encode_envelope(envelope(incarnation=1))  # caches the stream of incarnation 1
+    for changes in ({"incarnation": True}, {"version": True}, {"count": True}, {"seq": True}):
+        with pytest.raises(FrameError):
+            encode_envelope(envelope(**{"incarnation": 1, **changes}))
 
 
 # -- topics and frames -------------------------------------------------------------------
@@ -353,10 +472,18 @@ envelopes = st.builds(
 )
 
 
-@given(envelopes)
+conventional = envelopes.map(
+    lambda env: env._replace(msg_id=make_msg_id(env.incarnation, env.channel, env.seq))
+)
+
+
+@given(envelopes | conventional)
 def test_any_valid_envelope_round_trips(env: Envelope) -> None:
     data = encode_envelope(env)
-    assert decode_envelope(data) == env
+    assert msgpack.unpackb(data) == wire_fields(env)
+    envelope_module._prefixes.clear()
+    assert decode_envelope(data) == env  # read in full
+    assert decode_envelope(data) == env  # through the prefix cache when cacheable
     assert decode_broadcast(encode_broadcast(env, b"p")) == (env, b"p")
     assert decode_direct(encode_direct(env, b"p")) == (env, b"p")
 
@@ -394,7 +521,7 @@ msgpack_values = st.recursive(
 @given(st.dictionaries(st.text(max_size=8), msgpack_values, max_size=6))
 def test_unknown_keys_of_any_kind_decode(extra: dict[str, Any]) -> None:
     known = raw_map()
-    optional = {"t", "r", "n", "k"}
+    optional = {"i", "t", "r", "n", "k"}
     m = {**{k: v for k, v in extra.items() if k not in optional}, **known}
     assert decode_envelope(msgpack.packb(m)) == envelope()
 
