@@ -376,13 +376,15 @@ class _Applier:
     write to this thread lets the next batch be decoded and validated while Oxigraph
     (which releases the GIL) indexes the previous one, and lets batches that pile up be
     written together. Readers call :meth:`drain` first, so a query always sees every
-    record committed before it. At most ``max_pending`` observations wait, which bounds
-    memory and makes a fast sender wait for the store.
+    record committed before it. At most ``max_pending`` observations wait (beyond one
+    batch, which is always accepted): that bounds memory -- a deeper queue measurably
+    raises what the process keeps resident afterwards -- and makes a fast sender wait
+    for the store.
     """
 
     def __init__(
-        self, write: Callable[[_StoreTask], None], *, max_pending: int = 65536,
-        max_join: int = 65536,
+        self, write: Callable[[_StoreTask], None], *, max_pending: int = 16384,
+        max_join: int = 32768,
     ) -> None:
         self._write = write
         self._max_pending = max_pending
