@@ -36,7 +36,20 @@ __version__ = "0.1.0"
 
 logging.getLogger("porter_mesh").addHandler(logging.NullHandler())
 
+# The public surface beyond the errors: imported after the version so that modules which
+# read it at import time find it.
+from porter_mesh.core.advert import PeerAdvert  # noqa: E402
+from porter_mesh.core.as2 import Activity, ASObject, parse_activity  # noqa: E402
+from porter_mesh.core.taskid import new_task_id  # noqa: E402
+from porter_mesh.core.tasks import TaskBoard  # noqa: E402
+from porter_mesh.node.config import NodeConfig  # noqa: E402
+from porter_mesh.node.node import Message, Node  # noqa: E402
+from porter_mesh.node.sync import SyncNode  # noqa: E402
+from porter_mesh.tools.toolbox import Toolbox  # noqa: E402
+
 __all__ = [
+    "ASObject",
+    "Activity",
     "ActivityError",
     "ClockError",
     "ConfigError",
@@ -44,17 +57,26 @@ __all__ = [
     "DeliveryTimeout",
     "FrameError",
     "KnowledgeError",
+    "Message",
+    "Node",
     "NodeClosedError",
+    "NodeConfig",
     "OperationTimeout",
+    "PeerAdvert",
     "PorterError",
     "ProtocolError",
     "QueryError",
     "QueryTimeout",
     "SecurityError",
     "SyncError",
+    "SyncNode",
+    "TaskBoard",
     "TaskError",
     "ToolError",
+    "Toolbox",
     "UnknownPeerError",
     "WorkspaceError",
     "__version__",
+    "new_task_id",
+    "parse_activity",
 ]
