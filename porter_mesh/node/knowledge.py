@@ -22,8 +22,12 @@ Replication rides on the node's extension kind ``sync`` (msgpack messages of
   it for everything past its own version vector (``CatchupRequest``), chunk by chunk,
   one peer at a time; progress is logged and reported to listeners. A late joiner or a
   restarted node (which first reloads its shard from disk) converges this way in a few
-  large messages. While a catch-up runs, gap pulls and digests wait: the catch-up
-  brings the same records in order, and cheaper.
+  large messages. A chunk not answered within ``catchup_timeout``, or refused, fails the
+  attempt, which starts over from the current version vector; after a few failed
+  attempts that peer is skipped until it joins again (a peer that answers with garbage
+  cannot hold the catch-up, nor the gap pulls waiting behind it, for long). While a
+  catch-up runs, gap pulls and digests wait: the catch-up brings the same records in
+  order, and cheaper.
 * **Anti-entropy.** Every ``anti_entropy_interval`` seconds a node sends its bucketed
   digest to one connected peer, round robin. The peer lists its records in the buckets
   that differ and also sends its own digest back (at most once per interval), so one
@@ -82,6 +86,10 @@ log = logging.getLogger("porter_mesh.knowledge")
 CATCHUP_AFTER_PULLS: Final = 32
 #: Failed catch-up attempts from one peer before it is skipped until it joins again.
 CATCHUP_ATTEMPTS: Final = 3
+#: Records asked for per catch-up chunk. Merging a chunk runs on the loop thread (about
+#: 25 us per record to decode, check and journal); 4096 keeps each step near 0.1 s, so
+#: heartbeats and other traffic never wait long, and a chunk stays well under a megabyte.
+CATCHUP_CHUNK: Final = 4096
 _TICK: Final = 0.1
 
 
@@ -114,8 +122,11 @@ class Knowledge:
         node: the node.
         shard: the local replica (owned from now on: :meth:`aclose` closes it).
         anti_entropy_interval: seconds between digest comparisons.
-        request_timeout: seconds before an unanswered pull or catch-up chunk is asked
-            again.
+        request_timeout: seconds before an unanswered pull is asked again.
+        catchup_timeout: seconds before an unanswered catch-up chunk counts as a failed
+            attempt (the catch-up then starts over from the current state). Replies
+            travel over TCP, so this guards against a stuck or silent peer, not loss;
+            it must exceed the time a peer takes to read a chunk.
         drop_every: fault injection for tests: do not broadcast every k-th record (the
             receivers must repair it). 0 disables.
 
@@ -124,14 +135,16 @@ class Knowledge:
     """
 
     def __init__(self, node: Node, shard: Shard, *, anti_entropy_interval: float = 2.0,
-                 request_timeout: float = 2.0, drop_every: int = 0) -> None:
-        if anti_entropy_interval <= 0 or request_timeout <= 0 or drop_every < 0:
-            raise KnowledgeError("anti_entropy_interval and request_timeout must be positive "
-                                 "and drop_every >= 0")
+                 request_timeout: float = 2.0, catchup_timeout: float = 30.0,
+                 drop_every: int = 0) -> None:
+        if min(anti_entropy_interval, request_timeout, catchup_timeout) <= 0 or drop_every < 0:
+            raise KnowledgeError("anti_entropy_interval, request_timeout and catchup_timeout "
+                                 "must be positive, and drop_every >= 0")
         self.node = node
         self.shard = shard
         self.anti_entropy_interval = anti_entropy_interval
         self.request_timeout = request_timeout
+        self.catchup_timeout = catchup_timeout
         self.drop_every = drop_every
         self.counters: collections.Counter[str] = collections.Counter()
         #: ``(done, total)`` of the catch-up running or last finished.
@@ -437,15 +450,29 @@ class Knowledge:
                 raise _Refused("unasked", f"{type(message).__name__} that was not asked for "
                                "(or came too late)")
             asked = entry[0]
+        if (isinstance(message, CatchupChunk) and isinstance(asked, CatchupRequest)
+                and message.done != asked.done + len(message.records)):
+            # The answer to an earlier request of this catch-up that timed out: the one
+            # now asked for is still on its way.
+            raise _Refused("stale", f"catch-up chunk ending at {message.done} does not follow "
+                           f"{asked.done}: a late answer to an earlier request")
         if isinstance(message, BucketEntries):
             message = self._without_conflicts(peer, message)
+        prefetched = (isinstance(message, CatchupChunk) and isinstance(asked, CatchupRequest)
+                      and message.cursor is not None)
+        if prefetched:
+            # Ask for the next chunk before merging this one, so that the peer reads it
+            # from its journal meanwhile (the request the shard would make next).
+            assert isinstance(message, CatchupChunk) and isinstance(asked, CatchupRequest)
+            self._send(peer, CatchupRequest(asked.vv, message.cursor, message.done,
+                                            asked.limit))
         try:
             outcome = self.shard.handle(message, asked=asked)
         except SyncError as exc:
             if isinstance(message, CatchupChunk):
                 self._catchup_failed(peer, str(exc))
             raise _Refused("refused", str(exc)) from None
-        if is_reply:
+        if is_reply and not prefetched:
             self._asked.pop((peer, key or ()), None)
         if isinstance(message, PullReply):
             probe = self._probes.get((peer, key or ()))
@@ -465,6 +492,8 @@ class Knowledge:
             self._queue_catchup(peer)
             replies = ()
         for out in replies:
+            if prefetched and isinstance(out, CatchupRequest):
+                continue  # asked for already
             asking = isinstance(out, PullRequest | CatchupRequest)
             self._send(peer, out, None if asking else reply)
         if isinstance(message, Digest) and outcome.replies:
@@ -540,7 +569,7 @@ class Knowledge:
                 continue
             self._catchup_peer = name
             self.progress = (0, 0)
-            self._send(name, self.shard.catchup_request())
+            self._send(name, self.shard.catchup_request(limit=CATCHUP_CHUNK))
             if (name, ("catchup",)) not in self._asked:  # could not be sent
                 self._catchup_peer = None
 
@@ -590,7 +619,9 @@ class Knowledge:
 
     def _tick(self, now: float, last_digest: float) -> None:
         for key, (message, sent) in list(self._asked.items()):
-            if now - sent <= self.request_timeout:
+            limit = (self.catchup_timeout if isinstance(message, CatchupRequest)
+                     else self.request_timeout)
+            if now - sent <= limit:
                 continue
             del self._asked[key]
             if isinstance(message, Digest):

@@ -5,14 +5,16 @@ is one JSON object with an ``ev`` key:
 
 * ``up``: ports, incarnation, and the shard as reloaded from disk (``vv``, ``records``);
 * ``peer``: a roster change; ``progress`` / ``caught-up``: catch-up from a peer;
-* ``stored``: one Remember made durable (``seq``, ``id`` hex); ``stored-batch``: a count
-  when ``quiet`` was asked; ``retracted``; ``error``: a refused command;
+* ``stored``: one Remember made durable (``seq``, ``id`` hex; not with ``quiet``);
+  ``stored-batch``: the end of a ``remember`` command (count, seconds, top seq);
+  ``retracted``; ``error``: a refused command;
 * ``stats``: shard summary, replication counters and node counters;
 * ``dump``: every record held (``[origin, seq, key hex]``) and every live observation
   (``[iri, discoveredBy]``); ``rows``: a query's answer.
 
 Commands (``op`` key): ``remember`` (n, prefix, about, severity, generated_at, quiet),
-``retract`` (id), ``stats``, ``dump``, ``query`` (sparql), ``wait-subscribers``
+``retract`` (id), ``vv`` (version vector, record count and digest, without waiting for the
+store), ``stats``, ``dump``, ``query`` (sparql), ``wait-subscribers``
 (n, timeout), ``quit``.
 
 :class:`KgProcess` starts one and talks to it (the tests and the benchmark use it).
@@ -53,7 +55,8 @@ LIVE_QUERY = "SELECT ?o ?by WHERE { ?o a porter:Observation ; porter:discoveredB
 
 
 def emit(**fields: Any) -> None:
-    sys.stdout.write(orjson.dumps(fields).decode() + "\n")
+    # ``t``: the system-wide monotonic clock, comparable across processes on one machine.
+    sys.stdout.write(orjson.dumps({**fields, "t": time.monotonic()}).decode() + "\n")
     sys.stdout.flush()
 
 
@@ -77,6 +80,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--drop-every", type=int, default=0)
     parser.add_argument("--anti-entropy", type=float, default=0.5)
     parser.add_argument("--request-timeout", type=float, default=1.0)
+    parser.add_argument("--catchup-timeout", type=float, default=10.0)
     parser.add_argument("--heartbeat", type=float, default=0.2)
     parser.add_argument("--evasive-after", type=float, default=0.8)
     parser.add_argument("--expire-after", type=float, default=2.0)
@@ -100,7 +104,8 @@ async def main() -> None:
     shard = Shard(args.data_dir, agent=args.name, durability=Durability(args.durability))
     reloaded = shard.stats()
     knowledge = Knowledge(node, shard, anti_entropy_interval=args.anti_entropy,
-                          request_timeout=args.request_timeout, drop_every=args.drop_every)
+                          request_timeout=args.request_timeout,
+                          catchup_timeout=args.catchup_timeout, drop_every=args.drop_every)
 
     def on_peer(event: PeerEvent) -> None:
         emit(ev="peer", kind=event.kind.value, peer=event.peer.name,
@@ -171,8 +176,13 @@ async def run_command(cmd: dict[str, Any], node: Node, shard: Shard,
     elif op == "retract":
         record = knowledge.async_retract(cmd["id"])
         reply(ev="retracted", seq=record.seq, target=cmd["id"])
+    elif op == "vv":
+        # Cheap: the replica state only, without waiting for the store.
+        state = shard.state
+        reply(ev="vv", vv=state.version_vector(), records=state.record_count,
+              digest=state.digest().top.hex(), caught_up=sorted(knowledge.caught_up_from()))
     elif op == "stats":
-        reply(ev="stats", kg=knowledge.stats(), node=node.stats(), t=time.monotonic())
+        reply(ev="stats", kg=knowledge.stats(), node=node.stats())
     elif op == "dump":
         state = shard.state
         listing = state.bucket_entries(range(DIGEST_BUCKETS))

@@ -352,7 +352,8 @@ def zmq_gc_thread() -> None:
 @pytest.mark.usefixtures("zmq_gc_thread")
 def test_garbage_on_the_sync_path_is_refused_and_the_node_keeps_serving(
         procs: list[KgProcess], mesh: str, tmp_path: Path) -> None:
-    victim = start(procs, "victim", tmp_path, "--no-discovery", mesh=mesh)
+    victim = start(procs, "victim", tmp_path, "--no-discovery", "--catchup-timeout", "1",
+                   mesh=mesh)
     seed = ("--seed", f"127.0.0.1:{victim.up['router']}")
     good = start(procs, "good", tmp_path, "--no-discovery", *seed, mesh=mesh)
     see_each_other([victim, good])
@@ -391,7 +392,7 @@ def test_garbage_on_the_sync_path_is_refused_and_the_node_keeps_serving(
             dealer.send_multipart(encode_direct(env, payload))
 
         expected = {"malformed": 7, "unasked": 3, "not-broadcast": 1, "wrong-origin": 1,
-                    "refused": 3}
+                    "refused": 2, "stale": 1}
 
         seen: list[Any] = []
 
@@ -498,3 +499,16 @@ def test_commands_without_a_peer_fail_clearly(mesh: str, tmp_path: Path) -> None
     bad = cli("remember", "urn:porter:file:x", "a fact", "--severity", "not ok!", data=tmp_path,
               mesh=mesh)
     assert bad.returncode == 2 and "severity" in bad.stderr
+
+
+def test_benchmark_quick_run_writes_table_json_and_chart(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_knowledge_mesh", "--quick", "--remembers", "50",
+         "--catchup", "3000", "--out", str(tmp_path)],
+        cwd=repo, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "late joiner catch-up of 3000" in done.stdout
+    result = orjson.loads((tmp_path / "knowledge_mesh.json").read_bytes())
+    assert result["replicated"]["equal_digests"] and result["catchup"]["complete"]
+    assert (tmp_path / "knowledge_mesh.png").stat().st_size > 0
