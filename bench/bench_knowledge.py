@@ -349,8 +349,8 @@ def plot(results: dict[str, Any]) -> pathlib.Path:
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     merge = results["merge"]
     ax = axes[0][0]
-    labels = [f"shard {merge['batch']}/msg\nfsync", f"shard {merge['batch']}/msg\nos",
-              "shard 1000/msg\nfsync", "shard 1/msg\nfsync", "rdflib\nmemory"]
+    labels = [f"shard\n{merge['batch']}/msg\nfsync", f"shard\n{merge['batch']}/msg\nos",
+              "shard\n1000/msg\nfsync", "shard\n1/msg\nfsync", "rdflib\nin memory"]
     values = [merge["shard_fsync_obs_per_s"], merge["shard_os_obs_per_s"],
               merge["shard_fsync_batch1000_obs_per_s"],
               results["fsync"]["fsync"]["single_record_merge_per_s"],
@@ -383,9 +383,14 @@ def plot(results: dict[str, Any]) -> pathlib.Path:
     ax.legend(fontsize=8)
     ax = axes[1][0]
     mem = results["memory"]
+    marginal = results["memory_marginal_bytes_per_obs"]
     labels = [f"{k.split('-')[0]} {int(k.split('-')[1]) // 1000}k" for k in mem]
-    ax.bar(labels, [v["bytes_per_obs"] for v in mem.values()],
-           color=["#2e86c1" if k.startswith("shard") else "#aaaaaa" for k in mem])
+    labels += ["shard\nmarginal", "rdflib\nmarginal"]
+    ax.bar(labels, [v["bytes_per_obs"] for v in mem.values()]
+           + [marginal["shard"], marginal["rdflib"]],
+           color=["#2e86c1" if k.startswith("shard") else "#aaaaaa" for k in mem]
+           + ["#1b4f72", "#555555"])
+    ax.tick_params(axis="x", labelsize=8)
     ax.axhline(TARGETS["memory_bytes_per_obs"], color="k", linestyle="--", linewidth=0.8)
     ax.set_yscale("log")
     ax.set_ylabel("bytes of RSS per observation")
@@ -464,11 +469,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="smaller, shorter run")
     parser.add_argument("--batch", type=int, default=MAX_RECORDS_PER_MESSAGE,
                         help="records per merged message (default %(default)s)")
+    parser.add_argument("--plot-only", action="store_true",
+                        help="redraw the table and plot from the last results file")
     parser.add_argument("--memory-child", nargs=3, metavar=("KIND", "DATA", "DIR"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv if argv is not None else [])
     if args.memory_child:
         memory_child(*args.memory_child)
+        return
+    if args.plot_only:
+        saved = json.loads((RESULTS_DIR / f"{NAME}.json").read_text())
+        table(saved)
+        progress(f"wrote {plot(saved)}")
         return
     big = 20_000 if args.quick else 100_000
     small = 10_000 if not args.quick else 5_000
