@@ -78,10 +78,12 @@ def replicated_rate(root: pathlib.Path, mesh: str, per_node: int) -> dict[str, A
     """Three nodes remember ``per_node`` each, at once; time until all hold all."""
     nodes: list[KgProcess] = []
     try:
-        for name in ("r0", "r1", "r2"):
+        # Announced names must be unique on the loopback segment, across meshes.
+        names = [f"r{i}-{mesh}" for i in range(3)]
+        for name in names:
             nodes.append(KgProcess(name, root / name, *TIMINGS, mesh=mesh))
         for node in nodes:
-            node.wait_until(lambda ev, me=node.name: peers_seen(ev) >= {"r0", "r1", "r2"} - {me},
+            node.wait_until(lambda ev, me=node.name: peers_seen(ev) >= set(names) - {me},
                             30, f"{node.name} finds the others")
         for node in nodes:
             node.ask("wait-subscribers", "subscribers", n=2, timeout=20)
@@ -136,25 +138,26 @@ def catchup(root: pathlib.Path, mesh: str, count: int) -> dict[str, Any]:
     """A node with ``count`` observations on disk; a fresh node joins and catches up."""
     progress(f"catch-up: writing {count} observations into the loaded node's shard")
     started = time.monotonic()
-    tops = preload(root / "loaded", "loaded", count)
+    loaded_name, joiner_name = f"loaded-{mesh}", f"joiner-{mesh}"
+    tops = preload(root / "loaded", loaded_name, count)
     preload_s = time.monotonic() - started
     nodes: list[KgProcess] = []
     try:
         spawn = time.monotonic()
-        loaded = KgProcess("loaded", root / "loaded", *TIMINGS, mesh=mesh)
+        loaded = KgProcess(loaded_name, root / "loaded", *TIMINGS, mesh=mesh)
         nodes.append(loaded)
         loaded_start_s = time.monotonic() - spawn
         assert loaded.up["records"] == count, loaded.up
         progress("catch-up: the late joiner starts")
         spawn = time.monotonic()
-        joiner = KgProcess("joiner", root / "joiner", *TIMINGS, mesh=mesh)
+        joiner = KgProcess(joiner_name, root / "joiner", *TIMINGS, mesh=mesh)
         nodes.append(joiner)
         joiner_up_s = time.monotonic() - spawn
         cpu_joiner, cpu_loaded = cpu_seconds(joiner), cpu_seconds(loaded)
-        done = joiner.wait_for(lambda e: e["ev"] == "caught-up" and e["peer"] == "loaded",
+        done = joiner.wait_for(lambda e: e["ev"] == "caught-up" and e["peer"] == loaded_name,
                                120, "caught up")
         durable_s = time.monotonic() - spawn
-        met = next(e for e in joiner.events if e["ev"] == "peer" and e["peer"] == "loaded")
+        met = next(e for e in joiner.events if e["ev"] == "peer" and e["peer"] == loaded_name)
         catchup_s = done["t"] - met["t"]
         cpu_durable = cpu_seconds(joiner) - cpu_joiner
         chunks = sum(1 for e in joiner.events if e["ev"] == "progress")

@@ -90,6 +90,8 @@ CATCHUP_ATTEMPTS: Final = 3
 #: 25 us per record to decode, check and journal); 4096 keeps each step near 0.1 s, so
 #: heartbeats and other traffic never wait long, and a chunk stays well under a megabyte.
 CATCHUP_CHUNK: Final = 4096
+#: Seconds an agent's first write waits for a first catch-up (see SyncKnowledge.remember).
+FIRST_WRITE_WAIT: Final = 10.0
 _TICK: Final = 0.1
 
 
@@ -679,14 +681,25 @@ class SyncKnowledge:
     def __init__(self, sync_node: Any, knowledge: Knowledge) -> None:
         self._node = sync_node
         self.knowledge = knowledge
+        self._first_write_done = False
 
     def remember(self, activity: Activity) -> None:
         """Store durably and replicate (returns once stored).
+
+        The first write waits (up to :data:`FIRST_WRITE_WAIT` seconds) for a first
+        catch-up when peers are known: a node whose data directory was lost learns its
+        own earlier records, and so its next sequence number, from its peers.
 
         Raises:
             KnowledgeError: the activity is not a valid Remember.
             OperationTimeout: the node did not answer in time.
         """
+        if not self._first_write_done:
+            self._first_write_done = True
+            if self._node.peers() and not self.knowledge.caught_up_from():
+                with contextlib.suppress(TimeoutError):
+                    self._node.run_coroutine(self.knowledge.wait_caught_up(1, FIRST_WRITE_WAIT),
+                                             FIRST_WRITE_WAIT + 5.0)
         self._node.call_in_loop(lambda: self.knowledge.async_remember(activity))
 
     def recall(self, sparql: str) -> QueryResult:

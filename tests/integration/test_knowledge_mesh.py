@@ -68,7 +68,12 @@ def procs() -> Iterator[list[KgProcess]]:
         p.stop()
 
 
-def start(procs: list[KgProcess], name: str, data: Path, *extra: str, mesh: str) -> KgProcess:
+def start(procs: list[KgProcess], name: str, data: Path, *extra: str, mesh: str,
+          unique: bool = True) -> KgProcess:
+    """Start a node. Announced names must be unique on the whole loopback segment (across
+    meshes), so a discovered node's name carries the test's mesh name."""
+    if unique:
+        name = f"{name}-{mesh}"
     p = KgProcess(name, data / name, *TIMINGS, *extra, mesh=mesh)
     procs.append(p)
     return p
@@ -147,7 +152,7 @@ def test_five_nodes_converge_through_kill_late_join_and_loss(
     # n2 comes back on the same data directory and ports, with a new incarnation.
     n2b = start(procs, "n2", tmp_path, "--pub-port", str(n2.up["pub"]),
                 "--router-port", str(n2.up["router"]), mesh=mesh)
-    assert n2b.up["vv"].get("n2", 0) >= max(before_kill), "n2 lost records it reported stored"
+    assert n2b.up["vv"].get(n2.name, 0) >= max(before_kill), "n2 lost records it stored"
     for b in range(2):
         n2b.command(op="remember", n=per_burst, prefix=f"n2-again-b{b}-")
     n4.command(op="remember", n=per_burst * 2, prefix="n4-")
@@ -160,7 +165,7 @@ def test_five_nodes_converge_through_kill_late_join_and_loss(
         n0.ask("retract", "retracted", id=target)
     n1.wait_until(lambda ev: sum(e["ev"] == "stored" for e in ev) >= 10, 30, "n1 stores 10")
     n1_target = ids_reported(n1)[10]
-    poll(lambda: n3.stats()["kg"]["version_vector"].get("n1", 0) >= 10, 20,
+    poll(lambda: n3.stats()["kg"]["version_vector"].get(n1.name, 0) >= 10, 20,
          "n3 holds n1's 10th record")
     n3.ask("retract", "retracted", id=n1_target)
     retracted.add(n1_target)
@@ -170,7 +175,7 @@ def test_five_nodes_converge_through_kill_late_join_and_loss(
         node.wait_until(lambda ev, b=batches: sum(e["ev"] == "stored-batch" for e in ev) >= b,
                         40, f"{node.name} finishes its bursts")
     reported = {n.name: ids_reported(n) for n in (n0, n1, n3, n4)}
-    reported["n2"] = {**before_kill, **ids_reported(n2b)}
+    reported[n2.name] = {**before_kill, **ids_reported(n2b)}
     assert min(ids_reported(n2b)) > max(before_kill), "a restarted node reused a sequence number"
     must_hold = {origin: max(seqs) for origin, seqs in reported.items()}
     stats = poll(converged(everyone, must_hold), 40, "convergence")
@@ -222,21 +227,22 @@ def test_reported_remember_survives_kill_and_restart_resumes_then_catches_up(
     # Alone (no discovery, no seed): whatever it has now came from its own disk.
     ports = ("--pub-port", str(a.up["pub"]), "--router-port", str(a.up["router"]))
     alone = start(procs, "a", tmp_path, "--no-discovery", *ports, mesh=mesh)
-    assert alone.up["vv"].get("a", 0) >= top
+    assert alone.up["vv"].get(a.name, 0) >= top
     dump = alone.ask("dump", "dump")
     held = {(o, s): k for o, s, k in dump["records"]}
     live = {iri.rsplit(":", 1)[1] for iri, _ in dump["live"]}
     for seq, obs in reported.items():
-        assert held.get(("a", seq)) == obs[:32] and obs in live, f"stored record {seq} lost"
+        assert held.get((a.name, seq)) == obs[:32] and obs in live, f"stored record {seq} lost"
     alone.stop()
 
     # Back on the mesh: it catches up with what b wrote meanwhile and never reuses a seq.
     again = start(procs, "a", tmp_path, *ports, mesh=mesh)
-    again.wait_for(lambda e: e["ev"] == "caught-up" and e["peer"] == "b", 20, "catch-up")
-    poll(converged([again, b], {"a": top, "b": 30}), 20, "convergence after restart")
+    again.wait_for(lambda e: e["ev"] == "caught-up" and e["peer"] == b.name, 20, "catch-up")
+    poll(converged([again, b], {a.name: top, b.name: 30}), 20, "convergence after restart")
     fresh = again.ask("remember", "stored-batch", n=1, prefix="after-restart-")
-    assert fresh["top"] == alone.up["vv"]["a"] + 1
-    poll(converged([again, b], {"a": fresh["top"], "b": 30}), 20, "the new record replicates")
+    assert fresh["top"] == alone.up["vv"][a.name] + 1
+    poll(converged([again, b], {a.name: fresh["top"], b.name: 30}), 20,
+         "the new record replicates")
 
 
 def test_clock_skew_neither_reorders_nor_loses(
@@ -250,13 +256,13 @@ def test_clock_skew_neither_reorders_nor_loses(
         skewed.ask("remember", "stored-batch", n=20, prefix=f"skew{i}-", generated_at=stamp)
         honest.ask("remember", "stored-batch", n=5, prefix=f"honest{i}-")
     written = ids_reported(skewed)
-    poll(converged([skewed, honest], {"skewed": 60, "honest": 15}), 20, "convergence")
+    poll(converged([skewed, honest], {skewed.name: 60, honest.name: 15}), 20, "convergence")
     dump = honest.ask("dump", "dump")
     # Order is the origin's sequence, whatever the stamps say: seq i is the i-th written.
-    held = {s: k for o, s, k in dump["records"] if o == "skewed"}
+    held = {s: k for o, s, k in dump["records"] if o == skewed.name}
     assert held == {seq: obs[:32] for seq, obs in written.items()}
     rows = honest.ask("query", "rows", limit=1000, sparql=(
-        "SELECT ?f ?t WHERE { ?o porter:discoveredBy 'skewed' ; porter:finding ?f ; "
+        f"SELECT ?f ?t WHERE {{ ?o porter:discoveredBy '{skewed.name}' ; porter:finding ?f ; "
         "prov:generatedAtTime ?t }"))["items"]
     # The stamps are data, kept as written (Oxigraph prints a dateTime canonically).
     stamped = {r["f"]: datetime.fromisoformat(r["t"]) for r in rows}
@@ -353,9 +359,9 @@ def zmq_gc_thread() -> None:
 def test_garbage_on_the_sync_path_is_refused_and_the_node_keeps_serving(
         procs: list[KgProcess], mesh: str, tmp_path: Path) -> None:
     victim = start(procs, "victim", tmp_path, "--no-discovery", "--catchup-timeout", "1",
-                   mesh=mesh)
+                   mesh=mesh, unique=False)
     seed = ("--seed", f"127.0.0.1:{victim.up['router']}")
-    good = start(procs, "good", tmp_path, "--no-discovery", *seed, mesh=mesh)
+    good = start(procs, "good", tmp_path, "--no-discovery", *seed, mesh=mesh, unique=False)
     see_each_other([victim, good])
     good.ask("remember", "stored-batch", n=20, prefix="before-")
     poll(converged([victim, good], {"good": 20}), 20, "first convergence")
@@ -463,7 +469,7 @@ def test_remember_and_recall_commands_against_running_nodes(
     assert done.returncode == 0, done.stderr
     iri = done.stdout.strip()
     assert iri.startswith("urn:porter:obs:") and "holds it" in done.stderr
-    poll(converged([a, b], {"a": 300, "porter-ui": 1}), 20, "the Remember reaches every node")
+    poll(converged([a, b], {a.name: 300, "porter-ui": 1}), 20, "the Remember reaches all")
     rows = b.ask("query", "rows", sparql=(
         "SELECT ?o ?sev ?ctx WHERE { ?o porter:discoveredBy 'porter-ui' ; "
         "porter:severity ?sev ; porter:context ?ctx }"))["items"]
@@ -473,7 +479,7 @@ def test_remember_and_recall_commands_against_running_nodes(
     shutil.rmtree(ui / mesh / "porter-ui")
     again = cli("remember", "urn:porter:file:db.ts", "uses pg", data=ui, mesh=mesh)
     assert again.returncode == 0, again.stderr
-    poll(converged([a, b], {"a": 300, "porter-ui": 2}), 20, "the second Remember replicates")
+    poll(converged([a, b], {a.name: 300, "porter-ui": 2}), 20, "the 2nd Remember replicates")
 
     # Recall: online catch-up (progress on stderr), then the profile's query locally.
     shutil.rmtree(ui / mesh / "porter-ui")
