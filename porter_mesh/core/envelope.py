@@ -97,7 +97,6 @@ import orjson
 from porter_mesh.core.as2 import (
     Activity,
     _activity,
-    _json_of,
     activities_from_json_array,
     activities_to_json_array,
     parse_activity,
@@ -166,14 +165,16 @@ _U64: Final = (1 << 64) - 1
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
 _loads = orjson.loads
+_dumps = orjson.dumps
 _tuple_new = tuple.__new__
 _JSONDecodeError = orjson.JSONDecodeError
 
 # The end of every envelope this module writes: key "s", its value as uint 64, key "h",
-# its value as uint 64. _TAIL reads and writes the 19 bytes after _SEQ_KEY.
+# its value as uint 64. _TAIL reads and writes the 19 bytes after _SEQ_KEY; it takes seq
+# as signed, which is the same 8 bytes for every valid seq (< 2**63) and refuses larger.
 _SEQ_KEY: Final = b"\xa1s\xcf"
 _HLC_KEY: Final = b"\xa1h\xcf"
-_TAIL: Final = struct.Struct(">Q3sQ")
+_TAIL: Final = struct.Struct(">q3sQ")
 _TAIL_SIZE: Final = _TAIL.size
 #: Entries per template cache (streams: sender x channel x incarnation, few in a mesh).
 _CACHE_MAX: Final = 1024
@@ -437,16 +438,19 @@ def encode_envelope(env: Envelope) -> bytes:
     if (
         type(seq) is int
         and type(hlc) is int
-        and 0 < seq <= _I63
-        and 0 <= hlc <= _U64
+        and seq > 0
         and kind is None
         and ref is None
         and count == 1
         and type(count) is int
         and msg_id == f"{id_prefix}{seq}"
     ):
-        # The usual message: the cached prefix and the two numbers.
-        return plain + _TAIL.pack(seq, _HLC_KEY, hlc)
+        # The usual message: the cached prefix and the two numbers. The struct checks
+        # the upper bound of seq (signed 64-bit) and the range of hlc (unsigned).
+        try:
+            return plain + _TAIL.pack(seq, _HLC_KEY, hlc)
+        except struct.error:
+            pass  # out of range: _valid below says which
     if not _valid(env):
         raise _invalid(env, "cannot encode envelope")
     extras: dict[str, Any] = {}
@@ -776,16 +780,17 @@ def encode_payload(activities: Sequence[Activity]) -> bytes:
     n = len(activities)
     if n == 1:
         activity = activities[0]
-        try:
-            # The cached JSON when there is some (read straight from the slot, which also
-            # refuses anything but an Activity), else serialised now and cached.
-            data: bytes = _json_of(activity) or activity.to_json()
-        except TypeError:
+        if type(activity) is not Activity and not isinstance(activity, Activity):
             raise FrameError(
                 f"a payload carries Activity values, not {type(activity).__name__}; "
                 f"build them with porter_mesh.core.as2",
                 reason="bad-count",
-            ) from None
+            )
+        # Activity.to_json() inline (this path is hot, and a method call costs more than
+        # the rest): the cached JSON when there is some, else serialised now and cached.
+        data = activity._json
+        if data is None:
+            data = activity._json = _dumps(activity._data)
     elif 1 < n <= MAX_BATCH:
         # One orjson call over the whole batch; it refuses non-Activity items itself.
         data = activities_to_json_array(activities)

@@ -396,6 +396,32 @@ BAD_CASES: list[tuple[str, Any, str | None, str, str]] = [
     ),
     ("content number", base(content=1.5), "content", "bad-type", "a number"),
     ("not an object", ["type"], None, "not-an-object", "JSON object"),
+    # Shapes that look like the hot path's one-expression checks but are not.
+    ("actor array", base(actor=["a"]), "actor", "bad-type", "an array"),
+    ("actor object", base(actor={"a": 1}), "actor", "bad-type", "an object"),
+    ("summary boolean", base(summary=True), "summary", "bad-type", "a boolean"),
+    ("object pair array", base(object=[1, 2]), "object", "bad-type", "or a string"),
+    (
+        "object pair without type",
+        base(object={"content": "x", "name": "y"}),
+        "object.type",
+        "missing-field",
+        "missing",
+    ),
+    (
+        "note content number",
+        base(object={"type": "Note", "content": 5}),
+        "object.content",
+        "bad-type",
+        "a number",
+    ),
+    (
+        "note type array",
+        base(object={"type": ["Note"], "content": "x"}),
+        "object.type",
+        "bad-value",
+        "an array",
+    ),
 ]
 
 
@@ -424,6 +450,9 @@ def test_invalid_activities_name_the_field(
 GOOD_CASES: list[tuple[str, dict[str, Any]]] = [
     ("minimal", base()),
     ("string object", base(object="src/app.py")),
+    ("two-character reference", base(object="ab")),
+    ("note with empty content", base(object={"type": "Note", "content": ""})),
+    ("two-field document", base(object={"type": "Document", "url": "a.py"})),
     ("instrument string", base(instrument="bash")),
     ("empty lists", base(tag=[], instrument=[])),
     ("thread context", base(context="thread-42")),
@@ -776,8 +805,22 @@ def test_batch_errors() -> None:
     with pytest.raises(ActivityError):
         as2.activities_to_json_array([Activity.from_dict(base()), base()])  # type: ignore[list-item]
     with pytest.raises(ActivityError) as info:
+        not_activity: Any = as2.note_object("an object, not an activity")
+        as2.activities_to_json_array([Activity.from_dict(base()), not_activity])
+    assert info.value.field == "[1]"
+    with pytest.raises(ActivityError) as info:
         as2.activities_to_json_array([Activity.from_dict(base())] * (MAX_BATCH + 1))
     assert info.value.reason == "too-many"
+
+
+def test_batch_encoding_with_and_without_cached_json() -> None:
+    built = [Activity.from_dict(base(summary=f"s{i}")) for i in range(5)]  # JSON cached
+    expected = orjson.dumps([a.to_dict() for a in built])
+    assert as2.activities_to_json_array(built) == expected
+    decoded = as2.activities_from_json_array(expected)  # no JSON cached yet
+    assert as2.activities_to_json_array(decoded) == expected
+    mixed = [built[0], decoded[1], built[2], decoded[3], built[4]]
+    assert as2.activities_to_json_array(iter(mixed)) == expected  # any iterable
 
 
 def test_batch_elements_keep_the_single_activity_size_limit() -> None:

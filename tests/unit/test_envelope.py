@@ -205,6 +205,12 @@ def test_encode_refuses_what_a_peer_would_refuse() -> None:
     with pytest.raises(FrameError) as info:
         encode_envelope(envelope(sender="w" * MAX_ENVELOPE_BYTES))
     assert reason(info) == "too-large"
+    # Range errors on the fast path (the stream's template is cached by now) too.
+    encode_envelope(envelope())
+    for field, value in [("seq", 2**63), ("hlc", 2**64), ("hlc", -1), ("seq", 1.0)]:
+        with pytest.raises(FrameError) as info:
+            encode_envelope(envelope(**{field: value}))
+        assert repr(field) in str(info.value)
 
 
 def wire_fields(env: Envelope) -> dict[str, Any]:
@@ -379,6 +385,9 @@ def test_single_payload_round_trip() -> None:
     payload = encode_payload([activity])
     assert orjson.loads(payload) == ANNOUNCE
     assert decode_payload(payload, 1) == [activity]
+    (relayed,) = decode_payload(payload, 1)  # no JSON cached yet: serialised, then cached
+    again = encode_payload([relayed])
+    assert again == payload and relayed.to_json() is again
 
 
 def test_batch_payload_round_trip() -> None:
