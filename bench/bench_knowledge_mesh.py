@@ -29,7 +29,7 @@ import pathlib
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psutil
@@ -38,7 +38,7 @@ from bench.common import RESULTS_DIR, environment, print_table, progress
 from porter_mesh.adapters.shard import Durability, Shard
 from porter_mesh.core.knowledge import Observation, Record, format_timestamp
 from tests.integration.harness import peers_seen
-from tests.integration.kg_proc import KgProcess
+from tests.integration.kg_proc import KgProcess, poll
 
 NAME = "knowledge_mesh"
 CATCHUP_TARGET_S = 10.0
@@ -46,18 +46,6 @@ TARGET_AT = 100_000
 #: Node timings for a loaded machine (the figures are not about liveness).
 TIMINGS = ("--heartbeat", "0.2", "--evasive-after", "2", "--expire-after", "8")
 _ids = itertools.count()
-
-
-def wait(cond: Callable[[], Any], timeout: float, what: str, pause: float = 0.05) -> Any:
-    """Poll ``cond`` until it returns something true, or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout}s")
-        time.sleep(pause)
 
 
 def cpu_seconds(node: KgProcess) -> float:
@@ -96,7 +84,7 @@ def replicated_rate(root: pathlib.Path, mesh: str, per_node: int) -> dict[str, A
         local_done = time.monotonic()
         wanted = {n.name: per_node for n in nodes}
         for node in nodes:
-            wait(lambda n=node: holds(n, wanted), 300, f"{node.name} holds everything")
+            poll(lambda n=node: holds(n, wanted), 300, f"{node.name} holds everything")
         elapsed = time.monotonic() - start
         digests = {node.ask("vv", "vv")["digest"] for node in nodes}
         return {

@@ -44,18 +44,6 @@ def register(sub: Any) -> None:
     parser.set_defaults(func=main)
 
 
-def add_network_options(parser: argparse.ArgumentParser) -> None:
-    """``--interface``, ``--peer`` and ``--no-discovery`` (for parsers that have ``--mesh``
-    already)."""
-    parser.add_argument("--interface", action="append", dest="interfaces", metavar="IP",
-                        help="address to bind and announce on (repeatable; default 127.0.0.1)")
-    parser.add_argument("--peer", action="append", dest="peers", metavar="HOST:PORT",
-                        default=[], help="static seed peer (its ROUTER port), for networks "
-                        "without multicast (repeatable)")
-    parser.add_argument("--no-discovery", action="store_true",
-                        help="do not use zeroconf; rely on --peer seeds")
-
-
 def add_online_options(parser: argparse.ArgumentParser, *, data_dir: bool = True) -> None:
     """``--wait`` (finding a peer), ``--catchup-timeout`` and, unless the parser has one,
     ``--data-dir`` (the porter-ui replica)."""

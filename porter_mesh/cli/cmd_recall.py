@@ -28,14 +28,8 @@ from porter_mesh.adapters.sparql import (
     term_text,
 )
 from porter_mesh.cli.cmd_kg import add_shard_options, open_shard
-from porter_mesh.cli.cmd_kgsync import (
-    add_network_options,
-    add_online_options,
-    catch_up,
-    find_peer,
-    online_replica,
-)
-from porter_mesh.cli.common import run
+from porter_mesh.cli.cmd_kgsync import add_online_options, catch_up, find_peer, online_replica
+from porter_mesh.cli.common import add_mesh_options, run
 from porter_mesh.errors import PorterError
 
 #: Widest a table cell gets before it is shortened with an ellipsis.
@@ -44,7 +38,8 @@ CELL_WIDTH = 60
 
 def register(sub: Any) -> None:
     parser = sub.add_parser(
-        "recall", help="run a read-only SPARQL query on a knowledge shard",
+        "recall", help="run a read-only SPARQL query on the knowledge graph",
+        conflict_handler="resolve",
         description="Run a read-only SPARQL query. Online by default (join the mesh as "
         "porter-ui, catch its replica up from a peer, query it); with --data-dir or --agent, "
         "on that stopped node's shard. Prefixes porter, as, prov, rdf, rdfs, xsd are "
@@ -60,7 +55,7 @@ def register(sub: Any) -> None:
     parser.add_argument("--timeout", type=float, default=DEFAULT_DEADLINE, metavar="SECONDS",
                         help="query deadline (default %(default)s)")
     add_shard_options(parser)
-    add_network_options(parser)
+    add_mesh_options(parser)  # --mesh again, same meaning: the later one is kept
     add_online_options(parser, data_dir=False)
     parser.set_defaults(func=main)
 

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -202,6 +203,20 @@ async def run_command(cmd: dict[str, Any], node: Node, shard: Shard,
             reply(ev="error", op=op, error=str(exc), type="TimeoutError")
     else:
         reply(ev="error", op=op, error=f"unknown op {op!r}", type="usage")
+
+
+def poll(cond: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Call ``cond`` until it returns something true; fail after ``timeout`` seconds.
+
+    ``cond`` is expected to wait a little itself (a command round trip to a node).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout}s (last: {value!r})")
 
 
 class KgProcess(NodeProcess):

@@ -45,7 +45,7 @@ from porter_mesh.core.knowledge import (
 from porter_mesh.node.node import Reply
 from porter_mesh.node.sync import SyncNode
 from tests.integration.harness import peers_seen
-from tests.integration.kg_proc import KgProcess
+from tests.integration.kg_proc import KgProcess, poll
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 
@@ -85,17 +85,6 @@ def see_each_other(nodes: list[KgProcess], timeout: float = 20) -> None:
         others = names - {node.name}
         node.wait_until(lambda ev, o=others: peers_seen(ev) >= o, timeout,
                         f"{node.name} finds {sorted(others)}")
-
-
-def poll(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Call ``cond`` until it returns something true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s (last: {value!r})")
 
 
 def converged(nodes: list[KgProcess], must_hold: dict[str, int]) -> Callable[[], Any]:
