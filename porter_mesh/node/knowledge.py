@@ -56,7 +56,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from porter_mesh.adapters.shard import Shard
+from porter_mesh.adapters.shard import MergeReport, Shard
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.envelope import KIND_SYNC, Envelope
@@ -106,8 +106,8 @@ def _asked_key(message: SyncMessage) -> tuple[Any, ...] | None:
     return None
 
 
-class _Refused(Exception):
-    """Internal: a sync message refused for ``reason`` (counted, logged once)."""
+class _Refused(SyncError):
+    """A sync message refused for ``reason`` (counted and logged once; never escapes)."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
@@ -434,7 +434,7 @@ class Knowledge:
         if report is not None:
             self._merged(report, inbound[-1][0])
 
-    def _merged(self, report: Any, peer: str) -> None:
+    def _merged(self, report: MergeReport, peer: str) -> None:
         self.counters["merged.records"] += report.accepted
         self.counters["merged.duplicates"] += report.duplicates
         if report.accepted:
@@ -460,14 +460,14 @@ class Knowledge:
                            f"{asked.done}: a late answer to an earlier request")
         if isinstance(message, BucketEntries):
             message = self._without_conflicts(peer, message)
-        prefetched = (isinstance(message, CatchupChunk) and isinstance(asked, CatchupRequest)
-                      and message.cursor is not None)
-        if prefetched:
+        prefetched = False
+        if (isinstance(message, CatchupChunk) and isinstance(asked, CatchupRequest)
+                and message.cursor is not None):
             # Ask for the next chunk before merging this one, so that the peer reads it
             # from its journal meanwhile (the request the shard would make next).
-            assert isinstance(message, CatchupChunk) and isinstance(asked, CatchupRequest)
             self._send(peer, CatchupRequest(asked.vv, message.cursor, message.done,
                                             asked.limit))
+            prefetched = True
         try:
             outcome = self.shard.handle(message, asked=asked)
         except SyncError as exc:
