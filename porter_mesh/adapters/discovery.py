@@ -45,6 +45,7 @@ apart (zeroconf's probe has no tie-break either).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
 import logging
 import secrets
@@ -68,7 +69,13 @@ from porter_mesh.core.advert import PeerAdvert, check_mesh_name, decode_txt, enc
 from porter_mesh.core.constants import PROTOCOL_VERSION, SERVICE_TYPE
 from porter_mesh.errors import ConfigError, FrameError, NodeClosedError
 
-__all__ = ["STAT_KEYS", "Discovery", "agent_from_service_name", "service_name"]
+__all__ = [
+    "STAT_KEYS",
+    "Discovery",
+    "agent_from_service_name",
+    "mesh_tag",
+    "service_name",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -102,16 +109,26 @@ STAT_KEYS: Final = (
 )
 
 
-def service_name(agent: str) -> str:
-    """Return the zeroconf service instance name of an agent.
+def mesh_tag(mesh: str) -> str:
+    """A short, stable tag of a mesh name for service instance labels (6 hex digits)."""
+    return hashlib.sha256(mesh.encode()).hexdigest()[:6]
+
+
+def service_name(agent: str, mesh: str) -> str:
+    """Return the zeroconf service instance name of an agent on a mesh.
+
+    The label carries a tag of the mesh so that meshes sharing a network can each have
+    an ``architect``; names are unique per mesh, not per network. The tag keeps the
+    label within DNS's 63 bytes (agent names are at most 56 characters).
 
     Args:
         agent: a valid agent name.
+        mesh: a valid mesh name.
 
     Returns:
-        ``"<agent>._porter-mesh._tcp.local."``.
+        ``"<agent>@<mesh tag>._porter-mesh._tcp.local."``.
     """
-    return agent + _SUFFIX
+    return f"{agent}@{mesh_tag(mesh)}{_SUFFIX}"
 
 
 def agent_from_service_name(name: str) -> str | None:
@@ -121,11 +138,14 @@ def agent_from_service_name(name: str) -> str | None:
         name: a fully qualified service instance name.
 
     Returns:
-        The instance label (not validated), or None when the type does not match.
+        The agent label (not validated), or None when the type does not match or the
+        label has no mesh tag.
     """
     if len(name) <= len(_SUFFIX) or not name.lower().endswith(_SUFFIX.lower()):
         return None
-    return name[: -len(_SUFFIX)]
+    label = name[: -len(_SUFFIX)]
+    agent, at, _tag = label.rpartition("@")
+    return agent if at else None
 
 
 def _check_interfaces(interfaces: Sequence[str]) -> tuple[str, ...]:
@@ -362,7 +382,7 @@ class Discovery:
             )
 
     def _service_info(self, advert: PeerAdvert) -> ServiceInfo:
-        name = service_name(advert.name)
+        name = service_name(advert.name, advert.mesh)
         return ServiceInfo(
             SERVICE_TYPE,
             name,

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import pathlib
 from typing import Any
+
+from porter_mesh.errors import PorterError
 
 
 def register(sub: Any) -> None:
@@ -30,3 +33,6 @@ def main(args: argparse.Namespace) -> int:
                                     secure=args.secure))
     except KeyboardInterrupt:
         return 130
+    except PorterError as exc:
+        print(f"porter-mesh demo: {exc}", file=sys.stderr)
+        return 1

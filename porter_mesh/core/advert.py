@@ -25,8 +25,9 @@ seed), and are passed to :func:`decode_txt` separately.
 
 Names. An agent name is one DNS label and also part of a channel name
 (``task:<agent>``) and a ZeroMQ identity, so it is restricted to :data:`AGENT_NAME_RE`:
-1-63 characters of lowercase ASCII letters, digits, ``-`` and ``_``, starting with a
-letter or digit. Lowercase only, because mDNS compares names case-insensitively: two
+1-56 characters of lowercase ASCII letters, digits, ``-`` and ``_``, starting with a
+letter or digit (56, so that the agent name, ``@`` and a 6-digit mesh tag fit one DNS
+label of 63 bytes: see ``porter_mesh.adapters.discovery.service_name``). Lowercase only, because mDNS compares names case-insensitively: two
 agents named ``Worker`` and ``worker`` would collide on the network while looking
 distinct everywhere else. No dots, because a dot would split the service instance name
 into several DNS labels. Mesh names and roles follow :data:`MESH_NAME_RE` and
@@ -66,7 +67,7 @@ __all__ = [
 ]
 
 #: Allowed agent names: one lowercase DNS label (see the module docstring for why).
-AGENT_NAME_RE: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+AGENT_NAME_RE: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,55}")
 #: Allowed mesh names. Dots are fine here: the mesh name only travels in the TXT record.
 MESH_NAME_RE: Final = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 #: Allowed roles.
@@ -120,14 +121,14 @@ def check_agent_name(name: object) -> str:
         The name, unchanged.
 
     Raises:
-        ConfigError: the name is not a string of 1-63 lowercase letters, digits, ``-`` or
+        ConfigError: the name is not a string of 1-56 lowercase letters, digits, ``-`` or
             ``_`` starting with a letter or digit.
     """
     return _check_pattern(
         name,
         AGENT_NAME_RE,
         "agent name",
-        "use 1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit "
+        "use 1-56 lowercase letters, digits, '-' or '_', starting with a letter or digit "
         "(for example 'worker-1'); agent names are one DNS label and are compared "
         "case-insensitively by mDNS",
     )

@@ -16,7 +16,12 @@ import pytest
 from zeroconf import IPVersion, ServiceInfo
 from zeroconf.asyncio import AsyncZeroconf
 
-from porter_mesh.adapters.discovery import Discovery, service_name
+from porter_mesh.adapters.discovery import (
+    Discovery,
+    agent_from_service_name,
+    mesh_tag,
+    service_name,
+)
 from porter_mesh.core.advert import PeerAdvert, encode_txt
 from porter_mesh.core.constants import PROTOCOL_VERSION, SERVICE_TYPE
 from porter_mesh.errors import ConfigError, NodeClosedError
@@ -196,8 +201,10 @@ async def _poll(condition: Callable[[], bool], timeout: float, what: str) -> Non
         await asyncio.sleep(0.02)
 
 
-def raw_info(instance: str, properties: dict[bytes | str, bytes | str | None]) -> ServiceInfo:
-    name = f"{instance}.{SERVICE_TYPE}"
+def raw_info(
+    instance: str, properties: dict[bytes | str, bytes | str | None], mesh: str
+) -> ServiceInfo:
+    name = f"{instance}@{mesh_tag(mesh)}.{SERVICE_TYPE}"
     return ServiceInfo(
         SERVICE_TYPE, name, port=41002, properties=properties, server=name,
         parsed_addresses=["127.0.0.1"],
@@ -229,9 +236,9 @@ async def _malformed_records_are_ignored() -> None:
     try:
         for instance, txt in bogus.items():
             await raw.async_register_service(
-                raw_info(instance, txt), cooperating_responders=True  # type: ignore[arg-type]
+                raw_info(instance, txt, mesh), cooperating_responders=True  # type: ignore[arg-type]
             )
-        good_info = raw_info(good_name, good)  # type: ignore[arg-type]
+        good_info = raw_info(good_name, good, mesh)  # type: ignore[arg-type]
         await raw.async_register_service(good_info, cooperating_responders=True)
         await watcher.astart(None)
         me = unique("me")
@@ -330,4 +337,9 @@ def test_bad_mesh_name() -> None:
 
 
 def test_service_name() -> None:
-    assert service_name("worker-1") == "worker-1._porter-mesh._tcp.local."
+    name = service_name("worker-1", "lab")
+    assert name.startswith("worker-1@") and name.endswith("._porter-mesh._tcp.local.")
+    assert service_name("worker-1", "other") != name  # same agent, another mesh
+    assert agent_from_service_name(name) == "worker-1"
+    assert agent_from_service_name("worker-1._porter-mesh._tcp.local.") is None
+    assert len(service_name("a" * 56, "m" * 63).split(".")[0]) <= 63

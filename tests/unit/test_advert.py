@@ -81,7 +81,7 @@ def test_endpoints() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["worker-1", HUMAN_AGENT, "a", "0", "x" * 63, "under_score", "9lives"]
+    "name", ["worker-1", HUMAN_AGENT, "a", "0", "x" * 56, "under_score", "9lives"]
 )
 def test_good_agent_names(name: str) -> None:
     assert check_agent_name(name) == name
@@ -89,7 +89,7 @@ def test_good_agent_names(name: str) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["", "Worker", "a.b", "-lead", "_lead", "x" * 64, "a b", "a:b", "é", "a\n", "task:x", 5],
+    ["", "Worker", "a.b", "-lead", "_lead", "x" * 57, "a b", "a:b", "é", "a\n", "task:x", 5],
 )
 def test_bad_agent_names(name: object) -> None:
     with pytest.raises(ConfigError, match="agent name") as info:
