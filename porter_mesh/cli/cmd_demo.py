@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import pathlib
+import sys
 from typing import Any
 
 from porter_mesh.errors import PorterError
