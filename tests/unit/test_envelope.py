@@ -497,6 +497,29 @@ def test_any_valid_envelope_round_trips(env: Envelope) -> None:
     assert decode_direct(encode_direct(env, b"p")) == (env, b"p")
 
 
+def decoded_in_full(data: bytes) -> Envelope | str:
+    """What decode_envelope says with an empty prefix cache (the error reason if any)."""
+    envelope_module._prefixes.clear()
+    try:
+        return decode_envelope(data)
+    except FrameError as exc:
+        return exc.reason
+
+
+@given(conventional.filter(lambda env: env.ref is None), st.binary(min_size=19, max_size=19))
+def test_cached_prefix_decodes_any_tail_as_msgpack_does(env: Envelope, tail: bytes) -> None:
+    data = encode_envelope(env)
+    for candidate in (data[:-19] + tail, data[:-11] + tail[8:], data[:-19] + tail[:8] + data[-11:]):
+        expected = decoded_in_full(candidate)
+        envelope_module._prefixes.clear()
+        decode_envelope(data)  # caches the prefix when it is cacheable
+        try:
+            got: Envelope | str = decode_envelope(candidate)
+        except FrameError as exc:
+            got = exc.reason
+        assert got == expected
+
+
 @given(st.binary(max_size=300))
 def test_random_bytes_never_crash_decoders(data: bytes) -> None:
     for decoder in (decode_envelope, decode_topic, decode_control):
