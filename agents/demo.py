@@ -58,6 +58,7 @@ class Timeline:
         self.stream = stream
         self.count = 0
         self.learned: str | None = None
+        self.offered = False
 
     def __call__(self, msg: Message) -> None:
         self.count += 1
@@ -66,6 +67,7 @@ class Timeline:
             self.online.add(msg.sender)
         self.log.write(message_json(msg).encode() + b"\n")
         act = msg.activity
+        self.offered = self.offered or (act.type == "Offer" and msg.sender == "architect")
         to = ""
         if msg.direct:
             to = f" -> {msg.channel[len(C.DIRECT_PREFIX):]}"
@@ -127,9 +129,13 @@ def _tail(path: Path, lines: int = 12) -> str:
 
 
 async def _wait_connected(node: Node, timeline: Timeline, names: list[str],
-                          agents: list[Agent], timeout: float) -> None:
+                          agents: list[Agent], timeout: float, *, need_online: bool = True
+                          ) -> None:
     """Until every agent said it is online, the demo hears every agent, and every agent
-    subscribes to the demo."""
+    subscribes to the demo. ``need_online=False`` (secured demo): an agent announces
+    itself once, right after start-up, and with CurveZMQ the demo's subscription (a
+    handshake answered by the agent's own ZAP handler) often arrives after that
+    announcement; its heartbeats prove the connection instead."""
     deadline = time.monotonic() + timeout
     while True:
         for agent in agents:
@@ -137,11 +143,12 @@ async def _wait_connected(node: Node, timeline: Timeline, names: list[str],
                 raise DemoError(f"{agent.name} exited with status {agent.proc.returncode} "
                                 f"while starting; its log:\n{_tail(agent.log_path)}")
         heard = {p.name for p in node.peers() if p.last_heard > p.joined_at}
-        if (set(names) <= heard and set(names) <= timeline.online
+        online = timeline.online if need_online else heard
+        if (set(names) <= heard and set(names) <= online
                 and node.subscriber_count(C.CHANNEL_CONTROL) >= len(names)):
             return
         if time.monotonic() > deadline:
-            missing = sorted((set(names) - heard) | (set(names) - timeline.online))
+            missing = sorted((set(names) - heard) | (set(names) - online))
             raise DemoError(f"the team did not connect within {timeout:.0f}s "
                             f"(not heard: {missing or 'none'}; "
                             f"subscribers: {node.subscriber_count(C.CHANNEL_CONTROL)})")
@@ -203,15 +210,22 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
             agents.append(_spawn(role, name, mesh=mesh, out=out, extra=options,
                                  env_extra=envs.get(name)))
         names = [name for _, name in TEAM]
-        await _wait_connected(node, timeline, names, agents, timeout=max(5.0, timeout / 2))
+        await _wait_connected(node, timeline, names, agents, timeout=max(5.0, timeout / 2),
+                              need_online=not secure)
         print(f"{time.monotonic() - timeline.start:6.2f}s  team connected: "
               f"{', '.join(names)}; the architect begins", file=stream, flush=True)
         node.async_control(GO, target="architect")
+        last_go = time.monotonic()
         architect = agents[0]
         while architect.proc.poll() is None:
             if time.monotonic() - started > timeout:
                 raise DemoError(f"the story did not finish within {timeout:.0f}s; "
                                 f"architect log:\n{_tail(architect.log_path)}")
+            if secure and not timeline.offered and time.monotonic() - last_go > 1.0:
+                # Without its "online" announcement the architect may not have been
+                # listening yet; "go" is idempotent, so say it again until it offers.
+                node.async_control(GO, target="architect")
+                last_go = time.monotonic()
             await asyncio.sleep(0.05)
         if architect.proc.returncode != 0:
             raise DemoError(f"the architect failed (status {architect.proc.returncode}); "

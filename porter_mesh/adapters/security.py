@@ -604,6 +604,3 @@ class MeshSecurity:
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.identity.public_key.encode("ascii"))
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.identity.secret_key)
 
-    def refresh(self) -> bool:
-        """Re-read the trusted directory if it changed; True when keys changed."""
-        return self.store.refresh()

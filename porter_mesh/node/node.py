@@ -252,6 +252,7 @@ class Node:
         self._router: zmq.Socket[bytes] | None = None
         self._seed_dealers: dict[str, zmq.Socket[bytes]] = {}
         self._security: MeshSecurity | None = None
+        self._trust_generation = 0
         self._observing = False
         self._readers: dict[zmq.Socket[bytes], Callable[[], None]] = {}
         self._journal: DeliveryJournal | None = None
@@ -297,6 +298,7 @@ class Node:
             # The authenticator must answer before the first client can knock.
             security.start(self._ctx)
             self._security = security
+            self._trust_generation = security.store.generation
         try:
             # XPUB rather than PUB: it tells us who subscribed to what, so callers can
             # wait for subscribers instead of guessing (the "slow joiner" problem).
@@ -1462,8 +1464,13 @@ class Node:
                 "s": {ch: seq for ch, seq in self._bseq.items() if ch != C.CHANNEL_CONTROL},
                 "d": self.draining,
             })
-        if force_beat and self._security is not None and self._security.refresh():
-            self._revalidate_links()
+        if force_beat and self._security is not None:
+            # The ZAP callback may have re-read the directory already: compare generations.
+            store = self._security.store
+            store.refresh()
+            if store.generation != self._trust_generation:
+                self._trust_generation = store.generation
+                self._revalidate_links()
         if force_beat:
             self._apply_peer_events(self._peers.tick(now))
             for seed in self.config.seeds:
