@@ -66,7 +66,7 @@ def replicated_rate(root: pathlib.Path, mesh: str, per_node: int) -> dict[str, A
     """Three nodes remember ``per_node`` each, at once; time until all hold all."""
     nodes: list[KgProcess] = []
     try:
-        # Announced names must be unique on the loopback segment, across meshes.
+        # Names carry the run's mesh name: runs in parallel never announce the same one.
         names = [f"r{i}-{mesh}" for i in range(3)]
         for name in names:
             nodes.append(KgProcess(name, root / name, *TIMINGS, mesh=mesh))

@@ -70,8 +70,8 @@ def procs() -> Iterator[list[KgProcess]]:
 
 def start(procs: list[KgProcess], name: str, data: Path, *extra: str, mesh: str,
           unique: bool = True) -> KgProcess:
-    """Start a node. Announced names must be unique on the whole loopback segment (across
-    meshes), so a discovered node's name carries the test's mesh name."""
+    """Start a node; its name carries the test's mesh name (``unique``), so that runs in
+    parallel on one host never announce the same name."""
     if unique:
         name = f"{name}-{mesh}"
     p = KgProcess(name, data / name, *TIMINGS, *extra, mesh=mesh)
