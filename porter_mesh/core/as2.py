@@ -20,12 +20,15 @@ produces the dict, one tight sequence of type checks validates it, and the dict 
 the activity's own.
 
 Decoding is the hot path of every node, so it is kept cheap: validation plus
-construction costs about 0.6-0.8 us per activity (the profile's ``Announce``), next to
-about 0.9 us for a bare ``orjson.loads(orjson.dumps(...))`` of the same dict. Immutability
+construction (:func:`_activity`, one function with the common shapes checked in single
+expressions) costs about two thirds of a bare ``orjson.loads(orjson.dumps(...))`` of the
+same dict (the profile's ``Announce``; ``bench/bench_codec.py`` measures it). Immutability
 is therefore that of :class:`fractions.Fraction`: the public fields are read-only
 properties and ``__slots__`` refuses new attributes, but there is no ``__setattr__``
 override, because one would disable CPython's fast slot stores and cost about 0.12 us
-per decoded activity. The private slots are private by convention only.
+per decoded activity. The private slots are private by convention only; the envelope
+codec (:mod:`.envelope`), this module's partner on the hot path, reads and fills
+``_json`` directly to save a method call per message.
 
 Validation rules (the profile's field reference, made precise)
 --------------------------------------------------------------

@@ -50,10 +50,16 @@ the conventional ``"<incarnation hex>.<channel>.<seq>"`` (:func:`make_msg_id`), 
 the receiver can work out from ``e``, ``c`` and ``s``. The encoder leaves ``i`` out when
 the id equals that form, and the decoder fills it in eagerly, so a decoded envelope
 always holds the id as a plain string and compares equal to the one that was sent.
+
 Eager rather than lazy because the id is a ``NamedTuple`` field: a lazily computed one
-would need a custom class, and then envelopes built with and without the id would no
-longer compare equal. Formatting it costs about as much as unpacking the 30 bytes it
-would take on the wire, and the envelope is 25-30 bytes shorter.
+would need a custom class (or a tuple whose item and attribute disagree), and envelopes
+built with and without the id would no longer compare equal as tuples. The price is one
+short string format per message on each side (the encoder formats the conventional id
+to compare, the decoder to fill it in): measured, about a sixth of a bare orjson round
+trip of the profile's Announce example each, and about 0.15x of it would be saved on the
+receive path by a lazy id, which the node reads only in log lines. Carrying the id
+instead would cost as much (a variable-length field that the fixed layout below could
+not skip) and 25-30 bytes per envelope.
 
 Layout and templates (performance)
 ----------------------------------
@@ -74,10 +80,11 @@ The fixed layout lets both directions skip msgpack for the usual message:
   stream is decoded in full; when re-encoding the result gives back exactly the
   received bytes (which proves they have this module's layout and nothing unknown), that
   prefix and the fields it decodes to are cached. Later messages whose prefix is in the
-  cache are read with one ``struct`` call and three range checks. Anything else (another
-  encoder's layout, an unknown key, a ``ref``, a non-conventional id, a prefix not yet
-  seen) takes the full path: msgpack, then one boolean expression over the fields, and
-  only when that fails a slower pass that works out which field is wrong.
+  cache are read with one ``struct`` call, a check of the ``h`` key and a range check of
+  ``seq``. Anything else (another encoder's layout, an unknown key, a ``ref``, a
+  non-conventional id, a prefix not yet seen) takes the full path: msgpack, then one
+  boolean expression over the fields, and only when that fails a slower pass that works
+  out which field is wrong.
 
 Both caches hold at most :data:`_CACHE_MAX` entries and start over when full, so a
 flood of distinct streams costs only cache misses. ``bench/bench_codec.py`` measures
@@ -88,7 +95,7 @@ from __future__ import annotations
 
 import secrets
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 import msgpack
@@ -372,10 +379,11 @@ def _pack_entries(entries: dict[str, Any]) -> bytes:
     return packed[1:]  # a fixmap header is one byte
 
 
-# An encoding template per stream: (conventional id prefix, the whole envelope up to
-# _SEQ_KEY when no optional per-message field is present, and the prefix without
-# _SEQ_KEY with a map header for 0..4 optional per-message fields).
-_Template = tuple[str, bytes, tuple[bytes, ...]]
+# An encoding template per stream: (conventional id prefix; the whole envelope up to
+# _SEQ_KEY when no optional per-message field is present, and a struct's pack writing it
+# followed by the tail; the prefix without _SEQ_KEY with a map header for 0..4 optional
+# per-message fields).
+_Template = tuple[str, bytes, Callable[..., bytes], tuple[bytes, ...]]
 _templates: dict[tuple[Any, ...], _Template] = {}
 
 
@@ -402,7 +410,10 @@ def _template(env: Envelope) -> _Template:
         raise _too_large_envelope(size)
     # Header byte: fixmap (0x80) with the constant entries, "s", "h" and the extras.
     heads = tuple(bytes((0x80 | (len(entries) + 2 + extra),)) + body for extra in range(5))
-    template = (f"{inc:x}.{channel}.", heads[0] + _SEQ_KEY, heads)
+    plain = heads[0] + _SEQ_KEY
+    # One struct writing the prefix and the tail saves a concatenation per message.
+    pack_plain = struct.Struct(f">{len(plain)}s{_TAIL.format[1:]}").pack
+    template = (f"{inc:x}.{channel}.", plain, pack_plain, heads)
     if len(_templates) >= _CACHE_MAX:
         _templates.clear()  # streams are few; a flood of new ones only restarts the cache
     _templates[(sender, channel, inc, recipient)] = template
@@ -434,7 +445,7 @@ def encode_envelope(env: Envelope) -> bytes:
     # checked; the identity and type tests keep True from passing for 1.
     if template is None or version is not PROTOCOL_VERSION or type(inc) is not int:
         template = _template(env)
-    id_prefix, plain, heads = template
+    id_prefix, plain, pack_plain, heads = template
     if (
         type(seq) is int
         and type(hlc) is int
@@ -442,13 +453,12 @@ def encode_envelope(env: Envelope) -> bytes:
         and kind is None
         and ref is None
         and count == 1
-        and type(count) is int
         and msg_id == f"{id_prefix}{seq}"
     ):
         # The usual message: the cached prefix and the two numbers. The struct checks
         # the upper bound of seq (signed 64-bit) and the range of hlc (unsigned).
         try:
-            return plain + _TAIL.pack(seq, _HLC_KEY, hlc)
+            return pack_plain(plain, seq, _HLC_KEY, hlc)
         except struct.error:
             pass  # out of range: _valid below says which
     if not _valid(env):
@@ -494,7 +504,7 @@ def decode_envelope(data: bytes) -> Envelope:
     except TypeError:  # not bytes (bytearray, memoryview, garbage): the full path says
         template = None
     if template is not None:
-        seq, key, hlc = _TAIL.unpack_from(data, len(data) - _TAIL_SIZE)
+        seq, key, hlc = _TAIL.unpack_from(data, -_TAIL_SIZE)
         version, id_prefix, sender, channel, inc, recipient, count, kind, low, high = template
         if key == _HLC_KEY and low <= seq <= high:
             env: Envelope = _tuple_new(
@@ -780,19 +790,21 @@ def encode_payload(activities: Sequence[Activity]) -> bytes:
     n = len(activities)
     if n == 1:
         activity = activities[0]
-        if type(activity) is not Activity and not isinstance(activity, Activity):
+        # Activity.to_json() inline (this path is hot, and a method call costs more than
+        # the rest): the cached JSON when there is some, else serialised now and cached.
+        # Only an Activity has these slots.
+        try:
+            data = activity._json
+            if data is None:
+                data = activity._json = _dumps(activity._data)
+        except AttributeError:
             raise FrameError(
                 f"a payload carries Activity values, not {type(activity).__name__}; "
                 f"build them with porter_mesh.core.as2",
                 reason="bad-count",
-            )
-        # Activity.to_json() inline (this path is hot, and a method call costs more than
-        # the rest): the cached JSON when there is some, else serialised now and cached.
-        data = activity._json
-        if data is None:
-            data = activity._json = _dumps(activity._data)
+            ) from None
     elif 1 < n <= MAX_BATCH:
-        # One orjson call over the whole batch; it refuses non-Activity items itself.
+        # Cached JSON joined, or one orjson call; it refuses non-Activity items itself.
         data = activities_to_json_array(activities)
     else:
         raise FrameError(

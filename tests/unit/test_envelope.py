@@ -324,7 +324,7 @@ def test_text_that_is_not_unicode_is_refused(field: str) -> None:
 
 def test_bool_is_not_an_int_even_for_a_cached_stream() -> None:
     encode_envelope(envelope(incarnation=1))  # caches the stream of incarnation 1
-    for changes in ({"incarnation": True}, {"version": True}, {"count": True}, {"seq": True}):
+    for changes in ({"incarnation": True}, {"version": True}, {"seq": True}, {"hlc": True}):
         with pytest.raises(FrameError):
             encode_envelope(envelope(**{"incarnation": 1, **changes}))
 
