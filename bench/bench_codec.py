@@ -57,6 +57,7 @@ import orjson
 
 from bench.common import (
     Timing,
+    _calibrate,
     plot_ratios,
     print_table,
     progress,
@@ -216,20 +217,6 @@ def build_cases() -> dict[str, tuple[Callable[[], object], int]]:
         "as2 validate+wrap (one dict)": (lambda: activity(decoded), 1),
     }
     return cases
-
-
-def _calibrate(fn: Callable[[], object], target_s: float) -> int:
-    """How many calls of ``fn`` take about ``target_s`` seconds of CPU time."""
-    clock = time.thread_time
-    number = 1
-    while True:
-        start = clock()
-        for _ in range(number):
-            fn()
-        elapsed = clock() - start
-        if elapsed >= 0.002 or number >= 1 << 20:
-            return max(1, int(number * target_s / max(elapsed, 1e-9)))
-        number *= 2
 
 
 def _run(fn: Callable[[], object], number: int) -> int:
