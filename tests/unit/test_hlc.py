@@ -186,6 +186,11 @@ def test_merge_exceeds_both_and_refusal_keeps_state(
             with pytest.raises(ClockError):
                 clock.update(remote, wall)
             assert clock.last == before
+        elif max(remote, before) >= HLC_MAX:
+            # The very end of the 64-bit space: nothing can order after it.
+            with pytest.raises(ClockError, match="exhausted"):
+                clock.update(remote, wall)
+            assert clock.last == before
         else:
             merged = clock.update(remote, wall)
             assert merged > before
