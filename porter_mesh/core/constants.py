@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Final
 
 #: Envelope protocol version this code speaks. A frame with another version is refused.
-PROTOCOL_VERSION: Final = 1
+#: Version 2: the conventional message id is derived from (incarnation, channel, seq)
+#: instead of sent, and sequence and clock travel as fixed-width integers at the end.
+PROTOCOL_VERSION: Final = 2
 
 #: zeroconf service type, one instance per node, named after the agent.
 SERVICE_TYPE: Final = "_porter-mesh._tcp.local."
