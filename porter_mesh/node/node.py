@@ -191,6 +191,13 @@ class _PeerLink:
         self.sub = sub
 
 
+def _watches_direct(subs: collections.Counter[bytes]) -> bool:
+    """Whether any subscription matches the observer copies of direct messages
+    (topics ``task:<agent>``): a prefix of ``task:`` or a topic under it."""
+    return any(n > 0 and (_OBSERVE_PREFIX.startswith(t) or t.startswith(_OBSERVE_PREFIX))
+               for t, n in subs.items())
+
+
 def _fd(sock: zmq.Socket[bytes]) -> int:
     return cast(int, sock.getsockopt(zmq.FD))
 
@@ -241,6 +248,7 @@ class Node:
         self._kind_handlers: dict[str, KindHandler] = {}
         self._channels: set[str] = set()
         self._subscribers: collections.Counter[bytes] = collections.Counter()
+        self._direct_watched = False
         self._pending_bcast: dict[str, list[Activity]] = {}
         self._pending_direct: dict[str, list[tuple[Activity, asyncio.Future[None], float]]] = {}
         self._pending_acks: dict[bytes, list[int]] = {}
@@ -955,9 +963,11 @@ class Node:
                 elif frame[:1] == b"\x00" and subs[frame[1:]] > 0:
                     subs[frame[1:]] -= 1
         except zmq.Again:
+            self._direct_watched = _watches_direct(subs)
             return
         except zmq.ZMQError:
             return
+        self._direct_watched = _watches_direct(subs)
         assert self._loop is not None
         self._loop.call_soon(self._drain_xpub)
 
@@ -980,8 +990,11 @@ class Node:
             await asyncio.sleep(0.01)
 
     def _after_batch(self) -> None:
+        # Flushed on the next loop turn rather than now: the application's handlers and
+        # waiters run first, so their replies leave together with the acknowledgements,
+        # and acknowledgements of several drains share one message.
         if self._pending_acks or self._pending_bcast or self._pending_direct:
-            self._flush()
+            self._schedule_flush()
 
     def _on_broadcast(self, frames: list[bytes], peer: str | None = None) -> None:
         """One message from a SUB; ``peer``: the authenticated publisher (secured)."""
@@ -1120,10 +1133,11 @@ class Node:
                     for env, _, payload, _ in accepted
                 ])
             pub = self._pub
+            watched = self._direct_watched
             for env, env_bytes, payload, activities in accepted:
                 self._deliver_activities(env, activities, direct=True)
-                if pub is not None:
-                    # A copy for observers (tail); dropped by ZeroMQ when nobody watches.
+                if pub is not None and watched:
+                    # A copy for observers (tail), only while one subscribes to it.
                     with contextlib.suppress(zmq.Again):
                         pub.send_multipart([encode_topic(env.channel), env_bytes, payload],
                                            zmq.NOBLOCK, copy=False)
