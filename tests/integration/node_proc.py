@@ -46,6 +46,8 @@ async def main() -> None:
     parser.add_argument("--seed", action="append", default=[])
     parser.add_argument("--no-discovery", action="store_true")
     parser.add_argument("--data-dir", type=pathlib.Path)
+    parser.add_argument("--insecure", action="store_true",
+                        help="bind beyond loopback without keys (test hosts only)")
     parser.add_argument("--heartbeat", type=float, default=0.2)
     parser.add_argument("--evasive-after", type=float, default=0.8)
     parser.add_argument("--expire-after", type=float, default=2.0)
@@ -60,6 +62,7 @@ async def main() -> None:
         discovery=not args.no_discovery, data_dir=args.data_dir,
         heartbeat_interval=args.heartbeat, evasive_after=args.evasive_after,
         expire_after=args.expire_after, retry_initial=0.1, retry_max=0.5, send_timeout=30.0,
+        insecure=args.insecure,
     )
 
     def on_peer(event: PeerEvent) -> None:
