@@ -155,6 +155,24 @@ def monitored(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
     return sock.get_monitor_socket()
 
 
+HANDSHAKE_OUTCOMES = {zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                      zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_AUTH}
+
+
+def handshake(sock: zmq.Socket[bytes], endpoint: str, *frames: bytes) -> int:
+    """Connect ``sock`` (sending ``frames`` if any) and return how its first handshake
+    ended; the socket stays open for the caller."""
+    mon = monitored(sock)
+    sock.connect(endpoint)
+    if frames:
+        sock.send_multipart(list(frames))
+    try:
+        return wait_event(mon, HANDSHAKE_OUTCOMES)
+    finally:
+        sock.disable_monitor()
+        mon.close(0)
+
+
 def wait_event(mon: zmq.Socket[bytes], wanted: set[int], timeout: float = 10.0) -> int:
     """The first monitor event in ``wanted``; fails listing what was seen instead."""
     deadline = time.monotonic() + timeout
@@ -198,17 +216,14 @@ def test_untrusted_key_is_refused_and_audited(mesh: Mesh, processes: list[NodePr
                                               ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
     alice = spawn(processes, mesh, "alice", "--no-discovery")
     stranger = curve_socket(ctx, zmq.DEALER, mesh, "mallory", "alice")
-    mon = monitored(stranger)
-    stranger.connect(f"tcp://127.0.0.1:{alice.up['router']}")
-    stranger.send_multipart(encode_direct(envelope("mallory"),
-                                          encode_payload([announce("mallory", "let me in")])))
-    assert wait_event(mon, {zmq.EVENT_HANDSHAKE_FAILED_AUTH,
-                            zmq.EVENT_HANDSHAKE_SUCCEEDED}) == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    frames = encode_direct(envelope("mallory"), encode_payload([announce("mallory", "in?")]))
+    assert handshake(stranger, f"tcp://127.0.0.1:{alice.up['router']}", *frames
+                     ) == zmq.EVENT_HANDSHAKE_FAILED_AUTH
     stats(alice, lambda st: st.get("audit.untrusted-key", 0) >= 1)
     entry = next(e for e in mesh.audit("alice") if e["event"] == "untrusted-key")
     assert entry["key"] == mesh.public("mallory").decode()
     assert entry["address"] == "127.0.0.1"
-    close_monitored(stranger, mon)
+    stranger.close(0)
     # A trusted node still gets through, and the stranger's message never reached a handler.
     with mesh.node("bob", seeds=(f"alice@127.0.0.1:{alice.up['router']}",)) as bob:
         bob.wait_for_peers(["alice"], 10)
@@ -300,34 +315,25 @@ def test_spoofed_discovery_advert_is_ignored(mesh: Mesh, processes: list[NodePro
 def test_client_without_curve_cannot_connect(mesh: Mesh, processes: list[NodeProcess],
                                              ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
     alice = spawn(processes, mesh, "alice", "--no-discovery")
-    plain = ctx.socket(zmq.DEALER)
-    mon = monitored(plain)
-    plain.connect(f"tcp://127.0.0.1:{alice.up['router']}")
-    plain.send_multipart(encode_direct(envelope("bob"), encode_payload([announce("bob", "x")])))
-    assert wait_event(mon, {zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-                            zmq.EVENT_HANDSHAKE_SUCCEEDED}) == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    close_monitored(plain, mon)
+    router, pub = (f"tcp://127.0.0.1:{alice.up[k]}" for k in ("router", "pub"))
     listener = ctx.socket(zmq.SUB)
     listener.setsockopt(zmq.SUBSCRIBE, b"")
-    mon = monitored(listener)
-    listener.connect(f"tcp://127.0.0.1:{alice.up['pub']}")
-    assert wait_event(mon, {zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-                            zmq.EVENT_HANDSHAKE_SUCCEEDED}) == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    close_monitored(listener, mon)
-    # A trusted key that expects the wrong server key cannot talk to alice either.
-    misdirected = curve_socket(ctx, zmq.DEALER, mesh, "bob", "carol")
-    mon = monitored(misdirected)
-    misdirected.connect(f"tcp://127.0.0.1:{alice.up['router']}")
-    assert wait_event(mon, {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
-                            zmq.EVENT_HANDSHAKE_SUCCEEDED}) == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    close_monitored(misdirected, mon)
-    # The same key with the right server key passes, so the refusals above were real.
-    honest = curve_socket(ctx, zmq.DEALER, mesh, "bob", "alice")
-    mon = monitored(honest)
-    honest.connect(f"tcp://127.0.0.1:{alice.up['router']}")
-    assert wait_event(mon, {zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_HANDSHAKE_FAILED_AUTH,
-                            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL}) == zmq.EVENT_HANDSHAKE_SUCCEEDED
-    close_monitored(honest, mon)
+    attempts = [
+        # Plain (NULL) clients, on the ROUTER and on the PUB.
+        (ctx.socket(zmq.DEALER), router, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL),
+        (listener, pub, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL),
+        # A trusted key that expects the wrong server key.
+        (curve_socket(ctx, zmq.DEALER, mesh, "bob", "carol"), router,
+         zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL),
+        # The same key with the right server key passes: the refusals above were real.
+        (curve_socket(ctx, zmq.DEALER, mesh, "bob", "alice"), router,
+         zmq.EVENT_HANDSHAKE_SUCCEEDED),
+    ]
+    frames = encode_direct(envelope("bob"), encode_payload([announce("bob", "x")]))
+    for sock, endpoint, expected in attempts:
+        sent = frames if sock.socket_type == zmq.DEALER else []
+        assert handshake(sock, endpoint, *sent) == expected, _EVENT_NAMES[expected]
+        sock.close(0)
     counters = stats(alice, lambda st: True)
     assert not any(k.startswith("received.") for k in counters), counters
 
@@ -340,16 +346,10 @@ def test_removed_key_cannot_open_new_connections(
         bob.wait_for_peers(["alice"], 10)
         alice.wait_until(lambda ev: "bob" in peers_seen(ev), 10, "bob joins")
         early = curve_socket(ctx, zmq.DEALER, mesh, "bob", "alice")
-        mon = monitored(early)
-        early.connect(router)
-        assert wait_event(mon, {zmq.EVENT_HANDSHAKE_SUCCEEDED,
-                                zmq.EVENT_HANDSHAKE_FAILED_AUTH}) == zmq.EVENT_HANDSHAKE_SUCCEEDED
+        assert handshake(early, router) == zmq.EVENT_HANDSHAKE_SUCCEEDED
         (mesh.trusted / "bob.key").unlink()
         late = curve_socket(ctx, zmq.DEALER, mesh, "bob", "alice")
-        late_mon = monitored(late)
-        late.connect(router)
-        assert wait_event(late_mon, {zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_HANDSHAKE_FAILED_AUTH}
-                          ) == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        assert handshake(late, router) == zmq.EVENT_HANDSHAKE_FAILED_AUTH
         # The running node noticed without a restart: bob's live link is cut as well, and
         # what still comes over the connection opened before the removal is refused.
         alice.wait_until(lambda ev: any(e["ev"] == "peer" and e["peer"] == "bob"
@@ -359,8 +359,8 @@ def test_removed_key_cannot_open_new_connections(
                                            encode_payload([announce("bob", "too late")])))
         stats(alice, lambda st: st.get("dropped.revoked-key", 0) >= 2
               and st.get("audit.untrusted-key", 0) >= 1)
-        close_monitored(early, mon)
-        close_monitored(late, late_mon)
+        early.close(0)
+        late.close(0)
     assert not any(e["ev"] == "msg" and e["text"] == "too late" for e in alice.events)
 
 
