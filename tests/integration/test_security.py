@@ -318,21 +318,22 @@ def test_client_without_curve_cannot_connect(mesh: Mesh, processes: list[NodePro
     router, pub = (f"tcp://127.0.0.1:{alice.up[k]}" for k in ("router", "pub"))
     listener = ctx.socket(zmq.SUB)
     listener.setsockopt(zmq.SUBSCRIBE, b"")
+    failed = HANDSHAKE_OUTCOMES - {zmq.EVENT_HANDSHAKE_SUCCEEDED}
     attempts = [
         # Plain (NULL) clients, on the ROUTER and on the PUB.
-        (ctx.socket(zmq.DEALER), router, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL),
-        (listener, pub, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL),
+        (ctx.socket(zmq.DEALER), router, failed),
+        (listener, pub, failed),
         # A trusted key that expects the wrong server key.
-        (curve_socket(ctx, zmq.DEALER, mesh, "bob", "carol"), router,
-         zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL),
+        (curve_socket(ctx, zmq.DEALER, mesh, "bob", "carol"), router, failed),
         # The same key with the right server key passes: the refusals above were real.
         (curve_socket(ctx, zmq.DEALER, mesh, "bob", "alice"), router,
-         zmq.EVENT_HANDSHAKE_SUCCEEDED),
+         {zmq.EVENT_HANDSHAKE_SUCCEEDED}),
     ]
     frames = encode_direct(envelope("bob"), encode_payload([announce("bob", "x")]))
     for sock, endpoint, expected in attempts:
-        sent = frames if sock.socket_type == zmq.DEALER else []
-        assert handshake(sock, endpoint, *sent) == expected, _EVENT_NAMES[expected]
+        sent = frames if sock.type == zmq.DEALER else []
+        outcome = handshake(sock, endpoint, *sent)
+        assert outcome in expected, _EVENT_NAMES[outcome]
         sock.close(0)
     counters = stats(alice, lambda st: True)
     assert not any(k.startswith("received.") for k in counters), counters
