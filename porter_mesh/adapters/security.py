@@ -53,8 +53,7 @@ from typing import Any, Final
 
 import orjson
 import zmq
-from zmq.auth import create_certificates, load_certificate
-from zmq.auth.asyncio import AsyncioAuthenticator
+from zmq.auth import Authenticator, create_certificates, load_certificate
 
 from porter_mesh.core.advert import PeerAdvert, check_agent_name
 from porter_mesh.errors import SecurityError
@@ -485,8 +484,17 @@ class AuditLog:
             self._fd = None
 
 
-class MeshAuthenticator(AsyncioAuthenticator):
-    """pyzmq's ZAP authenticator on the node's event loop, asking a :class:`TrustStore`.
+class MeshAuthenticator(Authenticator):
+    """pyzmq's ZAP logic, driven by the node's event loop, asking a :class:`TrustStore`.
+
+    pyzmq keeps the ZAP protocol in :class:`zmq.auth.base.Authenticator` and drives it
+    from its asyncio and thread authenticators; this is one more thin driver. The node
+    watches :attr:`zap_socket` like its other sockets and calls :meth:`answer_pending`
+    when it is readable, so that opening and closing the ZAP socket follow the node's
+    own socket life cycle (pyzmq's asyncio driver polls through a wrapper whose clean-up
+    runs an iteration after ``stop``, by which time a new socket may have taken the
+    descriptor number). The credentials callback is synchronous, so pyzmq's handler
+    coroutine never suspends and is run to completion at once.
 
     The User-Id of an accepted connection is the agent name its key is bound to.
 
@@ -505,11 +513,30 @@ class MeshAuthenticator(AsyncioAuthenticator):
         self._address = ""
         self.configure_curve_callback(domain, credentials_provider=self)
 
-    async def handle_zap_message(self, msg: list[bytes]) -> None:
-        """Answer one ZAP request (pyzmq's logic), remembering the client's address
-        for the audit log."""
-        self._address = msg[3].decode("utf-8", "replace") if len(msg) > 3 else ""
-        await super().handle_zap_message(msg)
+    def answer_pending(self, limit: int = 256) -> bool:
+        """Answer the ZAP requests waiting on :attr:`zap_socket`.
+
+        Returns:
+            True when ``limit`` requests were answered and more may be waiting.
+        """
+        sock = self.zap_socket
+        for _ in range(limit):
+            if sock is None or sock.closed:
+                return False
+            try:
+                msg = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return False
+            self._address = msg[3].decode("utf-8", "replace") if len(msg) > 3 else ""
+            step = self.handle_zap_message(msg)
+            try:
+                step.send(None)
+            except StopIteration:
+                continue
+            step.close()  # it waited on something: only an awaitable callback could
+            raise RuntimeError("the ZAP handler suspended; its credentials check must be "
+                               "synchronous")
+        return True
 
     def callback(self, domain: str, key: bytes) -> bool:
         """The credentials check: is ``key`` (Z85) in the trusted directory now?"""
@@ -577,10 +604,16 @@ class MeshSecurity:
             )
         return cls(identity, store, AuditLog(audit_path, name, counters), mesh)
 
-    def start(self, context: zmq.Context[Any]) -> None:
-        """Start the ZAP authenticator on the running event loop (before any bind)."""
+    def start(self, context: zmq.Context[Any]) -> zmq.Socket[Any]:
+        """Bind the ZAP handler's socket (before any server socket binds).
+
+        Returns:
+            The ZAP socket; the caller watches it and calls
+            ``authenticator.answer_pending()`` when it is readable.
+        """
         self.authenticator = MeshAuthenticator(context, self.store, self.audit, self.domain)
         self.authenticator.start()
+        return self.authenticator.zap_socket
 
     def stop(self) -> None:
         """Stop the authenticator and close the audit log (after the sockets closed)."""

@@ -304,7 +304,7 @@ class Node:
         self._ctx = zmq.Context()
         if security is not None:
             # The authenticator must answer before the first client can knock.
-            security.start(self._ctx)
+            self._watch(security.start(self._ctx), self._answer_zap)
             self._security = security
             self._trust_generation = security.store.generation
         try:
@@ -367,6 +367,12 @@ class Node:
             audit_path=cfg.data_dir / AUDIT_FILE if cfg.data_dir is not None else None,
             counters=self.counters, observer=cfg.observer,
         )
+
+    def _answer_zap(self) -> None:
+        authenticator = self._security.authenticator if self._security else None
+        if authenticator is not None and authenticator.answer_pending():
+            assert self._loop is not None
+            self._loop.call_soon(self._answer_zap)
 
     @property
     def secured(self) -> bool:
