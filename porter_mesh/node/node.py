@@ -191,6 +191,35 @@ class _PeerLink:
         self.sub = sub
 
 
+class _Countdown:
+    """One future for a whole burst of direct messages: done when every one is
+    acknowledged, failed as soon as one fails."""
+
+    __slots__ = ("future", "left")
+
+    def __init__(self, future: asyncio.Future[None], count: int) -> None:
+        self.future = future
+        self.left = count
+
+
+Completion = asyncio.Future[None] | _Countdown
+
+
+def _settle(done: Completion) -> None:
+    if type(done) is _Countdown:
+        done.left -= 1
+        if done.left == 0 and not done.future.done():
+            done.future.set_result(None)
+    elif not done.done():  # type: ignore[union-attr]
+        done.set_result(None)  # type: ignore[union-attr]
+
+
+def _fail_one(done: Completion, exc: BaseException) -> None:
+    future = done.future if type(done) is _Countdown else done
+    if not future.done():  # type: ignore[union-attr]
+        future.set_exception(exc)  # type: ignore[union-attr]
+
+
 def _watches_direct(subs: collections.Counter[bytes]) -> bool:
     """Whether any subscription matches the observer copies of direct messages
     (topics ``task:<agent>``): a prefix of ``task:`` or a topic under it."""
@@ -230,7 +259,7 @@ class Node:
                                 expire_after=config.expire_after)
         self._links: dict[str, _PeerLink] = {}
         self._bseq: dict[str, int] = {}
-        self._outbox: Outbox[list[asyncio.Future[None]]] = Outbox(
+        self._outbox: Outbox[list[Completion]] = Outbox(
             retry_initial=config.retry_initial, retry_max=config.retry_max,
             max_pending=config.max_pending,
         )
@@ -250,7 +279,7 @@ class Node:
         self._subscribers: collections.Counter[bytes] = collections.Counter()
         self._direct_watched = False
         self._pending_bcast: dict[str, list[Activity]] = {}
-        self._pending_direct: dict[str, list[tuple[Activity, asyncio.Future[None], float]]] = {}
+        self._pending_direct: dict[str, list[tuple[Activity, Completion, float]]] = {}
         self._pending_acks: dict[bytes, list[int]] = {}
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -400,9 +429,8 @@ class Node:
             self._fail(entry.token, NodeClosedError(f"node {self.name} closed before "
                                                     f"{entry.recipient} acknowledged"))
         for items in self._pending_direct.values():
-            for _, fut, _ in items:
-                if not fut.done():
-                    fut.set_exception(NodeClosedError(f"node {self.name} closed"))
+            for _, done, _ in items:
+                _fail_one(done, NodeClosedError(f"node {self.name} closed"))
         self._pending_direct.clear()
         self._close_sockets()
         if self._journal is not None:
@@ -767,6 +795,24 @@ class Node:
         """Broadcast ``activity`` on ``channel`` (best effort, ordered per sender)."""
         self.async_publish(channel, activity)
 
+    def _direct_queue(self, recipient: str) -> tuple[str, list[tuple[Activity, Completion,
+                                                                      float]]]:
+        self._check_open()
+        if recipient.startswith(C.DIRECT_PREFIX):
+            recipient = recipient[len(C.DIRECT_PREFIX):]
+        if recipient not in self._links:
+            known = ", ".join(sorted(self._links)) or "none yet"
+            raise UnknownPeerError(
+                f"no agent named {recipient!r} on mesh {self.config.mesh!r} (known: {known}); "
+                "check the name, or wait for discovery with wait_for_peer()",
+                recipient=recipient,
+            )
+        queue = self._pending_direct.get(recipient)
+        if queue is None:
+            queue = self._pending_direct[recipient] = []
+        self._schedule_flush()
+        return recipient, queue
+
     def async_send_nowait(
         self, recipient: str, activity: Activity, *, timeout: float | None = None
     ) -> asyncio.Future[None]:
@@ -779,26 +825,38 @@ class Node:
         Raises:
             UnknownPeerError: the recipient is not on the mesh.
         """
-        self._check_open()
-        if recipient.startswith(C.DIRECT_PREFIX):
-            recipient = recipient[len(C.DIRECT_PREFIX):]
-        if recipient not in self._links:
-            known = ", ".join(sorted(self._links)) or "none yet"
-            raise UnknownPeerError(
-                f"no agent named {recipient!r} on mesh {self.config.mesh!r} (known: {known}); "
-                "check the name, or wait for discovery with wait_for_peer()",
-                recipient=recipient,
-            )
+        _, queue = self._direct_queue(recipient)
         assert self._loop is not None
         fut: asyncio.Future[None] = self._loop.create_future()
         deadline = time.monotonic() + (timeout if timeout is not None
                                        else self.config.send_timeout)
-        queue = self._pending_direct.get(recipient)
-        if queue is None:
-            self._pending_direct[recipient] = [(activity, fut, deadline)]
-        else:
-            queue.append((activity, fut, deadline))
-        self._schedule_flush()
+        queue.append((activity, fut, deadline))
+        return fut
+
+    def async_send_many(
+        self, recipient: str, activities: Iterable[Activity], *, timeout: float | None = None
+    ) -> asyncio.Future[None]:
+        """Queue a burst of direct messages with one future for all of them.
+
+        Each activity is still its own message on the stream (sequenced, acknowledged,
+        de-duplicated and delivered once); only the caller's bookkeeping is shared. The
+        future completes when every one is acknowledged, and fails with the first
+        failure.
+
+        Raises:
+            UnknownPeerError: the recipient is not on the mesh.
+        """
+        _, queue = self._direct_queue(recipient)
+        assert self._loop is not None
+        fut: asyncio.Future[None] = self._loop.create_future()
+        deadline = time.monotonic() + (timeout if timeout is not None
+                                       else self.config.send_timeout)
+        items = list(activities)
+        if not items:
+            fut.set_result(None)
+            return fut
+        countdown = _Countdown(fut, len(items))
+        queue.extend([(activity, countdown, deadline) for activity in items])
         return fut
 
     async def send(self, recipient: str, activity: Activity, *,
@@ -859,7 +917,7 @@ class Node:
         self.counters["sent.broadcast"] += len(activities)
 
     def _flush_direct(
-        self, recipient: str, items: list[tuple[Activity, asyncio.Future[None], float]]
+        self, recipient: str, items: list[tuple[Activity, Completion, float]]
     ) -> None:
         link = self._links.get(recipient)
         now = time.monotonic()
@@ -924,10 +982,9 @@ class Node:
             payload["to"] = target
         self._publish_control(kind, payload)
 
-    def _fail(self, futs: list[asyncio.Future[None]], exc: Exception) -> None:
-        for fut in futs:
-            if not fut.done():
-                fut.set_exception(exc)
+    def _fail(self, futs: list[Completion], exc: Exception) -> None:
+        for done in futs:
+            _fail_one(done, exc)
 
     # ------------------------------------------------------------------ receiving
 
@@ -1381,9 +1438,8 @@ class Node:
                 continue
             entry = self._outbox.acked(env.sender, first, now)
             if entry is not None:
-                for fut in entry.token:
-                    if not fut.done():
-                        fut.set_result(None)
+                for done in entry.token:
+                    _settle(done)
 
     def _on_control(self, env: Envelope, payload: bytes, ident: bytes | None) -> None:
         handler = self._kind_handlers.get(env.kind or "")

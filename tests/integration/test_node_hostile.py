@@ -120,3 +120,20 @@ def test_flood_from_unknown_peer_does_not_starve_others(
     still_serves(victim, good)
     victim.wait_for_stats(lambda st: st.get("dropped.unknown-peer", 0) >= 1, 10)
     dealer.close(0)
+
+
+def test_send_many_completes_once_every_message_is_acknowledged(
+        pair: tuple[SyncNode, SyncNode]) -> None:
+    victim, good = pair
+    burst = [Activity.from_dict({"type": "Announce", "actor": "good", "summary": f"m{i}"})
+             for i in range(300)]
+
+    async def send() -> None:
+        await good.node.async_send_many("victim", burst, timeout=10)
+
+    good.run_coroutine(send(), 20)
+    got = []
+    while len(got) < 300:
+        got.append(victim.receive(10).activity.summary)
+    assert got == [f"m{i}" for i in range(300)]  # each its own message, in order, once
+    assert victim.stats().get("received.direct", 0) == 300
