@@ -50,15 +50,18 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 #: The agent name each node_peer role runs as, and the one its seed points at.
 ROLE_NAMES = {"mesh-pub": PUB_NAME, "mesh-recv": RECV_NAME, "mesh-send": "send",
-              "mesh-ping": "ping"}
+              "mesh-ping": "ping", "zmq-pub": PUB_NAME, "zmq-echo": RECV_NAME,
+              "zmq-ping": "ping"}
 SEED_TARGETS = {"mesh-sub": PUB_NAME, "mesh-send": RECV_NAME, "mesh-ping": RECV_NAME}
 AGENTS = (PUB_NAME, RECV_NAME, "send", "ping", "sub-0")
-#: (section, key in bench_node's result, figure, unit, higher is better)
+#: (section, label, figure in bench_node's result, unit, higher is better)
 MEASURES = (
     ("broadcast", "broadcast 1->1", "mean", "msg/s", True),
     ("direct", "direct, acknowledged", "rate", "msg/s", True),
     ("rtt", "round trip p50", "p50_us", "us", False),
     ("rtt", "round trip p99", "p99_us", "us", False),
+    ("broadcast-raw", "raw pyzmq broadcast 1->1", "mean", "msg/s", True),
+    ("rtt-raw", "raw pyzmq round trip p50", "p50_us", "us", False),
 )
 
 _keys: dict[str, str] | None = None  # the trusted directory and secret keys, while "on"
@@ -111,10 +114,14 @@ def provision(directory: Path) -> dict[str, str]:
 
 
 def _jobs(counts: bench_node.Counts) -> list[tuple[str, str, bool, Callable[[], dict[str, Any]]]]:
+    # The raw pyzmq rows (the same bytes, no node) show libzmq's own CURVE cost.
     return [
         ("broadcast", "mean", True, lambda: bench_node.measure_broadcast("mesh", 1, counts)),
         ("direct", "rate", True, lambda: bench_node.measure_direct(counts)),
         ("rtt", "p50_us", False, lambda: bench_node.measure_rtt("mesh", counts)),
+        ("broadcast-raw", "mean", True,
+         lambda: bench_node.measure_broadcast("zmq-raw", 1, counts)),
+        ("rtt-raw", "p50_us", False, lambda: bench_node.measure_rtt("zmq", counts)),
     ]
 
 
@@ -132,10 +139,11 @@ def run(counts: bench_node.Counts, repeat: int, keys: dict[str, str]) -> dict[st
                 with peers(keys if mode == "on" else None):
                     bench_node._attempt(got, section, job, errors)
                 if section in got:
-                    progress(f"  {bench_node._describe(section, got[section])}")
+                    kind = section.removesuffix("-raw")
+                    progress(f"  {bench_node._describe(kind, got[section])}")
                     bench_node._keep_best(res[mode], section, got[section], figure, higher)
-                    for _, label, name, _, _ in MEASURES:
-                        if name in got[section]:
+                    for part, label, name, _, _ in MEASURES:
+                        if part == section and name in got[section]:
                             figures[mode][label] = got[section][name]
         res["rounds"].append(figures)
     for name in list(errors):
@@ -204,6 +212,30 @@ async def echo(a: argparse.Namespace) -> None:
         node_peer.emit("result", stats=node.stats())
 
 
+def _curve_raw_sockets(node_peer: Any, trusted: Path, key_file: Path) -> None:
+    """Make node_peer's raw pyzmq sockets CURVE servers (ROUTER, XPUB) or clients of the
+    echo or publisher; no ZAP, so this is libzmq's cost alone."""
+    import zmq
+    from zmq.auth import load_certificate
+
+    plain = node_peer.zmq_socket
+    public, secret = load_certificate(key_file)
+
+    @contextlib.contextmanager
+    def secured(kind: int) -> Iterator[Any]:
+        with plain(kind) as sock:
+            sock.curve_secretkey = secret
+            if kind in (zmq.ROUTER, zmq.XPUB):
+                sock.curve_server = True
+            else:
+                server = RECV_NAME if kind == zmq.DEALER else PUB_NAME
+                sock.curve_serverkey = load_certificate(trusted / f"{server}.key")[0]
+                sock.curve_publickey = public
+            yield sock
+
+    node_peer.zmq_socket = secured
+
+
 def peer_main(argv: list[str]) -> int:
     """The peer process: bench.node_peer's role, with a named seed when secured, and
     activities authored by the node that sends them."""
@@ -216,6 +248,9 @@ def peer_main(argv: list[str]) -> int:
     secured = bool(os.environ.get("PORTER_MESH_SECURE_SEEDS"))
     a.seed = f"{target}@127.0.0.1:{a.port}" if secured and target else f"127.0.0.1:{a.port}"
     node_peer.ANNOUNCE["actor"] = ROLE_NAMES.get(a.role) or a.name
+    if secured and a.role.startswith("zmq-"):
+        _curve_raw_sockets(node_peer, Path(os.environ["PORTER_MESH_TRUSTED"]),
+                           Path(os.environ["PORTER_MESH_KEY"]))
     role = echo if a.role == "mesh-recv" and a.echo else node_peer.ROLES[a.role]
     try:
         asyncio.run(role(a))

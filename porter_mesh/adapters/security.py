@@ -329,6 +329,10 @@ class TrustStore:
         """Agent names that currently have a trusted key."""
         return frozenset(self._by_name)
 
+    def trusts(self, name: str) -> bool:
+        """True when agent ``name`` has a trusted key (cheap: no copy of the set)."""
+        return name in self._by_name
+
     def name_for(self, key: str) -> str | None:
         """The agent a Z85 public key is bound to, or None when it is not trusted."""
         return self._by_key.get(key)

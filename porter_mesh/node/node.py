@@ -1284,7 +1284,7 @@ class Node:
             self._refuse("spoofed-sender", user, f"{user!r} sent a message claiming to be "
                          f"from {env.sender[:64]!r}")
             return False
-        if user not in self._security.store.names:
+        if not self._security.store.trusts(user):
             # Connected before its key was removed from the trusted directory.
             self._refuse("revoked-key", user, f"message from {user!r}, whose key is no "
                          "longer trusted")
