@@ -478,7 +478,7 @@ def spoof_advert(mesh: str, name: str, key: str | None) -> subprocess.Popen[byte
     cmd = [sys.executable, "-m", "tests.integration.test_security", "advert", "--mesh", mesh,
            "--name", name]
     if key is not None:
-        cmd += ["--key", key]
+        cmd.append(f"--key={key}")  # a Z85 key may start with '-'
     return subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
 
