@@ -66,7 +66,7 @@ BOUND_S = 0.5
 #: A reason is a short machine-readable tag, as counted in ``dropped.<reason>``.
 REASON_RE = re.compile(r"[a-z][a-z0-9.-]{0,40}")
 #: Examples per property; raise it for a longer hunt (PORTER_MESH_FUZZ_EXAMPLES=5000).
-EXAMPLES = int(os.environ.get("PORTER_MESH_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("PORTER_MESH_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
