@@ -9,6 +9,7 @@ command at once and ends the agent.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pathlib
 import signal
@@ -19,7 +20,7 @@ from typing import Any
 from agents.context import AgentContext, Brain, TappedPort
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
-from porter_mesh.errors import PorterError
+from porter_mesh.errors import OperationTimeout, PorterError
 from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
 from porter_mesh.node.port import NodePort
 from porter_mesh.node.sync import SyncNode
@@ -55,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat", type=float, default=1.0)
     parser.add_argument("--evasive-after", type=float, default=3.0)
     parser.add_argument("--expire-after", type=float, default=10.0)
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow binding beyond loopback without keys (see "
+                        "docs/security.md)")
     parser.add_argument("--wait-go", action="store_true",
                         help="architect: wait for a 'go' control message before offering")
     parser.add_argument("--fail-after", choices=("accept",),
@@ -90,12 +94,14 @@ def run(args: argparse.Namespace) -> int:
     workspace = args.workspace.resolve()
     workspace.mkdir(parents=True, exist_ok=True)
     tools = {"architect": (), "worker": ("bash", "files"), "reviewer": ("bash", "read_file")}
+    extra: dict[str, Any] = {"insecure": True} if args.insecure else {}
     node = SyncNode(
         name=args.name, role=args.role, mesh=args.mesh,
         interfaces=tuple(args.interfaces or ("127.0.0.1",)), seeds=tuple(args.peers),
         data_dir=args.data_dir, slots=args.slots if args.role == "worker" else 0,
         tools=tools[args.role], heartbeat_interval=args.heartbeat,
         evasive_after=args.evasive_after, expire_after=args.expire_after,
+        **extra,
     )
     stop = threading.Event()
     go = threading.Event() if args.wait_go else None
@@ -138,6 +144,10 @@ def run(args: argparse.Namespace) -> int:
         ctx.say(f"{args.role} up on mesh {args.mesh!r} "
                 f"(pub {node.node.pub_port}, router {node.node.router_port})")
         slots = f", {args.slots} slot(s)" if args.role == "worker" else ""
+        # Say "online" once the peers already known subscribe to us, so that they hear it.
+        with contextlib.suppress(TimeoutError, OperationTimeout):
+            node.run_coroutine(node.node.wait_for_subscribers(
+                C.CHANNEL_LOG, len(node.peers()), 5.0), 10.0)
         node.publish(C.CHANNEL_LOG, Activity.from_dict({
             "type": "Announce", "actor": args.name,
             "summary": f"{args.name} online as {args.role}{slots}"}))

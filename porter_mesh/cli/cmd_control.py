@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from porter_mesh.cli.common import add_mesh_options, ephemeral_name, node_config, run
+from porter_mesh.cli.common import add_mesh_options, node_config, run
 from porter_mesh.core import constants as C
 from porter_mesh.node.node import K_DRAIN, K_HALT, Node
 
@@ -21,8 +21,10 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    config = node_config(args, name=ephemeral_name("porter-control"), role="human",
-                         advertise=False, channels=())
+    # As the human (porter-ui), like 'send': on a secured mesh that name is bound to the
+    # operator's key, so the agents accept the request.
+    config = node_config(args, name=C.HUMAN_AGENT, role="human", advertise=False,
+                         channels=())
 
     async def body() -> int:
         async with Node(config) as node:

@@ -29,10 +29,15 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
                         "without multicast (repeatable)")
     parser.add_argument("--no-discovery", action="store_true",
                         help="do not use zeroconf; rely on --peer seeds")
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow binding beyond loopback without keys (protected mode "
+                        "refuses it otherwise; see docs/security.md)")
 
 
 def node_config(args: argparse.Namespace, **settings: Any) -> NodeConfig:
     """A :class:`NodeConfig` from the common options plus ``settings``."""
+    if getattr(args, "insecure", False):
+        settings["insecure"] = True
     return NodeConfig(
         mesh=args.mesh,
         interfaces=tuple(args.interfaces or ("127.0.0.1",)),

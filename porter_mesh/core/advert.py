@@ -27,11 +27,11 @@ Names. An agent name is one DNS label and also part of a channel name
 (``task:<agent>``) and a ZeroMQ identity, so it is restricted to :data:`AGENT_NAME_RE`:
 1-56 characters of lowercase ASCII letters, digits, ``-`` and ``_``, starting with a
 letter or digit (56, so that the agent name, ``@`` and a 6-digit mesh tag fit one DNS
-label of 63 bytes: see ``porter_mesh.adapters.discovery.service_name``). Lowercase only, because mDNS compares names case-insensitively: two
-agents named ``Worker`` and ``worker`` would collide on the network while looking
-distinct everywhere else. No dots, because a dot would split the service instance name
-into several DNS labels. Mesh names and roles follow :data:`MESH_NAME_RE` and
-:data:`ROLE_RE`.
+label of 63 bytes: see ``porter_mesh.adapters.discovery.service_name``). Lowercase
+only, because mDNS compares names case-insensitively: two agents named ``Worker`` and
+``worker`` would collide on the network while looking distinct everywhere else. No
+dots, because a dot would split the service instance name into several DNS labels.
+Mesh names and roles follow :data:`MESH_NAME_RE` and :data:`ROLE_RE`.
 
 Decoding never trusts the peer: anything malformed raises :class:`FrameError` with
 ``reason="bad-advert"``; unknown keys are ignored so that later versions can add fields.
