@@ -795,8 +795,10 @@ class Node:
         """Broadcast ``activity`` on ``channel`` (best effort, ordered per sender)."""
         self.async_publish(channel, activity)
 
-    def _direct_queue(self, recipient: str) -> tuple[str, list[tuple[Activity, Completion,
-                                                                      float]]]:
+    def _direct_queue(
+        self, recipient: str, timeout: float | None
+    ) -> tuple[list[tuple[Activity, Completion, float]], asyncio.Future[None], float]:
+        """The send queue of ``recipient``, a new future and the deadline of a send."""
         self._check_open()
         if recipient.startswith(C.DIRECT_PREFIX):
             recipient = recipient[len(C.DIRECT_PREFIX):]
@@ -811,7 +813,10 @@ class Node:
         if queue is None:
             queue = self._pending_direct[recipient] = []
         self._schedule_flush()
-        return recipient, queue
+        assert self._loop is not None
+        deadline = time.monotonic() + (timeout if timeout is not None
+                                       else self.config.send_timeout)
+        return queue, self._loop.create_future(), deadline
 
     def async_send_nowait(
         self, recipient: str, activity: Activity, *, timeout: float | None = None
@@ -825,11 +830,7 @@ class Node:
         Raises:
             UnknownPeerError: the recipient is not on the mesh.
         """
-        _, queue = self._direct_queue(recipient)
-        assert self._loop is not None
-        fut: asyncio.Future[None] = self._loop.create_future()
-        deadline = time.monotonic() + (timeout if timeout is not None
-                                       else self.config.send_timeout)
+        queue, fut, deadline = self._direct_queue(recipient, timeout)
         queue.append((activity, fut, deadline))
         return fut
 
@@ -846,11 +847,7 @@ class Node:
         Raises:
             UnknownPeerError: the recipient is not on the mesh.
         """
-        _, queue = self._direct_queue(recipient)
-        assert self._loop is not None
-        fut: asyncio.Future[None] = self._loop.create_future()
-        deadline = time.monotonic() + (timeout if timeout is not None
-                                       else self.config.send_timeout)
+        queue, fut, deadline = self._direct_queue(recipient, timeout)
         items = list(activities)
         if not items:
             fut.set_result(None)
