@@ -59,7 +59,7 @@ from typing import Any, Final
 from porter_mesh.adapters.shard import MergeReport, Shard
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
-from porter_mesh.core.envelope import KIND_SYNC, Envelope
+from porter_mesh.core.envelope import KIND_SYNC, Envelope, decode_control
 from porter_mesh.core.knowledge import (
     BucketEntries,
     CatchupChunk,
@@ -75,7 +75,7 @@ from porter_mesh.core.knowledge import (
 )
 from porter_mesh.core.peers import PeerEvent, PeerEventKind
 from porter_mesh.errors import ActivityError, KnowledgeError, PorterError, SyncError
-from porter_mesh.node.node import Node, Reply
+from porter_mesh.node.node import K_UNSUPPORTED, Node, Reply
 from porter_mesh.tools.port import QueryResult
 
 __all__ = ["Knowledge", "SyncKnowledge", "attach_knowledge"]
@@ -90,6 +90,8 @@ CATCHUP_ATTEMPTS: Final = 3
 #: 25 us per record to decode, check and journal); 4096 keeps each step near 0.1 s, so
 #: heartbeats and other traffic never wait long, and a chunk stays well under a megabyte.
 CATCHUP_CHUNK: Final = 4096
+#: Seconds a peer that answered "no replica here" is left out of catch-ups and digests.
+NO_SYNC_BACKOFF = 5.0
 #: Seconds an agent's first write waits for a first catch-up (see SyncKnowledge.remember).
 FIRST_WRITE_WAIT: Final = 10.0
 _TICK: Final = 0.1
@@ -155,6 +157,9 @@ class Knowledge:
         self._catchup_peer: str | None = None
         self._catchup_queue: collections.deque[str] = collections.deque()
         self._catchup_failures: collections.Counter[str] = collections.Counter()
+        # Peers that said they run no replica, until when to leave them alone. Not for
+        # ever: a node may attach its replica a moment after it starts.
+        self._no_sync: dict[str, float] = {}
         self._caught_up: set[str] = set()
         self._digest_sent: dict[str, float] = {}
         self._rr = itertools.count()
@@ -177,6 +182,7 @@ class Knowledge:
         Called before the node starts, no peer and no sync message is missed.
         """
         self.node.register_kind(KIND_SYNC, self._on_sync)
+        self.node.register_kind(K_UNSUPPORTED, self._on_unsupported)
         self._remove_listener = self.node.add_peer_listener(self._on_peer)
         for peer in self.node.peers():
             self._queue_catchup(peer.name)
@@ -525,7 +531,7 @@ class Knowledge:
     def _pull_gaps(self, *, prefer: str | None = None) -> None:
         if self._catchup_peer is not None:
             return  # the catch-up brings them
-        connected = sorted(p.name for p in self.node.peers())
+        connected = self._sync_peers()
         if not connected:
             return
         for request in self.shard.missing_ranges():
@@ -551,6 +557,7 @@ class Knowledge:
             for key in [k for k in self._asked if k[0] == name]:
                 del self._asked[key]
             self._caught_up.discard(name)
+            self._no_sync.pop(name, None)  # a restarted peer may run a replica now
             self._digest_sent.pop(name, None)
             with contextlib.suppress(ValueError):
                 self._catchup_queue.remove(name)
@@ -559,7 +566,8 @@ class Knowledge:
                 self._next_catchup()
 
     def _queue_catchup(self, name: str) -> None:
-        if name in self._caught_up or name in self._catchup_queue or name == self._catchup_peer:
+        if (name in self._caught_up or name in self._catchup_queue
+                or name == self._catchup_peer or name in self._no_sync):
             return
         self._catchup_queue.append(name)
         self._next_catchup()
@@ -584,6 +592,23 @@ class Knowledge:
         self._wake()
         self._next_catchup()
         self._pull_gaps()
+
+    def _on_unsupported(self, env: Envelope, payload: bytes, reply: Reply) -> None:
+        """A peer runs no knowledge replica (the human's seat, a tool): never ask it."""
+        body = decode_control(payload)
+        if body.get("k") != KIND_SYNC:
+            return
+        peer = env.sender
+        self._no_sync[peer] = time.monotonic() + NO_SYNC_BACKOFF
+        for key in [k for k in self._asked if k[0] == peer]:
+            del self._asked[key]
+        if self._catchup_peer == peer:
+            self._catchup_peer = None
+            self._next_catchup()
+
+    def _sync_peers(self) -> list[str]:
+        """Connected peers that run a knowledge replica (as far as we know)."""
+        return sorted(p.name for p in self.node.peers() if p.name not in self._no_sync)
 
     def _catchup_failed(self, peer: str, why: str) -> None:
         """A chunk was refused or never came: start that peer's catch-up over, or skip it."""
@@ -631,9 +656,13 @@ class Knowledge:
             self.counters["timeout." + type(message).__name__] += 1
             if isinstance(message, CatchupRequest):
                 self._catchup_failed(key[0], "no answer")
+        for peer, until in list(self._no_sync.items()):
+            if now >= until:
+                del self._no_sync[peer]
+                self._queue_catchup(peer)
         self._pull_gaps()
         if self._catchup_peer is None and now - last_digest >= self.anti_entropy_interval:
-            peers = sorted(p.name for p in self.node.peers())
+            peers = self._sync_peers()
             if peers:
                 self._send_digest(peers[next(self._rr) % len(peers)])
 

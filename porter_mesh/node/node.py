@@ -131,6 +131,8 @@ K_BYE = "bye"
 K_HELLO = "hello"
 #: The answer to a hello, with the same content.
 K_WELCOME = "welcome"
+#: The answer to a direct request of a kind this node does not handle: ``{"k": kind}``.
+K_UNSUPPORTED = "unsupported"
 
 
 class Message(NamedTuple):
@@ -1442,6 +1444,11 @@ class Node:
         handler = self._kind_handlers.get(env.kind or "")
         if handler is not None:
             self._run_kind(handler, env, payload, self._reply_to(env, ident=ident))
+            return
+        if ident is not None and env.kind not in (K_HELLO, K_UNSUPPORTED):
+            # A request of a protocol this node does not run (e.g. knowledge sync to a
+            # node without a shard): say so, so that the asker turns elsewhere at once.
+            self._reply_to(env, ident=ident)(K_UNSUPPORTED, encode_control({"k": env.kind}))
             return
         try:
             body = decode_control(payload)
