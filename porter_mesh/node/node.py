@@ -992,24 +992,30 @@ class Node:
         """Read the shared SUB, or (secured) the SUB of ``peer``."""
         if sock is None:
             sock = self._sub
-        if sock is None or sock.closed:
+        if sock is not None:
+            self._drain(sock, self._on_broadcast, peer)
+
+    def _drain(self, sock: zmq.Socket[bytes], handle: Callable[..., None],
+               *args: Any) -> None:
+        """Read ``sock`` without blocking, ``handle(frames, *args)`` per message, up to a
+        fairness limit (then the rest is read on the next loop turn)."""
+        if sock.closed:
             return
-        handle = self._on_broadcast
         n = 0
         try:
             while n < _DRAIN_LIMIT:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
                 n += 1
-                handle(frames, peer)
+                handle(frames, *args)
         except zmq.Again:
             pass
         except zmq.ZMQError:
-            # A peer's goodbye closes its own SUB while that SUB is being read.
+            # A peer's goodbye can close its socket while that socket is being read.
             if not self._closed and not sock.closed:
                 raise
             return
         if n >= _DRAIN_LIMIT and self._loop is not None:
-            self._loop.call_soon(self._drain_sub, sock, peer)
+            self._loop.call_soon(self._drain, sock, handle, *args)
         self._after_batch()
 
     def _drain_xpub(self) -> None:
@@ -1306,23 +1312,7 @@ class Node:
 
     def _drain_dealer(self, sock: zmq.Socket[bytes], peer: str | None,
                       seed_name: str | None = None) -> None:
-        if sock.closed:
-            return
-        n = 0
-        try:
-            while n < _DRAIN_LIMIT:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-                n += 1
-                self._on_dealer(frames, peer, seed_name)
-        except zmq.Again:
-            pass
-        except zmq.ZMQError:
-            if not self._closed and not sock.closed:
-                raise
-            return
-        if n >= _DRAIN_LIMIT and self._loop is not None:
-            self._loop.call_soon(self._drain_dealer, sock, peer, seed_name)
-        self._after_batch()
+        self._drain(sock, self._on_dealer, peer, seed_name)
 
     def _on_dealer(self, frames: list[bytes], peer: str | None,
                    seed_name: str | None = None) -> None:
