@@ -92,8 +92,9 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Final, NoReturn, cast
+from typing import Annotated, Any, Final, Literal, NoReturn, cast
 
+import msgspec
 import orjson
 
 from porter_mesh.core.constants import (
@@ -525,8 +526,125 @@ def _activity(data: Any) -> Activity:
             if left:
                 _check_rest(data, _ACTIVITY_KNOWN, "", 1)
     activity = _new(Activity)
-    activity._data = data
-    activity._json = None
+    activity._d = data
+    activity._json = activity._raw = None
+    return activity
+
+
+# ------------------------------------------------------------ validation in C
+#
+# The shapes nearly every activity has, written as msgspec structs so that JSON bytes
+# are checked in one C call: the required strings, the profile's optional fields, and
+# objects two levels deep (an object whose items may be leaf objects). No unknown fields,
+# no nulls, no numbers. Anything this schema refuses, whatever the reason, goes to the
+# Python validator above, which accepts a superset and writes the precise error; so the
+# schema may only ever be stricter than the rules it shadows (a property test holds it to
+# that). Only the task-id rule of ``context`` stays in Python, checked on the decoded
+# value (for a repeated key both decoders keep the last).
+
+_ActivityType = Literal[
+    "Offer", "Accept", "Reject", "Create", "Update", "Delete",
+    "Announce", "Question", "Invoke", "Remember", "Recall", "Note",
+]
+_NestedType = Literal[
+    "Offer", "Accept", "Reject", "Create", "Update", "Delete",
+    "Announce", "Question", "Invoke", "Remember", "Recall", "Note",
+    "Document", "Collection", "Article",
+]
+_Text = Annotated[str, msgspec.Meta(min_length=1)]
+_Unset = msgspec.UnsetType
+_UNSET: Final = msgspec.UNSET
+
+
+class _LeafShape(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    type: _NestedType
+    name: str | _Unset = _UNSET
+    about: str | _Unset = _UNSET
+    url: str | _Unset = _UNSET
+    content: str | _Unset = _UNSET
+    summary: str | _Unset = _UNSET
+
+
+class _ObjectShape(_LeafShape, forbid_unknown_fields=True, gc=False):
+    items: list[str | _LeafShape] | _Unset = _UNSET
+
+
+class _ActivityShape(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    type: _ActivityType
+    actor: _Text
+    summary: _Text
+    content: str | _Unset = _UNSET
+    context: str | _Unset = _UNSET
+    object: str | _ObjectShape | _Unset = _UNSET
+    target: str | _Unset = _UNSET
+    result: _ObjectShape | _Unset = _UNSET
+    instrument: str | list[str] | _Unset = _UNSET
+    tag: list[str] | _Unset = _UNSET
+
+
+_shape_one = msgspec.json.Decoder(_ActivityShape).decode
+_shape_many = msgspec.json.Decoder(list[_ActivityShape]).decode
+_split_many = msgspec.json.Decoder(list[msgspec.Raw]).decode
+_ShapeRefused = (msgspec.ValidationError, msgspec.DecodeError)
+
+
+def _shaped(raw: bytes) -> bool:
+    """Whether ``raw`` (one activity's JSON) is valid by the C schema and its context.
+
+    False means "ask the Python validator", not "invalid".
+    """
+    try:
+        context = _shape_one(raw).context
+    except _ShapeRefused:
+        return False
+    return context is _UNSET or context in _GOOD_CONTEXTS or _context_ok(context)
+
+
+def _context_ok(value: str) -> bool:
+    try:
+        _check_context(value)
+    except ActivityError:
+        return False
+    return True
+
+
+def _shaped_many(data: bytes) -> list[Activity] | None:
+    """The activities of a batch if every element passes the C schema, else ``None``.
+
+    The caller has checked the batch's total size.
+    """
+    try:
+        shapes = _shape_many(data)
+    except _ShapeRefused:
+        return None
+    if len(shapes) > MAX_BATCH:
+        return None
+    good = _GOOD_CONTEXTS
+    for shape in shapes:
+        context = shape.context
+        if context is not _UNSET and context not in good and not _context_ok(context):
+            return None
+    raws = _split_many(data)
+    if len(data) > MAX_ACTIVITY_BYTES:
+        for raw in raws:
+            if len(raw) > MAX_ACTIVITY_BYTES:
+                return None
+    out = []
+    new = _new
+    for raw in raws:  # _lazy(), inline: this runs for every activity received
+        activity = new(Activity)
+        activity._d = activity._json = None
+        activity._raw = bytes(raw)
+        out.append(activity)
+    return out
+
+
+def _lazy(raw: bytes, canonical: bytes | None = None) -> Activity:
+    """An activity from JSON already validated, decoded to a dict on first use."""
+    activity = _new(Activity)
+    activity._d = None
+    activity._raw = raw
+    activity._json = canonical
     return activity
 
 
@@ -542,11 +660,10 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"a Python {type(value).__name__} is not a JSON value")
 
 
-def _normalise(data: Mapping[str, Any], limit: int = MAX_ACTIVITY_BYTES) -> tuple[Any, bytes]:
-    """Copy Python input through JSON: a private, JSON-faithful dict plus its bytes.
+def _encode(data: Mapping[str, Any], limit: int = MAX_ACTIVITY_BYTES) -> bytes:
+    """Python input as compact JSON bytes, refused if JSON cannot hold it or it is too big.
 
-    Tuples become arrays, :class:`Activity`/:class:`ASObject` values become their JSON,
-    and anything JSON cannot hold is refused here rather than at send time.
+    Tuples become arrays and :class:`Activity`/:class:`ASObject` values their JSON.
     """
     try:
         raw = _dumps(data, default=_json_default)
@@ -562,7 +679,13 @@ def _normalise(data: Mapping[str, Any], limit: int = MAX_ACTIVITY_BYTES) -> tupl
         ) from None
     if len(raw) > limit:
         _too_large(len(raw), limit)
-    return _loads(raw), raw
+    return raw
+
+
+def _normalise(data: Mapping[str, Any], limit: int = MAX_ACTIVITY_BYTES) -> Any:
+    """Copy Python input through JSON (see :func:`_encode`): a private, JSON-faithful
+    dict."""
+    return _loads(_encode(data, limit))
 
 
 _new = object.__new__
@@ -627,7 +750,7 @@ class ASObject:
         if items is not None:
             data["items"] = list(items) if not isinstance(items, str | Mapping) else items
         _add_extra(data, extra, _OBJECT_KNOWN)
-        copy, _ = _normalise(data)
+        copy = _normalise(data)
         _check_object(copy, "", 1, False, _EXPECT_OBJECT)
         self._data = copy
         self._kind = _PLAIN
@@ -647,7 +770,7 @@ class ASObject:
         """
         if not isinstance(data, Mapping):
             _fail(None, _EXPECT_OBJECT, data, reason="not-an-object")
-        copy, _ = _normalise(data)
+        copy = _normalise(data)
         _check_object(copy, "", 1, False, _EXPECT_OBJECT)
         return _object_view(cls, copy, _PLAIN)
 
@@ -840,10 +963,11 @@ class Activity:
         extra: read-only copy of the fields the profile does not define.
     """
 
-    __slots__ = ("_data", "_json")
+    __slots__ = ("_d", "_json", "_raw")
 
-    _data: dict[str, Any]
-    _json: bytes | None  # the JSON bytes once known; never stale, the dict never changes
+    _d: dict[str, Any] | None  # the fields; None until first needed (then from _raw)
+    _json: bytes | None  # compact orjson bytes once known; never stale, nothing changes
+    _raw: bytes | None  # validated JSON the fields decode from, when _d is None
 
     def __init__(
         self,
@@ -891,10 +1015,21 @@ class Activity:
             if value is not None:
                 data[key] = value
         _add_extra(data, extra, _ACTIVITY_KNOWN)
-        copy, raw = _normalise(data)
-        _activity(copy)  # validates (the wrapper it returns is not needed here)
-        self._data = copy
-        self._json = raw
+        raw = _encode(data)
+        self._raw = self._json = raw
+        if _shaped(raw):
+            self._d = None
+        else:
+            copy = _loads(raw)
+            _activity(copy)  # validates (the wrapper it returns is not needed here)
+            self._d = copy
+
+    @property
+    def _data(self) -> dict[str, Any]:
+        data = self._d
+        if data is None:
+            data = self._d = _loads(cast(bytes, self._raw))
+        return data
 
     # -- decoding ------------------------------------------------------------------
 
@@ -916,8 +1051,11 @@ class Activity:
             data = _utf8(data)
         if len(data) > MAX_ACTIVITY_BYTES:
             _too_large(len(data), MAX_ACTIVITY_BYTES)
+        raw = data if isinstance(data, bytes) else bytes(data)  # ours: nobody can change it
+        if _shaped(raw):
+            return _lazy(raw)
         try:
-            decoded = _loads(data)
+            decoded = _loads(raw)
         except _JSONDecodeError as exc:
             raise _bad_json(exc) from None
         return _activity(decoded)
@@ -938,11 +1076,13 @@ class Activity:
         Raises:
             ActivityError: ``data`` is not JSON-compatible or not a valid activity.
         """
-        if not isinstance(data, Mapping):
+        if data.__class__ is not dict and not isinstance(data, Mapping):
             _not_object(data)
-        copy, raw = _normalise(data)
-        activity = _activity(copy)
-        activity._json = raw
+        raw = _encode(data)
+        if _shaped(raw):
+            return _lazy(raw, raw)
+        activity = _activity(_loads(raw))
+        activity._json = activity._raw = raw
         return activity
 
     @classmethod
@@ -1198,8 +1338,8 @@ def parse_activity(data: bytes | bytearray | memoryview | str) -> Activity:
             raise error from None
         text = bytes(data).decode("utf-8", "replace")
         fallback = _new(Activity)
-        fallback._data = {"type": "Note", "content": text}
-        fallback._json = None
+        fallback._d = {"type": "Note", "content": text}
+        fallback._json = fallback._raw = None
         return fallback
     return _activity(decoded)
 
@@ -1249,6 +1389,11 @@ def activities_from_json_array(
     """
     if len(data) > MAX_MESSAGE_BYTES:
         _too_large(len(data), MAX_MESSAGE_BYTES, "batch")
+    if data.__class__ is not bytes:
+        data = bytes(data)  # ours: the activities keep slices of it
+    fast = _shaped_many(data)
+    if fast is not None:
+        return fast
     try:
         decoded = _loads(data)
     except _JSONDecodeError as exc:
