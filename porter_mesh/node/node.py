@@ -108,6 +108,7 @@ from porter_mesh.errors import (
     UnknownPeerError,
 )
 from porter_mesh.node.config import NodeConfig, split_seed
+from porter_mesh.node.zio import readable, recv_frames, recv_frames_from, send_frames
 
 __all__ = ["Message", "Node"]
 
@@ -118,7 +119,6 @@ _TICK = 0.05
 _DIRECT_STREAM = "direct"
 _OBSERVE_PREFIX = C.DIRECT_PREFIX.encode()
 #: The ZeroMQ message property that carries the ZAP User-Id (our bound agent name).
-_USER_ID = "User-Id"
 
 # Kinds of the mesh's own (non-AS2) messages.
 K_HEARTBEAT = KIND_HEARTBEAT
@@ -527,7 +527,7 @@ class Node:
     def _after_send(self, sock: zmq.Socket[bytes]) -> None:
         """A send can consume the edge of ZeroMQ's descriptor: re-check for input."""
         drain = self._readers.get(sock)
-        if drain is not None and cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        if drain is not None and readable(sock):
             assert self._loop is not None
             self._loop.call_soon(drain)
 
@@ -914,7 +914,7 @@ class Node:
             last += len(chunk)
             frames = encode_broadcast(env, encode_payload(chunk))
             try:
-                self._pub.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                send_frames(self._pub, frames)
             except zmq.Again:
                 self.counters["dropped.pub-hwm"] += len(chunk)
         self._bseq[channel] = last
@@ -952,7 +952,7 @@ class Node:
 
     def _send_frames(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> bool:
         try:
-            sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            send_frames(sock, frames)
         except zmq.Again:
             self.counters["backpressure.dealer"] += 1
             return False
@@ -975,7 +975,7 @@ class Node:
         self._bseq[C.CHANNEL_CONTROL] = last
         env = self._envelope(C.CHANNEL_CONTROL, last, 1, kind=kind)
         with contextlib.suppress(zmq.Again):
-            self._pub.send_multipart(encode_broadcast(env, encode_control(body)), zmq.NOBLOCK)
+            send_frames(self._pub, encode_broadcast(env, encode_control(body)))
 
     def async_control(self, kind: str, *, target: str | None = None,
                       body: dict[str, Any] | None = None) -> None:
@@ -1009,11 +1009,13 @@ class Node:
         n = 0
         try:
             while n < _DRAIN_LIMIT:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = recv_frames(sock)
+                if frames is None:
+                    break
                 n += 1
                 handle(frames, *args)
         except zmq.Again:
-            pass
+            pass  # a handler's own send found a full queue; the rest waits for next time
         except zmq.ZMQError:
             # A peer's goodbye can close its socket while that socket is being read.
             if not self._closed and not sock.closed:
@@ -1192,15 +1194,19 @@ class Node:
         try:
             while n < _DRAIN_LIMIT:
                 if secured:
-                    frames, user = self._recv_authenticated(sock)
+                    got = recv_frames_from(sock)
+                    if got is None:
+                        break
                     n += 1
-                    self._on_direct(frames, accepted, user)
+                    self._on_direct(got[0], accepted, got[1])
                     continue
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = recv_frames(sock)
+                if frames is None:
+                    break
                 n += 1
                 self._on_direct(frames, accepted)
         except zmq.Again:
-            pass
+            pass  # as in _drain
         except zmq.ZMQError:
             if not self._closed:
                 raise
@@ -1222,21 +1228,10 @@ class Node:
                 if pub is not None and watched:
                     # A copy for observers (tail), only while one subscribes to it.
                     with contextlib.suppress(zmq.Again):
-                        pub.send_multipart([encode_topic(env.channel), env_bytes, payload],
-                                           zmq.NOBLOCK, copy=False)
+                        send_frames(pub, [encode_topic(env.channel), env_bytes, payload])
         if n >= _DRAIN_LIMIT and self._loop is not None:
             self._loop.call_soon(self._drain_router)
         self._after_batch()
-
-    @staticmethod
-    def _recv_authenticated(sock: zmq.Socket[bytes]) -> tuple[list[bytes], str]:
-        """One ROUTER message and the User-Id of the connection it came on."""
-        parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-        try:
-            user = parts[-1].get(_USER_ID)
-        except zmq.ZMQError:
-            user = ""
-        return [part.bytes for part in parts], str(user or "")
 
     def _on_direct(self, frames: list[bytes],
                    accepted: list[tuple[Envelope, bytes, bytes, list[Activity]]],
@@ -1320,7 +1315,7 @@ class Node:
             env = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=K_ACK)
             frames = [ident, *encode_direct(env, encode_control({"f": seqs}))]
             try:
-                router.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                send_frames(router, frames)
             except zmq.ZMQError:
                 self.counters["dropped.ack"] += 1
         self._after_send(router)
@@ -1397,7 +1392,7 @@ class Node:
         self._bseq[C.CHANNEL_CONTROL] = last
         env = self._envelope(C.CHANNEL_CONTROL, last, 1, kind=kind)
         with contextlib.suppress(zmq.Again):
-            self._pub.send_multipart(encode_broadcast(env, payload), zmq.NOBLOCK)
+            send_frames(self._pub, encode_broadcast(env, payload))
 
     def _reply_to(self, env: Envelope, *, ident: bytes | None = None) -> Reply:
         def reply(kind: str, payload: bytes) -> None:
