@@ -36,8 +36,8 @@ def readable(sock: zmq.Socket[Any]) -> bool:
     return bool(_get(sock, _EVENTS) & _POLLIN)
 
 
-def recv_frames(sock: zmq.Socket[Any]) -> list[bytes] | None:
-    """The frames of the next message on ``sock``, or ``None`` if none is waiting."""
+def _read(sock: zmq.Socket[Any]) -> tuple[list[bytes], zmq.Frame] | None:
+    """The frames of the next message and its last frame object, or ``None``."""
     if not _get(sock, _EVENTS) & _POLLIN:
         return None
     frame = _recv(sock, NOBLOCK, copy=False)
@@ -45,19 +45,22 @@ def recv_frames(sock: zmq.Socket[Any]) -> list[bytes] | None:
     while frame.more:
         frame = _recv(sock, NOBLOCK, copy=False)
         parts.append(frame.bytes)
-    return parts
+    return parts, frame
+
+
+def recv_frames(sock: zmq.Socket[Any]) -> list[bytes] | None:
+    """The frames of the next message on ``sock``, or ``None`` if none is waiting."""
+    got = _read(sock)
+    return None if got is None else got[0]
 
 
 def recv_frames_from(sock: zmq.Socket[Any]) -> tuple[list[bytes], str] | None:
     """Like :func:`recv_frames`, with the ZAP ``User-Id`` of the connection the message
     came on (``""`` when there is none)."""
-    if not _get(sock, _EVENTS) & _POLLIN:
+    got = _read(sock)
+    if got is None:
         return None
-    frame = _recv(sock, NOBLOCK, copy=False)
-    parts = [frame.bytes]
-    while frame.more:
-        frame = _recv(sock, NOBLOCK, copy=False)
-        parts.append(frame.bytes)
+    parts, frame = got
     try:
         user = frame.get(_USER_ID)
     except zmq.ZMQError:
