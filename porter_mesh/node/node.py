@@ -1065,10 +1065,13 @@ class Node:
             await asyncio.sleep(0.01)
 
     def _after_batch(self) -> None:
-        # Flushed on the next loop turn rather than now: the application's handlers and
-        # waiters run first, so their replies leave together with the acknowledgements,
-        # and acknowledgements of several drains share one message.
-        if self._pending_acks or self._pending_bcast or self._pending_direct:
+        # Direct messages queued by handlers during this drain (replies, mostly) leave
+        # now, with the acknowledgements: a request's answer should not wait a loop turn.
+        # Otherwise the flush waits for the next turn, so that waiters run first and
+        # acknowledgements of several drains share one message.
+        if self._pending_direct:
+            self._flush()
+        elif self._pending_acks or self._pending_bcast:
             self._schedule_flush()
 
     def _on_broadcast(self, frames: list[bytes], peer: str | None = None) -> None:
