@@ -282,13 +282,15 @@ async def mesh_pub(a: argparse.Namespace) -> None:
         await async_stdin_closed(a.limit)
 
 
-def count_deliveries(node: Any, keep: Callable[[Any], bool]) -> Arrivals:
+def count_deliveries(node: Any, keep: Callable[[Any], bool], *, read: bool = False) -> Arrivals:
     """Count the activities the node delivers, as soon as they are decoded and validated.
 
     Uses the node's batch handler: one call per ZeroMQ message, timed on arrival, as an
     application that counts or forwards would. Attach before any peer can send. Timing
     inbox drains instead would be too coarse: when data queues up, one drain can return
-    everything at once.
+    everything at once. With ``read``, a field of every activity is read first, as an
+    application that looks at each does (an activity arrives validated; its dict is
+    made when first read).
     """
     arrivals = Arrivals()
     add = arrivals.add
@@ -296,6 +298,9 @@ def count_deliveries(node: Any, keep: Callable[[Any], bool]) -> Arrivals:
     def seen(msgs: list[Any]) -> None:
         # One batch is one envelope: a single sender, channel and kind of delivery.
         if msgs and keep(msgs[0]):
+            if read:
+                for msg in msgs:
+                    msg.activity.type  # noqa: B018
             add(len(msgs))
 
     node.add_batch_handler(seen)
@@ -320,10 +325,15 @@ async def empty_inbox(node: Any, arrivals: Arrivals, count: int, limit: float, i
 
 async def mesh_sub(a: argparse.Namespace) -> None:
     async with _node(a.name, seeds=(a.seed,), channels=(CHANNEL,)) as node:
-        arrivals = count_deliveries(node, lambda m: m.channel == CHANNEL and not m.direct)
+        arrivals = count_deliveries(node, lambda m: m.channel == CHANNEL and not m.direct,
+                                    read=a.mode == "read")
+        # Take messages out from the start: the publisher may begin as soon as our
+        # subscription reaches it, and an inbox left to fill would measure a stalled
+        # application instead.
+        draining = asyncio.ensure_future(empty_inbox(node, arrivals, a.count, a.limit, a.idle))
         await node.wait_for_peers([PUB_NAME], a.limit)
         emit("ready")
-        await empty_inbox(node, arrivals, a.count, a.limit, a.idle)
+        await draining
         emit("result", **arrivals.result(), stats=node.stats())
 
 
@@ -780,7 +790,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=3.0,
         help="stop receiving after this many quiet seconds once data flowed",
     )
-    p.add_argument("--mode", choices=("raw", "orjson"), default="orjson")
+    p.add_argument("--mode", choices=("raw", "orjson", "read"), default="orjson")
     p.add_argument(
         "--port",
         type=int,

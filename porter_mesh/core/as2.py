@@ -527,7 +527,7 @@ def _activity(data: Any) -> Activity:
                 _check_rest(data, _ACTIVITY_KNOWN, "", 1)
     activity = _new(Activity)
     activity._d = data
-    activity._json = activity._raw = None
+    activity._json = activity._src = None
     return activity
 
 
@@ -588,7 +588,7 @@ _split_many = msgspec.json.Decoder(list[msgspec.Raw]).decode
 _ShapeRefused = (msgspec.ValidationError, msgspec.DecodeError)
 
 
-def _shaped(raw: bytes) -> bool:
+def _shaped(raw: bytes | bytearray | memoryview) -> bool:
     """Whether ``raw`` (one activity's JSON) is valid by the C schema and its context.
 
     False means "ask the Python validator", not "invalid".
@@ -608,11 +608,33 @@ def _context_ok(value: str) -> bool:
     return True
 
 
+class _Batch:
+    """The JSON array a batch of activities arrived in, decoded for all of them when
+    the first one is read (one orjson call is cheaper than one per element). Members
+    point here, never the other way, so nothing forms a reference cycle."""
+
+    __slots__ = ("data", "dicts")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.dicts: list[dict[str, Any]] | None = None
+
+    def item(self, index: int) -> dict[str, Any]:
+        dicts = self.dicts
+        if dicts is None:
+            dicts = self.dicts = _loads(self.data)
+            self.data = b""
+        return dicts[index]
+
+
 def _shaped_many(data: bytes) -> list[Activity] | None:
     """The activities of a batch if every element passes the C schema, else ``None``.
 
-    The caller has checked the batch's total size.
+    The caller has checked the batch's total size. A batch over the single-activity
+    limit goes to the Python path, which measures each element.
     """
+    if len(data) > MAX_ACTIVITY_BYTES:
+        return None
     try:
         shapes = _shape_many(data)
     except _ShapeRefused:
@@ -624,27 +646,24 @@ def _shaped_many(data: bytes) -> list[Activity] | None:
         context = shape.context
         if context is not _UNSET and context not in good and not _context_ok(context):
             return None
-    raws = _split_many(data)
-    if len(data) > MAX_ACTIVITY_BYTES:
-        for raw in raws:
-            if len(raw) > MAX_ACTIVITY_BYTES:
-                return None
+    batch = _Batch(data)
     out = []
     new = _new
-    for raw in raws:  # _lazy(), inline: this runs for every activity received
+    for index in range(len(shapes)):  # inline wrapping: this runs per activity received
         activity = new(Activity)
         activity._d = activity._json = None
-        activity._raw = bytes(raw)
+        activity._src = batch
+        activity._i = index
         out.append(activity)
     return out
 
 
-def _lazy(raw: bytes, canonical: bytes | None = None) -> Activity:
-    """An activity from JSON already validated, decoded to a dict on first use."""
+def _lazy(raw: bytes) -> Activity:
+    """An activity from its compact JSON, already validated; the dict is decoded from
+    those bytes when first needed."""
     activity = _new(Activity)
-    activity._d = None
-    activity._raw = raw
-    activity._json = canonical
+    activity._d = activity._src = None
+    activity._json = raw
     return activity
 
 
@@ -963,11 +982,15 @@ class Activity:
         extra: read-only copy of the fields the profile does not define.
     """
 
-    __slots__ = ("_d", "_json", "_raw")
+    __slots__ = ("_d", "_i", "_json", "_src")
 
-    _d: dict[str, Any] | None  # the fields; None until first needed (then from _raw)
+    # The fields are decoded when first needed (activities arrive validated and most
+    # are only counted or forwarded): from _src, the batch the activity arrived in (its
+    # element _i), or else from _json.
+    _d: dict[str, Any] | None
     _json: bytes | None  # compact orjson bytes once known; never stale, nothing changes
-    _raw: bytes | None  # validated JSON the fields decode from, when _d is None
+    _src: _Batch | None
+    _i: int
 
     def __init__(
         self,
@@ -1016,7 +1039,8 @@ class Activity:
                 data[key] = value
         _add_extra(data, extra, _ACTIVITY_KNOWN)
         raw = _encode(data)
-        self._raw = self._json = raw
+        self._json = raw
+        self._src = None
         if _shaped(raw):
             self._d = None
         else:
@@ -1028,7 +1052,13 @@ class Activity:
     def _data(self) -> dict[str, Any]:
         data = self._d
         if data is None:
-            data = self._d = _loads(cast(bytes, self._raw))
+            src = self._src
+            if src is None:
+                data = _loads(cast(bytes, self._json))
+            else:
+                data = src.item(self._i)
+                self._src = None
+            self._d = data
         return data
 
     # -- decoding ------------------------------------------------------------------
@@ -1051,13 +1081,15 @@ class Activity:
             data = _utf8(data)
         if len(data) > MAX_ACTIVITY_BYTES:
             _too_large(len(data), MAX_ACTIVITY_BYTES)
-        raw = data if isinstance(data, bytes) else bytes(data)  # ours: nobody can change it
-        if _shaped(raw):
-            return _lazy(raw)
         try:
-            decoded = _loads(raw)
+            decoded = _loads(data)
         except _JSONDecodeError as exc:
             raise _bad_json(exc) from None
+        if _shaped(data):
+            activity = _new(Activity)
+            activity._d = decoded
+            activity._json = activity._src = None
+            return activity
         return _activity(decoded)
 
     @classmethod
@@ -1080,9 +1112,9 @@ class Activity:
             _not_object(data)
         raw = _encode(data)
         if _shaped(raw):
-            return _lazy(raw, raw)
+            return _lazy(raw)
         activity = _activity(_loads(raw))
-        activity._json = activity._raw = raw
+        activity._json = raw
         return activity
 
     @classmethod
@@ -1339,7 +1371,7 @@ def parse_activity(data: bytes | bytearray | memoryview | str) -> Activity:
         text = bytes(data).decode("utf-8", "replace")
         fallback = _new(Activity)
         fallback._d = {"type": "Note", "content": text}
-        fallback._json = fallback._raw = None
+        fallback._json = fallback._src = None
         return fallback
     return _activity(decoded)
 

@@ -81,6 +81,7 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
         "broadcast 1->1",
         "broadcast 1->2 per sub",
         "broadcast 1->1 prebuilt",
+        "broadcast 1->1 each read",
         "direct with acks",
         "direct with acks prebuilt",
         "round trip p50",
@@ -91,8 +92,8 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
     }
     assert set(verdicts.values()) <= {"PASS", "MISS", "info"}
     for row in res["summary"]:
-        # Only the prebuilt-activity rows are empty, as their variant was not run.
-        assert (row["ours"] is None) == row["measure"].endswith("prebuilt"), row
+        # Only the prebuilt-activity and reading rows are empty: those variants were not run.
+        assert (row["ours"] is None) == row["measure"].endswith(("prebuilt", "each read")), row
 
     assert (tmp_path / "node.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = done.stdout

@@ -1,8 +1,8 @@
 """The C schema in front of the Python validator: never more lenient, and really used.
 
-Bytes the schema accepts skip the Python checks and are decoded only when a field is read,
-so every accepted input must also pass the Python validator and decode with orjson to the
-same fields.
+Bytes the schema accepts skip the Python checks (and an activity built in Python is
+decoded from its JSON only when a field is read), so every accepted input must also pass
+the Python validator and decode with orjson to the same fields.
 """
 
 from __future__ import annotations
@@ -38,9 +38,8 @@ def test_the_profile_examples_take_the_schema_path() -> None:
     slow = {name for name, ex in examples.items() if not as2._shaped(orjson.dumps(ex))}
     # Only the binding rows of a Recall result and the plain-text fallback need Python.
     assert slow == {"Recall (knowledge lifecycle)", "Fallback"}
-    raw = orjson.dumps(examples["Status announcement"])
-    activity = as2.Activity.from_json(raw)
-    assert activity._d is None  # not decoded yet
+    activity = as2.Activity.from_dict(examples["Status announcement"])
+    assert activity._d is None  # validated from its JSON; the dict is not decoded yet
     assert activity.summary == examples["Status announcement"]["summary"]
     assert activity.to_dict() == examples["Status announcement"]
 
@@ -317,3 +316,19 @@ def test_from_dict_keeps_canonical_bytes_and_decodes_on_demand() -> None:
     assert activity._d is None and activity.to_json() == orjson.dumps(data)
     assert activity.tag == ("p1",)  # the tuple went through JSON: an array
     assert activity.object is not None and activity.object.items[1].url == "x"
+
+
+def test_a_batch_is_decoded_once_when_its_first_activity_is_read() -> None:
+    bodies = [{"type": "Announce", "actor": "w", "summary": f"s{i}", "tag": [str(i)]}
+              for i in range(3)]
+    got = as2.activities_from_json_array(orjson.dumps(bodies))
+    holder = got[0]._src
+    assert holder is not None and all(a._src is holder and a._d is None for a in got)
+    assert got[1].summary == "s1"  # reading one decodes the array for all
+    assert holder.dicts is not None and holder.data == b""
+    assert got[1]._src is None and got[0]._d is None  # the others take theirs when read
+    assert [a.to_dict() for a in got] == bodies
+    assert all(a._src is None for a in got)
+    slow = [as2._activity(body) for body in orjson.loads(orjson.dumps(bodies))]
+    assert got == slow and [hash(a) for a in got] == [hash(a) for a in slow]
+    assert [a.to_json() for a in got] == [orjson.dumps(body) for body in bodies]
