@@ -1422,7 +1422,7 @@ def activities_from_json_array(
     if len(data) > MAX_MESSAGE_BYTES:
         _too_large(len(data), MAX_MESSAGE_BYTES, "batch")
     if data.__class__ is not bytes:
-        data = bytes(data)  # ours: the activities keep slices of it
+        data = bytes(_utf8(data))  # ours: the activities decode from it later
     fast = _shaped_many(data)
     if fast is not None:
         return fast

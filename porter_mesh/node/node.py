@@ -65,8 +65,8 @@ import functools
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple, cast
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple, TypeVar, cast
 
 import zmq
 
@@ -101,6 +101,7 @@ from porter_mesh.errors import (
     ConfigError,
     DeliveryError,
     DeliveryTimeout,
+    FrameError,
     NodeClosedError,
     PorterError,
     ProtocolError,
@@ -153,6 +154,17 @@ class Message(NamedTuple):
     envelope: Envelope
     seq: int
     direct: bool
+
+
+_T = TypeVar("_T")
+
+
+def _same(activity: Activity) -> Activity:
+    return activity
+
+
+def _first(item: tuple[Activity, Any, Any]) -> Activity:
+    return item[0]
 
 
 _tuple_new = cast(Callable[[type[Message], tuple[Any, ...]], Message], tuple.__new__)
@@ -904,31 +916,49 @@ class Node:
             seq, self.incarnation, self._clock.now(_wall_ms()), recipient, ref, count, kind,
         )
 
+    def _batches(self, items: list[_T], activity: Callable[[_T], Activity]
+                 ) -> Iterator[tuple[list[_T], bytes]]:
+        """``items`` in runs of at most ``batch_max``, each with its encoded payload.
+
+        A run whose activities together pass one message's size limit is halved until
+        each part fits (a single activity always does).
+        """
+        step = self.config.batch_max
+        pending = [items[start:start + step] for start in range(0, len(items), step)][::-1]
+        while pending:
+            chunk = pending.pop()
+            try:
+                payload = encode_payload([activity(item) for item in chunk])
+            except FrameError as exc:
+                if exc.reason != "too-large" or len(chunk) == 1:
+                    raise
+                half = len(chunk) // 2
+                pending += [chunk[half:], chunk[:half]]
+                continue
+            yield chunk, payload
+
     def _flush_broadcast(self, channel: str, activities: list[Activity]) -> None:
         assert self._pub is not None
-        step = self.config.batch_max
         last = self._bseq.get(channel, 0)
-        for start in range(0, len(activities), step):
-            chunk = activities[start:start + step]
+        for chunk, payload in self._batches(activities, _same):
             env = self._envelope(channel, last + 1, len(chunk))
             last += len(chunk)
-            frames = encode_broadcast(env, encode_payload(chunk))
+            frames = encode_broadcast(env, payload)
             try:
                 send_frames(self._pub, frames)
             except zmq.Again:
                 self.counters["dropped.pub-hwm"] += len(chunk)
         self._bseq[channel] = last
         self.counters["sent.broadcast"] += len(activities)
+        self._after_send(self._pub)
 
     def _flush_direct(
         self, recipient: str, items: list[tuple[Activity, Completion, float]]
     ) -> None:
         link = self._links.get(recipient)
         now = time.monotonic()
-        step = self.config.batch_max
         blocked = False
-        for start in range(0, len(items), step):
-            chunk = items[start:start + step]
+        for chunk, payload in self._batches(items, _first):
             futs = [fut for _, fut, _ in chunk]
             try:
                 first = self._outbox.allocate(recipient, len(chunk))
@@ -940,7 +970,7 @@ class Node:
                 continue
             env = self._envelope(C.DIRECT_PREFIX + recipient, first, len(chunk),
                                  recipient=recipient)
-            frames = encode_direct(env, encode_payload([a for a, _, _ in chunk]))
+            frames = encode_direct(env, payload)
             deadline = min(d for _, _, d in chunk)
             self._outbox.add(recipient, first, len(chunk), frames, deadline=deadline, now=now,
                              token=futs)
@@ -976,6 +1006,7 @@ class Node:
         env = self._envelope(C.CHANNEL_CONTROL, last, 1, kind=kind)
         with contextlib.suppress(zmq.Again):
             send_frames(self._pub, encode_broadcast(env, encode_control(body)))
+        self._after_send(self._pub)
 
     def async_control(self, kind: str, *, target: str | None = None,
                       body: dict[str, Any] | None = None) -> None:
@@ -1137,15 +1168,16 @@ class Node:
                 for i, activity in enumerate(activities)]
         self.counters["received.direct" if direct else "received.broadcast"] += len(msgs)
         if self._handlers:
+            handlers = tuple(self._handlers)  # a handler may remove itself
             for msg in msgs:
-                for handler in self._handlers:
+                for handler in handlers:
                     try:
                         handler(msg)
                     except Exception:
                         log.exception("message handler failed on %s", env.msg_id)
-        for batch_handler in self._batch_handlers:
+        for batch_handler in tuple(self._batch_handlers):
             try:
-                batch_handler(msgs)
+                batch_handler(msgs.copy())  # each its own list, to keep or change
             except Exception:
                 log.exception("batch handler failed on %s", env.msg_id)
         limit = self.config.inbox_size
@@ -1232,6 +1264,8 @@ class Node:
                     # A copy for observers (tail), only while one subscribes to it.
                     with contextlib.suppress(zmq.Again):
                         send_frames(pub, [encode_topic(env.channel), env_bytes, payload])
+            if pub is not None and watched:
+                self._after_send(pub)
         if n >= _DRAIN_LIMIT and self._loop is not None:
             self._loop.call_soon(self._drain_router)
         self._after_batch()
@@ -1396,6 +1430,7 @@ class Node:
         env = self._envelope(C.CHANNEL_CONTROL, last, 1, kind=kind)
         with contextlib.suppress(zmq.Again):
             send_frames(self._pub, encode_broadcast(env, payload))
+        self._after_send(self._pub)
 
     def _reply_to(self, env: Envelope, *, ident: bytes | None = None) -> Reply:
         def reply(kind: str, payload: bytes) -> None:

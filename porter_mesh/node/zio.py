@@ -76,7 +76,9 @@ def send_frames(sock: zmq.Socket[Any], frames: Sequence[bytes]) -> None:
         zmq.Again: the socket is at its high-water mark; nothing was sent (ZeroMQ takes
             the remaining frames of a message once it has taken the first).
     """
+    # Copying sends: ZeroMQ takes a copy of each frame at once. (A zero-copy send only
+    # pays off for large frames, and it starts pyzmq's garbage-collector thread.)
     last = len(frames) - 1
     for i in range(last):
-        _send(sock, frames[i], _MORE, copy=False)
-    _send(sock, frames[last], NOBLOCK, copy=False)
+        _send(sock, frames[i], _MORE)
+    _send(sock, frames[last], NOBLOCK)

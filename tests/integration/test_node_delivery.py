@@ -80,3 +80,59 @@ def test_inbox_keeps_what_fits_and_counts_the_rest(pair: tuple[SyncNode, SyncNod
     kept = receiver.drain()
     assert [m.activity.summary for m in kept] == [f"m{i}" for i in range(100)]
     assert stats.get("dropped.inbox-full", 0) == COUNT - 100
+
+
+def test_batch_handlers_get_their_own_lists_and_may_remove_themselves(
+        pair: tuple[SyncNode, SyncNode]) -> None:
+    receiver, sender = pair
+    seen: dict[str, int] = {"once": 0, "other": 0}
+    removers: list[object] = []
+
+    def once(msgs: list[Message]) -> None:
+        seen["once"] += len(msgs)
+        msgs.clear()  # its own list: the inbox and the other handler keep theirs
+        remove = removers[0]
+        assert callable(remove)
+        remove()
+
+    def other(msgs: list[Message]) -> None:
+        seen["other"] += len(msgs)
+
+    def attach() -> None:
+        removers.append(receiver.node.add_batch_handler(once))
+        receiver.node.add_batch_handler(other)
+
+    receiver.call_in_loop(attach)
+
+    def publish_all() -> None:
+        for activity in burst()[:50]:
+            sender.node.async_publish("log", activity)
+
+    sender.call_in_loop(publish_all)
+    receiver.wait_for_stats(lambda st: st.get("received.broadcast", 0) >= 50, 20)
+    assert seen["other"] == 50  # never skipped, though "once" removed itself mid-loop
+    assert seen["once"] >= 1  # it saw the first batch, then left
+    assert len(receiver.drain()) == 50
+
+
+def test_activities_too_big_to_share_a_message_are_split_across_several(
+        pair: tuple[SyncNode, SyncNode]) -> None:
+    receiver, sender = pair
+    big = [Activity.from_dict({"type": "Create", "actor": "tx", "summary": f"big {i}",
+                               "content": str(i) * 900_000}) for i in range(5)]
+
+    def publish_all() -> None:
+        for activity in big:
+            sender.node.async_publish("log", activity)
+
+    sender.call_in_loop(publish_all)  # one turn: together they pass one message's limit
+    got = [receiver.receive(20) for _ in big]
+    assert [m.activity.summary for m in got] == [f"big {i}" for i in range(5)]
+    assert [len(m.activity.content or "") for m in got] == [900_000] * 5
+    async def send_all() -> None:
+        await sender.node.async_send_many("rx", big, timeout=20)
+
+    sender.run_coroutine(send_all(), 30)
+    got = [receiver.receive(20) for _ in big]
+    assert [m.activity.summary for m in got] == [f"big {i}" for i in range(5)]
+    assert all(m.direct for m in got)
