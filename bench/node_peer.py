@@ -260,13 +260,15 @@ async def mesh_pub(a: argparse.Namespace) -> None:
         note(f"mesh-pub: {a.subs} subscriber(s), publishing {a.count}")
         # Default: a fresh, validated activity per message, as an application builds
         # it. --mode raw reuses one prebuilt activity (its JSON is then encoded once).
+        from porter_mesh.core.as2 import Activity
+
         prebuilt = _fresh_activity() if a.mode == "raw" else None
-        publish = node.async_publish
+        publish, from_dict = node.async_publish, Activity.from_dict
         started = time.perf_counter()
         cpu = CpuClock()
         cpu.start()
         for i in range(a.count):
-            publish(CHANNEL, prebuilt or _fresh_activity())
+            publish(CHANNEL, prebuilt or from_dict(ANNOUNCE))
             if i & 255 == 255:
                 await asyncio.sleep(0)  # let the node flush what accumulated
         await asyncio.sleep(0)

@@ -1110,9 +1110,24 @@ class Activity:
         """
         if data.__class__ is not dict and not isinstance(data, Mapping):
             _not_object(data)
-        raw = _encode(data)
-        if _shaped(raw):
-            return _lazy(raw)
+        # _encode() and _shaped() inline: applications build activities at high rates.
+        try:
+            raw = _dumps(data, default=_json_default)
+        except TypeError:
+            raw = _encode(data)  # raises the full explanation
+        if len(raw) > MAX_ACTIVITY_BYTES:
+            _too_large(len(raw), MAX_ACTIVITY_BYTES)
+        try:
+            shape = _shape_one(raw)
+        except _ShapeRefused:
+            pass  # the Python rules decide below
+        else:
+            context = shape.context
+            if context is _UNSET or context in _GOOD_CONTEXTS or _context_ok(context):
+                activity = _new(Activity)
+                activity._d = activity._src = None
+                activity._json = raw
+                return activity
         activity = _activity(_loads(raw))
         activity._json = raw
         return activity

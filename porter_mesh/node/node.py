@@ -159,10 +159,6 @@ class Message(NamedTuple):
 _T = TypeVar("_T")
 
 
-def _same(activity: Activity) -> Activity:
-    return activity
-
-
 def _first(item: tuple[Activity, Any, Any]) -> Activity:
     return item[0]
 
@@ -916,9 +912,10 @@ class Node:
             seq, self.incarnation, self._clock.now(_wall_ms()), recipient, ref, count, kind,
         )
 
-    def _batches(self, items: list[_T], activity: Callable[[_T], Activity]
+    def _batches(self, items: list[_T], activity: Callable[[_T], Activity] | None
                  ) -> Iterator[tuple[list[_T], bytes]]:
-        """``items`` in runs of at most ``batch_max``, each with its encoded payload.
+        """``items`` in runs of at most ``batch_max``, each with its encoded payload
+        (``activity`` picks an item's activity; ``None``: the items are activities).
 
         A run whose activities together pass one message's size limit is halved until
         each part fits (a single activity always does).
@@ -928,7 +925,9 @@ class Node:
         while pending:
             chunk = pending.pop()
             try:
-                payload = encode_payload([activity(item) for item in chunk])
+                payload = encode_payload(
+                    cast(list[Activity], chunk) if activity is None
+                    else [activity(item) for item in chunk])
             except FrameError as exc:
                 if exc.reason != "too-large" or len(chunk) == 1:
                     raise
@@ -940,7 +939,7 @@ class Node:
     def _flush_broadcast(self, channel: str, activities: list[Activity]) -> None:
         assert self._pub is not None
         last = self._bseq.get(channel, 0)
-        for chunk, payload in self._batches(activities, _same):
+        for chunk, payload in self._batches(activities, None):
             env = self._envelope(channel, last + 1, len(chunk))
             last += len(chunk)
             frames = encode_broadcast(env, payload)
