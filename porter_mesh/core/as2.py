@@ -584,7 +584,6 @@ class _ActivityShape(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 
 _shape_one = msgspec.json.Decoder(_ActivityShape).decode
 _shape_many = msgspec.json.Decoder(list[_ActivityShape]).decode
-_split_many = msgspec.json.Decoder(list[msgspec.Raw]).decode
 _ShapeRefused = (msgspec.ValidationError, msgspec.DecodeError)
 
 
@@ -656,15 +655,6 @@ def _shaped_many(data: bytes) -> list[Activity] | None:
         activity._i = index
         out.append(activity)
     return out
-
-
-def _lazy(raw: bytes) -> Activity:
-    """An activity from its compact JSON, already validated; the dict is decoded from
-    those bytes when first needed."""
-    activity = _new(Activity)
-    activity._d = activity._src = None
-    activity._json = raw
-    return activity
 
 
 # --------------------------------------------------------------- JSON normalisation
