@@ -619,10 +619,11 @@ class _Batch:
         self.dicts: list[dict[str, Any]] | None = None
 
     def item(self, index: int) -> dict[str, Any]:
+        # The bytes stay: a reader on another thread may be decoding them right now
+        # (both then get equal dicts, and one list is kept).
         dicts = self.dicts
         if dicts is None:
             dicts = self.dicts = _loads(self.data)
-            self.data = b""
         return dicts[index]
 
 
