@@ -71,13 +71,8 @@ class CurvePeer(bench_node.Peer):
     """A node benchmark peer started through this module, secured when keys are set."""
 
     def __init__(self, role: str, options: dict[str, Any]) -> None:
-        cmd = [sys.executable, "-m", "bench.bench_curve", "peer", role]
-        for key, value in options.items():
-            flag = "--" + key.replace("_", "-")
-            if value is True:
-                cmd.append(flag)
-            elif value not in (None, False, ""):
-                cmd += [flag, str(value)]
+        cmd = [sys.executable, "-m", "bench.bench_curve", "peer", role,
+               *bench_node.peer_flags(options)]
         env = {k: v for k, v in os.environ.items()
                if k not in ("PORTER_MESH_KEY", "PORTER_MESH_TRUSTED")}
         if _keys is not None:

@@ -115,17 +115,24 @@ QUICK = replace(
 # -- peer processes ---------------------------------------------------------------------
 
 
+def peer_flags(options: dict[str, Any]) -> list[str]:
+    """Command-line flags for a peer process: ``True`` is a bare flag; ``None``,
+    ``False`` and ``""`` leave the option out."""
+    flags: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value not in (None, False, ""):
+            flags += [flag, str(value)]
+    return flags
+
+
 class Peer:
     """One ``bench.node_peer`` process and the JSON events it writes."""
 
     def __init__(self, role: str, options: dict[str, Any]) -> None:
-        cmd = [sys.executable, "-m", "bench.node_peer", role]
-        for key, value in options.items():
-            flag = "--" + key.replace("_", "-")
-            if value is True:
-                cmd.append(flag)
-            elif value not in (None, False, ""):
-                cmd += [flag, str(value)]
+        cmd = [sys.executable, "-m", "bench.node_peer", role, *peer_flags(options)]
         self.role = role
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self._buffer = b""
