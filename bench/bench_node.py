@@ -327,8 +327,9 @@ def measure_direct(
 
 
 def measure_rtt(system: str, counts: Counts, profile: Path | None = None) -> dict[str, Any]:
-    """Round trips one at a time: the mesh (direct and direct reply), raw pyzmq, or
-    pyzmq driven from asyncio the way the node reads its sockets (``"aio"``)."""
+    """Round trips one at a time: the mesh (direct and direct reply), raw pyzmq,
+    pyzmq driven from asyncio the way the node reads its sockets (``"aio"``), or that
+    carrying the mesh's own messages without a node (``"proto"``, ``"proto-noack"``)."""
     deadline = _deadline(counts)
     server_limit = counts.limit + STARTUP_ALLOWANCE
     ping_options = {"count": counts.rtt, "warmup": counts.warmup, "limit": counts.limit}
@@ -343,11 +344,15 @@ def measure_rtt(system: str, counts: Counts, profile: Path | None = None) -> dic
                 ("mesh-ping", {**ping_options, "profile": _prof(profile, ".ping.prof")}),
                 deadline,
             )
-        else:  # "zmq" (blocking) or "aio" (asyncio loops, no codec)
+        else:
+            # "zmq" (blocking), "aio" (asyncio loops, no codec), "proto" (aio carrying the
+            # mesh's direct messages and acks, no node) or "proto-noack" (the same, no acks)
+            kind, _, variant = system.partition("-")
+            extra = {"no_ack": variant == "noack"}
             ping, echo = _client_and_server(
                 spawn,
-                (f"{system}-echo", {"limit": server_limit}),
-                (f"{system}-ping", ping_options),
+                (f"{kind}-echo", {"limit": server_limit, **extra}),
+                (f"{kind}-ping", {**ping_options, **extra}),
                 deadline,
             )
         result = ping.expect("result", deadline)
@@ -462,6 +467,7 @@ def summarize(res: dict[str, Any]) -> list[Row]:
     direct = res.get("direct", {})
     fresh, prebuilt = direct.get("mesh", {}), direct.get("mesh-prebuilt", {})
     mesh_rtt, zmq_rtt, aio_rtt = rtt.get("mesh", {}), rtt.get("zmq", {}), rtt.get("aio", {})
+    proto_rtt, bare_rtt = rtt.get("proto", {}), rtt.get("proto-noack", {})
     nodes = res["counts"]["nodes"]
     zenoh = "zenoh orjson"
     return [
@@ -543,6 +549,24 @@ def summarize(res: dict[str, Any]) -> list[Row]:
             "round trip p50 asyncio floor",
             "us",
             aio_rtt.get("p50_us"),
+            zmq_rtt.get("p50_us"),
+            "pyzmq",
+            "(report)",
+        ),
+        # That ping-pong carrying the mesh's direct messages (envelope, validation,
+        # de-duplication, acks) with no node around them: the protocol's own floor.
+        Row(
+            "round trip p50 protocol floor",
+            "us",
+            proto_rtt.get("p50_us"),
+            zmq_rtt.get("p50_us"),
+            "pyzmq",
+            "(report)",
+        ),
+        Row(
+            "round trip p50 no-ack floor",
+            "us",
+            bare_rtt.get("p50_us"),
             zmq_rtt.get("p50_us"),
             "pyzmq",
             "(report)",
@@ -854,7 +878,7 @@ def _one_round(
                 ("direct", name, "rate", True, lambda m=mode: measure_direct(counts, mode=m))
             )
     if "rtt" in only:
-        for system in ("mesh", "zmq", "aio"):
+        for system in ("mesh", "zmq", "aio", "proto", "proto-noack"):
             jobs.append(("rtt", system, "p50_us", False, lambda s=system: measure_rtt(s, counts)))
     for section, key, figure, higher, job in jobs:
         progress(f"{section} {key}{tag}")

@@ -26,6 +26,9 @@ Roles:
 * ``zmq-echo`` / ``zmq-ping``: raw pyzmq ROUTER/DEALER ping-pong of the same bytes.
 * ``aio-echo`` / ``aio-ping``: the same ping-pong driven from asyncio event loops the
   way the node reads its sockets, without any codec: the floor for an asyncio node.
+* ``proto-echo`` / ``proto-ping``: the aio ping-pong carrying the mesh's direct messages:
+  envelope, validated activity, de-duplication and acknowledgements (``--no-ack``: none),
+  and nothing of the node around them: the floor of the protocol itself.
 * ``zenoh-pub`` / ``zenoh-sub``: eclipse-zenoh peers, multicast scouting off, explicit
   ``tcp/127.0.0.1`` endpoints, reliable (blocking congestion control) publication.
 
@@ -607,7 +610,10 @@ def _watch_zmq(sock: Any, on_message: Callable[[list[bytes]], None]) -> Callable
     return drain
 
 
-async def aio_echo(a: argparse.Namespace) -> None:
+async def _echo_server(a: argparse.Namespace,
+                       respond: Callable[[list[bytes]], list[list[bytes]]]) -> None:
+    """A ROUTER on an asyncio loop sending back what ``respond`` makes of each message
+    (an empty list: nothing; a duplicate, say)."""
     import zmq
 
     with zmq_socket(zmq.ROUTER) as sock:
@@ -617,8 +623,10 @@ async def aio_echo(a: argparse.Namespace) -> None:
 
         def answer(frames: list[bytes]) -> None:
             nonlocal echoed
-            sock.send_multipart(frames, zmq.NOBLOCK)
-            echoed += 1
+            out = respond(frames)
+            for message in out:
+                sock.send_multipart(message, zmq.NOBLOCK)
+            echoed += bool(out)
 
         _watch_zmq(sock, answer)
         emit("ready", port=sock.bind_to_random_port("tcp://127.0.0.1"))
@@ -627,33 +635,125 @@ async def aio_echo(a: argparse.Namespace) -> None:
         emit("result", received=echoed, **cpu.per(echoed))
 
 
-async def aio_ping(a: argparse.Namespace) -> None:
+async def _ping_client(a: argparse.Namespace, request: Callable[[], list[bytes]],
+                       reply_of: Callable[[Any, list[bytes]], Any], expected: Any) -> None:
+    """A DEALER on an asyncio loop timing ``request()`` until ``reply_of(sock, frames)``
+    gives a reply (``None``: not one; an acknowledgement, say), which must equal
+    ``expected``."""
     import zmq
 
     with zmq_socket(zmq.DEALER) as sock:
         sock.connect(f"tcp://127.0.0.1:{a.port}")
         loop = asyncio.get_running_loop()
-        waiter: list[asyncio.Future[bytes]] = []
+        waiter: list[asyncio.Future[Any]] = []
 
         def arrived(frames: list[bytes]) -> None:
-            if waiter and not waiter[0].done():
-                waiter[0].set_result(frames[-1])
+            reply = reply_of(sock, frames)
+            if reply is not None and waiter and not waiter[0].done():
+                waiter[0].set_result(reply)
 
         drain = _watch_zmq(sock, arrived)
         emit("ready")
         trips = RoundTrips(a)
         for left in trips:
+            frames = request()
             waiter[:] = [loop.create_future()]
             t0 = time.perf_counter_ns()
-            sock.send(PAYLOAD, zmq.NOBLOCK)
+            sock.send_multipart(frames, zmq.NOBLOCK)
             if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # a send can consume the edge
                 loop.call_soon(drain)
             reply = await asyncio.wait_for(waiter[0], left)
             trips.record(t0, time.perf_counter_ns())
-            if reply != PAYLOAD:
-                raise SystemExit("aio-ping: the echo changed the message")
+            if reply != expected:
+                raise SystemExit(f"{a.role}: the echo changed the message")
         loop.remove_reader(sock.getsockopt(zmq.FD))
         emit("result", **trips.result())
+
+
+async def aio_echo(a: argparse.Namespace) -> None:
+    await _echo_server(a, lambda frames: [frames])
+
+
+async def aio_ping(a: argparse.Namespace) -> None:
+    await _ping_client(a, lambda: [PAYLOAD], lambda sock, frames: frames[-1], PAYLOAD)
+
+
+class _Wire:
+    """The mesh's direct-message work with none of the node around it: the protocol
+    floor of a round trip (envelope, validation, de-duplication, acknowledgement)."""
+
+    def __init__(self, name: str) -> None:
+        from porter_mesh.core import constants as C
+        from porter_mesh.core import envelope as E
+        from porter_mesh.core.as2 import Activity
+
+        self.E, self.C, self.from_dict = E, C, Activity.from_dict
+        self.name = name
+        self.incarnation = E.new_incarnation()
+        self.seq = 0
+        self.seen: dict[tuple[str, int], int] = {}  # (sender, incarnation) -> last seq
+
+    def _env(self, channel: str, seq: int, *, recipient: str | None = None,
+             kind: str | None = None) -> Any:
+        E = self.E
+        return E.Envelope(self.C.PROTOCOL_VERSION, E.make_msg_id(self.incarnation, channel, seq),
+                          self.name, channel, seq, self.incarnation, time.time_ns() // 1_000_000,
+                          recipient, None, 1, kind)
+
+    def message(self, activity: Any, recipient: str) -> list[bytes]:
+        self.seq += 1
+        env = self._env("task:" + recipient, self.seq, recipient=recipient)
+        return self.E.encode_direct(env, self.E.encode_payload([activity]))
+
+    def ack(self, env: Any) -> list[bytes]:
+        return self.E.encode_direct(self._env("control", 0, kind="ack"),
+                                    self.E.encode_control({"f": [env.seq, env.seq]}))
+
+    def accept(self, frames: list[bytes]) -> tuple[Any, Any]:
+        """Decode one message: ``(envelope, activity)`` for a new one, ``(envelope,
+        None)`` for a duplicate or an acknowledgement."""
+        env, payload = self.E.decode_direct(frames)
+        if env.kind is not None:
+            self.E.decode_control(payload)
+            return env, None
+        key = (env.sender, env.incarnation)
+        if self.seen.get(key, 0) >= env.seq:
+            return env, None
+        self.seen[key] = env.seq
+        return env, self.E.decode_payload(payload, env.count)[0]
+
+
+async def proto_echo(a: argparse.Namespace) -> None:
+    wire = _Wire(RECV_NAME)
+
+    def respond(frames: list[bytes]) -> list[list[bytes]]:
+        ident = frames[0]
+        env, activity = wire.accept(frames[1:])
+        if activity is None:
+            return []
+        out = [[ident, *wire.message(activity, env.sender)]]
+        if not a.no_ack:
+            out.append([ident, *wire.ack(env)])
+        return out
+
+    await _echo_server(a, respond)
+
+
+async def proto_ping(a: argparse.Namespace) -> None:
+    import zmq
+
+    wire = _Wire("ping")
+
+    def reply_of(sock: Any, frames: list[bytes]) -> Any:
+        env, activity = wire.accept(frames)
+        if activity is not None and not a.no_ack:
+            sock.send_multipart(wire.ack(env), zmq.NOBLOCK)
+        return None if activity is None else activity.type
+
+    # The activity and its message are made before each trip's clock starts (mesh-ping
+    # makes only the activity first): a floor may err low, never high.
+    await _ping_client(a, lambda: wire.message(wire.from_dict(ANNOUNCE), RECV_NAME),
+                       reply_of, ANNOUNCE["type"])
 
 
 # -- eclipse-zenoh ----------------------------------------------------------------------
@@ -767,6 +867,8 @@ ROLES: dict[str, Callable[[argparse.Namespace], Any]] = {
     "zmq-echo": zmq_echo,
     "zmq-ping": zmq_ping,
     "aio-echo": aio_echo,
+    "proto-echo": proto_echo,
+    "proto-ping": proto_ping,
     "aio-ping": aio_ping,
     "zenoh-pub": zenoh_pub,
     "zenoh-sub": zenoh_sub,
@@ -803,6 +905,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mesh", default="bench", help="mesh name (discovery)")
     p.add_argument("--expect", type=int, default=9, help="peers to discover")
     p.add_argument("--echo", action="store_true", help="mesh-recv answers every message")
+    p.add_argument(
+        "--no-ack",
+        action="store_true",
+        help="proto-echo/proto-ping leave acknowledgements out (the bound of any ack scheme)",
+    )
     p.add_argument("--profile", default="", help="write cProfile stats to this file")
     return p.parse_args(argv)
 

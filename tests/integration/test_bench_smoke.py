@@ -68,10 +68,11 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
     assert (direct["acked"], direct["failed"]) == (300, 0)
     assert direct["rate"] > 0
     assert direct["receiver"]["received"] == 300
-    for system in ("mesh", "zmq", "aio"):
+    for system in ("mesh", "zmq", "aio", "proto", "proto-noack"):
         rtt = res["rtt"][system]
         assert rtt["n"] == 30
         assert 0 < rtt["p50_us"] <= rtt["p99_us"]
+        assert rtt["echo"]["received"] >= 30, system  # every timed trip was answered
     disc = res["discovery"]
     assert disc["all_seen"] and disc["peers_seen"] == [2, 2, 2]
     assert disc["from_last_start"] > 0
@@ -87,6 +88,8 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
         "round trip p50",
         "round trip p99",
         "round trip p50 asyncio floor",
+        "round trip p50 protocol floor",
+        "round trip p50 no-ack floor",
         "discovery 3 nodes",
         "discovery 3 incl. start-up",
     }
