@@ -527,7 +527,7 @@ def _activity(data: Any) -> Activity:
                 _check_rest(data, _ACTIVITY_KNOWN, "", 1)
     activity = _new(Activity)
     activity._d = data
-    activity._json = activity._src = None
+    activity._json = activity._s = activity._src = None
     return activity
 
 
@@ -587,16 +587,31 @@ _shape_many = msgspec.json.Decoder(list[_ActivityShape]).decode
 _ShapeRefused = (msgspec.ValidationError, msgspec.DecodeError)
 
 
-def _shaped(raw: bytes | bytearray | memoryview) -> bool:
-    """Whether ``raw`` (one activity's JSON) is valid by the C schema and its context.
-
-    False means "ask the Python validator", not "invalid".
-    """
+def _shape_of(raw: bytes | bytearray | memoryview) -> _ActivityShape | None:
+    """The shape of ``raw`` (one activity's JSON) if it is valid by the C schema and its
+    context, else ``None``, which means "ask the Python validator", not "invalid"."""
     try:
-        context = _shape_one(raw).context
+        shape = _shape_one(raw)
     except _ShapeRefused:
-        return False
-    return context is _UNSET or context in _GOOD_CONTEXTS or _context_ok(context)
+        return None
+    context = shape.context
+    if context is _UNSET or context in _GOOD_CONTEXTS or _context_ok(context):
+        return shape
+    return None
+
+
+def _lazy(shape: _ActivityShape, raw: bytes, *, own: bool) -> Activity:
+    """An activity whose JSON ``raw`` passed the schema as ``shape``: its string fields
+    read from the shape, the rest decoded when first read. ``own``: ``raw`` is this
+    library's compact output (then :meth:`Activity.to_json` returns it as is)."""
+    activity = _new(Activity)
+    activity._d = None
+    activity._s = shape
+    if own:
+        activity._json, activity._src = raw, None
+    else:
+        activity._json, activity._src = None, raw
+    return activity
 
 
 def _context_ok(value: str) -> bool:
@@ -613,6 +628,9 @@ class _Batch:
     point here, never the other way, so nothing forms a reference cycle."""
 
     __slots__ = ("data", "dicts")
+
+    data: bytes
+    dicts: list[dict[str, Any]] | None
 
     def __init__(self, data: bytes) -> None:
         self.data = data
@@ -649,9 +667,10 @@ def _shaped_many(data: bytes) -> list[Activity] | None:
     batch = _Batch(data)
     out = []
     new = _new
-    for index in range(len(shapes)):  # inline wrapping: this runs per activity received
+    for index, shape in enumerate(shapes):  # inline wrapping: runs per activity received
         activity = new(Activity)
         activity._d = activity._json = None
+        activity._s = shape
         activity._src = batch
         activity._i = index
         out.append(activity)
@@ -973,14 +992,17 @@ class Activity:
         extra: read-only copy of the fields the profile does not define.
     """
 
-    __slots__ = ("_d", "_i", "_json", "_src")
+    __slots__ = ("_d", "_i", "_json", "_s", "_src")
 
     # The fields are decoded when first needed (activities arrive validated and most
     # are only counted or forwarded): from _src, the batch the activity arrived in (its
-    # element _i), or else from _json.
+    # element _i) or the bytes it arrived as, or else from _json. An activity that
+    # passed the C schema keeps its shape _s, from which the string fields read
+    # without decoding anything.
     _d: dict[str, Any] | None
     _json: bytes | None  # compact orjson bytes once known; never stale, nothing changes
-    _src: _Batch | None
+    _s: _ActivityShape | None
+    _src: _Batch | bytes | None
     _i: int
 
     def __init__(
@@ -1032,7 +1054,8 @@ class Activity:
         raw = _encode(data)
         self._json = raw
         self._src = None
-        if _shaped(raw):
+        self._s = shape = _shape_of(raw)
+        if shape is not None:
             self._d = None
         else:
             copy = _loads(raw)
@@ -1046,8 +1069,11 @@ class Activity:
             src = self._src
             if src is None:
                 data = _loads(cast(bytes, self._json))
+            elif src.__class__ is bytes:
+                data = _loads(src)
+                self._src = None
             else:
-                data = src.item(self._i)
+                data = cast(_Batch, src).item(self._i)
                 self._src = None
             self._d = data
         return data
@@ -1072,15 +1098,13 @@ class Activity:
             data = _utf8(data)
         if len(data) > MAX_ACTIVITY_BYTES:
             _too_large(len(data), MAX_ACTIVITY_BYTES)
+        shape = _shape_of(data)
+        if shape is not None:
+            return _lazy(shape, bytes(data), own=False)
         try:
             decoded = _loads(data)
         except _JSONDecodeError as exc:
             raise _bad_json(exc) from None
-        if _shaped(data):
-            activity = _new(Activity)
-            activity._d = decoded
-            activity._json = activity._src = None
-            return activity
         return _activity(decoded)
 
     @classmethod
@@ -1101,7 +1125,7 @@ class Activity:
         """
         if data.__class__ is not dict and not isinstance(data, Mapping):
             _not_object(data)
-        # _encode() and _shaped() inline: applications build activities at high rates.
+        # _encode() and _shape_of() inline: applications build activities at high rates.
         try:
             raw = _dumps(data, default=_json_default)
         except TypeError:
@@ -1117,6 +1141,7 @@ class Activity:
             if context is _UNSET or context in _GOOD_CONTEXTS or _context_ok(context):
                 activity = _new(Activity)
                 activity._d = activity._src = None
+                activity._s = shape
                 activity._json = raw
                 return activity
         activity = _activity(_loads(raw))
@@ -1197,45 +1222,67 @@ class Activity:
 
     # -- fields --------------------------------------------------------------------
 
+    # The string fields read from the shape when there is one (the same values orjson
+    # would decode: both keep the last of a repeated key).
+
     @property
     def type(self) -> str:
         """Activity type, one of :data:`ACTIVITY_TYPES`."""
-        value: str = self._data["type"]
+        shape = self._s
+        value: str = shape.type if shape is not None else self._data["type"]
         return value
 
     @property
     def actor(self) -> str:
         """The sending agent (``""`` for the plain-text fallback)."""
-        value: str = self._data.get("actor", "")
+        shape = self._s
+        value: str = shape.actor if shape is not None else self._data.get("actor", "")
         return value
 
     @property
     def summary(self) -> str:
         """One-line description (``""`` for the plain-text fallback)."""
-        value: str = self._data.get("summary", "")
+        shape = self._s
+        value: str = shape.summary if shape is not None else self._data.get("summary", "")
         return value
 
     @property
     def content(self) -> str | None:
         """Text of a top-level ``Note`` (and of the fallback), or ``None``."""
+        shape = self._s
+        if shape is not None:
+            return _set_or_none(shape.content)
         value: str | None = self._data.get("content")
         return value
 
     @property
     def context(self) -> str | None:
         """Task id or thread reference, or ``None``."""
+        shape = self._s
+        if shape is not None:
+            return _set_or_none(shape.context)
         value: str | None = self._data.get("context")
         return value
 
     @property
     def target(self) -> str | None:
         """Recipient agent name or channel, or ``None``."""
+        shape = self._s
+        if shape is not None:
+            return _set_or_none(shape.target)
         value: str | None = self._data.get("target")
         return value
 
     @property
     def object(self) -> ASObject | str | None:
         """What is acted on: an :class:`ASObject`, a string reference, or ``None``."""
+        shape = self._s
+        if shape is not None:
+            ref = shape.object
+            if ref is _UNSET:
+                return None
+            if isinstance(ref, str):
+                return ref
         value = self._data.get("object")
         if value is None or value.__class__ is str:
             reference: str | None = value
@@ -1274,13 +1321,13 @@ class Activity:
     @property
     def is_fallback(self) -> bool:
         """Whether this is the plain-text fallback (a ``Note`` with only ``content``)."""
-        return "actor" not in self._data
+        return self._s is None and "actor" not in self._data  # a shape has an actor
 
     @property
     def task_id(self) -> str | None:
         """The ``context`` when it is a task id, else ``None``."""
-        value = self._data.get("context")
-        return cast(str, value) if is_task_id(value) else None
+        value = self.context
+        return value if is_task_id(value) else None
 
     @property
     def bindings(self) -> tuple[dict[str, Any], ...] | None:
@@ -1341,6 +1388,10 @@ class Activity:
         return (_activity_from_state, (self.to_json(),))
 
 
+def _set_or_none(value: str | msgspec.UnsetType) -> str | None:
+    return None if value is _UNSET else value
+
+
 def _activity_from_state(raw: bytes) -> Activity:
     return Activity.from_json(raw)
 
@@ -1368,6 +1419,9 @@ def parse_activity(data: bytes | bytearray | memoryview | str) -> Activity:
         data = _utf8(data)
     if len(data) > MAX_ACTIVITY_BYTES:
         _too_large(len(data), MAX_ACTIVITY_BYTES)
+    shape = _shape_of(data)
+    if shape is not None:
+        return _lazy(shape, bytes(data), own=False)
     try:
         decoded = _loads(data)
     except _JSONDecodeError as exc:
@@ -1377,7 +1431,7 @@ def parse_activity(data: bytes | bytearray | memoryview | str) -> Activity:
         text = bytes(data).decode("utf-8", "replace")
         fallback = _new(Activity)
         fallback._d = {"type": "Note", "content": text}
-        fallback._json = fallback._src = None
+        fallback._json = fallback._s = fallback._src = None
         return fallback
     return _activity(decoded)
 

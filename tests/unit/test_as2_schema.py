@@ -35,7 +35,7 @@ def test_schema_types_are_the_profile_types() -> None:
 
 def test_the_profile_examples_take_the_schema_path() -> None:
     examples = profile_examples()
-    slow = {name for name, ex in examples.items() if not as2._shaped(orjson.dumps(ex))}
+    slow = {name for name, ex in examples.items() if as2._shape_of(orjson.dumps(ex)) is None}
     # Only the binding rows of a Recall result and the plain-text fallback need Python.
     assert slow == {"Recall (knowledge lifecycle)", "Fallback"}
     activity = as2.Activity.from_dict(examples["Status announcement"])
@@ -106,12 +106,28 @@ def activities(draw: st.DrawFn) -> dict[str, Any]:
     return body
 
 
+def _fields(activity: as2.Activity) -> tuple[Any, ...]:
+    """What an application reads, the parts a shape can answer without a dict."""
+    ref = activity.object
+    return (activity.type, activity.actor, activity.summary, activity.content,
+            activity.context, activity.target, ref if isinstance(ref, str) else None,
+            activity.task_id, activity.is_fallback)
+
+
+def _same_reads(raw: bytes) -> None:
+    """The shape-backed activity of ``raw`` reads as the dict-backed one does."""
+    lazy = as2.parse_activity(raw)
+    assert lazy._s is not None
+    assert _fields(lazy) == _fields(as2._activity(orjson.loads(raw)))
+
+
 @FUZZ
 @given(activities())
 def test_schema_never_accepts_what_python_refuses(data: dict[str, Any]) -> None:
     raw = orjson.dumps(data)
-    if as2._shaped(raw):
+    if as2._shape_of(raw) is not None:
         assert _python_accepts(raw) == data
+        _same_reads(raw)
         activity = as2.Activity.from_json(raw)
         assert activity.to_dict() == data and activity == as2._activity(orjson.loads(raw))
     else:
@@ -188,7 +204,7 @@ def one_fault(draw: st.DrawFn) -> dict[str, Any]:
 @given(valid_activities())
 def test_valid_activities_of_the_usual_shapes_take_the_schema_path(data: dict[str, Any]) -> None:
     raw = orjson.dumps(data)
-    assert as2._shaped(raw)
+    assert as2._shape_of(raw) is not None
     assert _python_accepts(raw) == data
 
 
@@ -231,13 +247,13 @@ def _faults() -> list[tuple[str, Any]]:
 
 
 def test_every_single_fault_the_schema_lets_through_python_accepts_too() -> None:
-    assert as2._shaped(orjson.dumps(FULL))
+    assert as2._shape_of(orjson.dumps(FULL)) is not None
     cases = _faults()
     assert len(cases) > 500
-    let_through = [name for name, body in cases if as2._shaped(orjson.dumps(body))]
+    let_through = [name for name, body in cases if as2._shape_of(orjson.dumps(body)) is not None]
     wrong = []
     for name, body in cases:
-        if as2._shaped(orjson.dumps(body)):
+        if as2._shape_of(orjson.dumps(body)) is not None:
             try:
                 as2._activity(body)
             except ActivityError as exc:
@@ -250,7 +266,7 @@ def test_every_single_fault_the_schema_lets_through_python_accepts_too() -> None
 @given(one_fault())
 def test_schema_refuses_what_python_refuses_one_fault_at_a_time(data: dict[str, Any]) -> None:
     raw = orjson.dumps(data)
-    if as2._shaped(raw):
+    if as2._shape_of(raw) is not None:
         assert _python_accepts(raw) == data
 
 
@@ -288,8 +304,9 @@ def mutated(draw: st.DrawFn) -> bytes:
 @FUZZ
 @given(mutated())
 def test_mutated_bytes_pass_the_schema_only_if_python_agrees(raw: bytes) -> None:
-    if as2._shaped(raw):
+    if as2._shape_of(raw) is not None:
         _python_accepts(raw)
+        _same_reads(raw)  # escapes and repeated keys read alike from either decoder
     batch = b"[" + raw + b"]"
     if as2._shaped_many(batch) is not None:
         _python_accepts(raw)
@@ -324,7 +341,11 @@ def test_a_batch_is_decoded_once_when_its_first_activity_is_read() -> None:
     got = as2.activities_from_json_array(orjson.dumps(bodies))
     holder = got[0]._src
     assert holder is not None and all(a._src is holder and a._d is None for a in got)
-    assert got[1].summary == "s1"  # reading one decodes the array for all
+    # String fields come from the schema's shapes: nothing is decoded for them.
+    assert [(a.type, a.actor, a.summary, a.context) for a in got] == [
+        ("Announce", "w", f"s{i}", None) for i in range(3)]
+    assert holder.dicts is None and all(a._d is None for a in got)
+    assert got[1].tag == ("1",)  # reading a field without a shape decodes the array for all
     assert holder.dicts is not None
     assert got[1]._src is None and got[0]._d is None  # the others take theirs when read
     assert [a.to_dict() for a in got] == bodies
@@ -332,3 +353,16 @@ def test_a_batch_is_decoded_once_when_its_first_activity_is_read() -> None:
     slow = [as2._activity(body) for body in orjson.loads(orjson.dumps(bodies))]
     assert got == slow and [hash(a) for a in got] == [hash(a) for a in slow]
     assert [a.to_json() for a in got] == [orjson.dumps(body) for body in bodies]
+
+
+def test_a_received_single_activity_reads_lazily_and_reencodes_compactly() -> None:
+    # A foreign sender's spacing and escapes: valid, but not this library's output.
+    raw = b'{ "type" : "Announce", "actor": "w\\u0031", "summary": "ok",\n "context": "c",' \
+          b' "object": "x", "tag": ["a"] }'
+    for decode in (as2.parse_activity, as2.Activity.from_json):
+        activity = decode(raw)
+        assert activity._s is not None and activity._d is None
+        assert (activity.actor, activity.context, activity.object) == ("w1", "c", "x")
+        assert activity._d is None  # the string fields came from the shape
+        assert activity.to_json() == orjson.dumps(orjson.loads(raw))  # compact, ours
+        assert activity.tag == ("a",) and activity == as2._activity(orjson.loads(raw))
