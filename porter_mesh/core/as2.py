@@ -600,20 +600,6 @@ def _shape_of(raw: bytes | bytearray | memoryview) -> _ActivityShape | None:
     return None
 
 
-def _lazy(shape: _ActivityShape, raw: bytes, *, own: bool) -> Activity:
-    """An activity whose JSON ``raw`` passed the schema as ``shape``: its string fields
-    read from the shape, the rest decoded when first read. ``own``: ``raw`` is this
-    library's compact output (then :meth:`Activity.to_json` returns it as is)."""
-    activity = _new(Activity)
-    activity._d = None
-    activity._s = shape
-    if own:
-        activity._json, activity._src = raw, None
-    else:
-        activity._json, activity._src = None, raw
-    return activity
-
-
 def _context_ok(value: str) -> bool:
     try:
         _check_context(value)
@@ -996,13 +982,12 @@ class Activity:
 
     # The fields are decoded when first needed (activities arrive validated and most
     # are only counted or forwarded): from _src, the batch the activity arrived in (its
-    # element _i) or the bytes it arrived as, or else from _json. An activity that
-    # passed the C schema keeps its shape _s, from which the string fields read
-    # without decoding anything.
+    # element _i), or else from _json. An activity that passed the C schema keeps its
+    # shape _s, from which the string fields read without decoding anything.
     _d: dict[str, Any] | None
     _json: bytes | None  # compact orjson bytes once known; never stale, nothing changes
     _s: _ActivityShape | None
-    _src: _Batch | bytes | None
+    _src: _Batch | None
     _i: int
 
     def __init__(
@@ -1069,11 +1054,8 @@ class Activity:
             src = self._src
             if src is None:
                 data = _loads(cast(bytes, self._json))
-            elif src.__class__ is bytes:
-                data = _loads(src)
-                self._src = None
             else:
-                data = cast(_Batch, src).item(self._i)
+                data = src.item(self._i)
                 self._src = None
             self._d = data
         return data
@@ -1098,14 +1080,20 @@ class Activity:
             data = _utf8(data)
         if len(data) > MAX_ACTIVITY_BYTES:
             _too_large(len(data), MAX_ACTIVITY_BYTES)
-        shape = _shape_of(data)
-        if shape is not None:
-            return _lazy(shape, bytes(data), own=False)
         try:
             decoded = _loads(data)
         except _JSONDecodeError as exc:
             raise _bad_json(exc) from None
-        return _activity(decoded)
+        # One parse each (orjson for the dict, msgspec for the check) costs less than
+        # the Python rules; the shape then answers the string fields.
+        shape = _shape_of(data)
+        if shape is None:
+            return _activity(decoded)
+        activity = _new(Activity)
+        activity._d = decoded
+        activity._s = shape
+        activity._json = activity._src = None
+        return activity
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Activity:
@@ -1419,9 +1407,6 @@ def parse_activity(data: bytes | bytearray | memoryview | str) -> Activity:
         data = _utf8(data)
     if len(data) > MAX_ACTIVITY_BYTES:
         _too_large(len(data), MAX_ACTIVITY_BYTES)
-    shape = _shape_of(data)
-    if shape is not None:
-        return _lazy(shape, bytes(data), own=False)
     try:
         decoded = _loads(data)
     except _JSONDecodeError as exc:
