@@ -18,12 +18,16 @@ Measured:
 * broadcast 1->1 and 1->4 (rate per subscriber), for the mesh, raw pyzmq with
   pre-encoded bytes and with ``orjson`` per message, and zenoh (peer mode, multicast
   scouting off, explicit ``tcp/127.0.0.1`` endpoints) with the same two payload modes.
-  The mesh's subscriber counts validated activities as they are delivered (their dicts
-  are made on first read); the ``each read`` variant also reads a field of every one,
-  as zenoh's orjson subscriber decodes every payload;
+  The mesh's subscriber counts validated activities as they are delivered (the
+  schema's decoding gives their string fields; the rest is decoded on first read); the
+  ``each read`` variant also reads a field of every one, as zenoh's orjson subscriber
+  decodes every payload;
 * direct sends acknowledged per second, with a bounded window of futures in flight;
 * direct round-trip latency (request and direct reply, one at a time) against raw pyzmq
-  DEALER/ROUTER ping-pong of the same bytes;
+  DEALER/ROUTER ping-pong of the same bytes, with three floors beside it: that
+  ping-pong driven from asyncio (no codec), the same carrying the mesh's own direct
+  messages and acknowledgements without a node (the protocol floor), and that without
+  acknowledgements;
 * discovery: ten nodes with zeroconf on loopback, time until every one sees the nine
   others.
 
