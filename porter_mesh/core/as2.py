@@ -615,9 +615,6 @@ class _Batch:
 
     __slots__ = ("data", "dicts")
 
-    data: bytes
-    dicts: list[dict[str, Any]] | None
-
     def __init__(self, data: bytes) -> None:
         self.data = data
         self.dicts: list[dict[str, Any]] | None = None
