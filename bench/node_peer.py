@@ -702,11 +702,11 @@ class _Wire:
 
     def message(self, activity: Any, recipient: str) -> list[bytes]:
         self.seq += 1
-        env = self._env("task:" + recipient, self.seq, recipient=recipient)
+        env = self._env(self.C.DIRECT_PREFIX + recipient, self.seq, recipient=recipient)
         return self.E.encode_direct(env, self.E.encode_payload([activity]))
 
     def ack(self, env: Any) -> list[bytes]:
-        return self.E.encode_direct(self._env("control", 0, kind="ack"),
+        return self.E.encode_direct(self._env(self.C.CHANNEL_CONTROL, 0, kind=self.E.KIND_ACK),
                                     self.E.encode_control({"f": [env.seq, env.seq]}))
 
     def accept(self, frames: list[bytes]) -> tuple[Any, Any]:
