@@ -248,7 +248,7 @@ def peer_main(argv: list[str]) -> int:
                            Path(os.environ["PORTER_MESH_KEY"]))
     role = echo if a.role == "mesh-recv" and a.echo else node_peer.ROLES[a.role]
     try:
-        asyncio.run(role(a))
+        node_peer.run_role(role, a)
     except Exception as exc:
         sys.stderr.write(f"{a.role}: {type(exc).__name__}: {exc}\n")
         return 2

@@ -190,16 +190,23 @@ class Peer:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Ask the peer to finish, then end it by its id if it does not."""
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """Ask the peer to finish, then end it by its id if it does not.
+
+        Returns:
+            Its exit status, or ``None`` when it had to be ended.
+        """
         self.close_input()
+        status: int | None
         try:
-            self.proc.wait(timeout)
+            status = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5.0)
+            status = None
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        return status
 
 
 @contextlib.contextmanager
@@ -212,13 +219,18 @@ def peer_group() -> Iterator[Callable[..., Peer]]:
         peers.append(peer)
         return peer
 
+    failed: list[str] = []
     try:
         yield spawn
     finally:
         for peer in peers:
             peer.close_input()
         for peer in peers:
-            peer.stop()
+            status = peer.stop()
+            if status:
+                failed.append(f"{peer.role} (pid {peer.proc.pid}) exited with status {status}")
+    if failed:  # after its figures, say: a role that then fails still fails the measurement
+        raise PeerProcessError("; ".join(failed) + "; see their messages on stderr")
 
 
 def _deadline(counts: Counts) -> float:

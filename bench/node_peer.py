@@ -926,6 +926,14 @@ def _read_port() -> int:
     return int(line)
 
 
+def run_role(func: Callable[[argparse.Namespace], Any], a: argparse.Namespace) -> None:
+    """Run one role to its end: on a fresh event loop if it is a coroutine function."""
+    if asyncio.iscoroutinefunction(func):
+        asyncio.run(func(a))
+    else:
+        func(a)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one role; exit status 2 on failure."""
     a = parse_args(argv)
@@ -940,10 +948,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if profiler is not None:
             profiler.enable()
-        if asyncio.iscoroutinefunction(func):
-            asyncio.run(func(a))
-        else:
-            func(a)
+        run_role(func, a)
     except SystemExit as exc:
         if isinstance(exc.code, str):
             sys.stderr.write(f"{a.role}: {exc.code}\n")
