@@ -1,4 +1,5 @@
-"""A tiny end-to-end run of the node benchmark: real processes, real sockets, real output.
+"""Tiny end-to-end runs of the node and CURVE benchmarks: real processes, real sockets,
+real output.
 
 The counts are far too small for meaningful figures; the point is that every measurement
 runs across processes, ends on its own, and writes its table, JSON and chart.
@@ -103,3 +104,25 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
     for heading in ("measure", "ours", "baseline", "ratio", "target", "result"):
         assert heading in table
     assert "broadcast 1->1" in table and "round trip p50" in table
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+def test_curve_benchmark_quick_run_measures_every_row_without_errors(
+    tmp_path: pathlib.Path,
+) -> None:
+    cmd = [sys.executable, "-m", "bench.bench_curve", "--quick", "--out", str(tmp_path),
+           "--broadcast", "300", "--direct", "300", "--window", "100", "--rtt", "30"]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    res = json.loads((tmp_path / "curve.json").read_text())
+    # A peer that fails, even after reporting its figures, is an error of its row.
+    assert res["errors"] == {}, res["errors"]
+    measured = {row["measure"]: row for row in res["summary"]}
+    assert set(measured) == {
+        "broadcast 1->1", "direct, acknowledged", "round trip p50", "round trip p99",
+        "raw pyzmq broadcast 1->1", "raw pyzmq round trip p50",
+    }
+    for row in measured.values():
+        assert row["off"] > 0 and row["on"] > 0, row
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
