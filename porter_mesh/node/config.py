@@ -155,6 +155,14 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         check_agent_name(self.name)
+        for path_name in ("data_dir", "secret_key_file", "trusted_dir"):
+            value = getattr(self, path_name)
+            if value is None or isinstance(value, pathlib.Path):
+                continue
+            if not isinstance(value, str | os.PathLike) or not str(value):
+                raise ConfigError(f"{path_name} must be a path (str or pathlib.Path), "
+                                  f"not {type(value).__name__} {value!r}")
+            object.__setattr__(self, path_name, pathlib.Path(value))
         if not self.mesh or len(self.mesh) > 63:
             raise ConfigError(f"mesh name {self.mesh!r} must be 1-63 characters")
         if not self.interfaces:

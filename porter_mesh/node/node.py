@@ -63,6 +63,7 @@ import collections
 import contextlib
 import functools
 import logging
+import pathlib
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -146,6 +147,10 @@ class Message(NamedTuple):
         envelope: the envelope of the ZeroMQ message that carried it.
         seq: this activity's sequence number in the sender's stream.
         direct: True for ROUTER/DEALER delivery, False for broadcast.
+        offset: its position in the node's delivery journal (direct messages on a node
+            with a data directory), -1 otherwise; :meth:`Node.ack` takes it.
+        redelivered: True when a restarted node delivers it again because the
+            application had not taken it before the previous process ended.
     """
 
     channel: str
@@ -154,6 +159,8 @@ class Message(NamedTuple):
     envelope: Envelope
     seq: int
     direct: bool
+    offset: int = -1
+    redelivered: bool = False
 
 
 _T = TypeVar("_T")
@@ -306,6 +313,10 @@ class Node:
         self._observing = False
         self._readers: dict[zmq.Socket[bytes], Callable[[], None]] = {}
         self._journal: DeliveryJournal | None = None
+        # Journal records owed to the application, delivered before anything new.
+        self._replay: list[tuple[int, JournalRecord]] = []
+        # The journal position after the last message handed out by receive()/drain().
+        self._handed = 0
         self._discovery: Any = None
         self._ticker: asyncio.Task[None] | None = None
         self._started = False
@@ -369,12 +380,7 @@ class Node:
         for channel in (C.CHANNEL_CONTROL, *cfg.channels):
             self.subscribe(channel)
         if cfg.data_dir is not None:
-            self._journal = DeliveryJournal(cfg.data_dir / "inbox.journal")
-            for record in self._journal.replayed:
-                self._dtracker.observe_range(
-                    record.sender, _DIRECT_STREAM, record.incarnation,
-                    record.first_seq, record.count,
-                )
+            self._open_journal(cfg.data_dir / "inbox.journal")
         if self._sub is not None:
             self._watch(self._sub, self._drain_sub)
         self._watch(self._router, self._drain_router)
@@ -393,6 +399,47 @@ class Node:
             self._hello_seed(seed)
         log.info("node %s up: pub %d router %d incarnation %x%s", self.name, self.pub_port,
                  self.router_port, self.incarnation, " (CurveZMQ)" if security else "")
+
+    def _open_journal(self, path: pathlib.Path) -> None:
+        """Restore de-duplication from the journal and deliver what is still owed.
+
+        The inbox takes the owed messages now, ahead of anything from the network; an
+        application that consumes through handlers only (no inbox) gets them as soon as
+        its first handler is added. Until then no new direct message is accepted.
+        """
+        self._journal = journal = DeliveryJournal(path)
+        self._handed = journal.taken
+        for record in journal.known:
+            self._dtracker.observe_range(record.sender, _DIRECT_STREAM, record.incarnation,
+                                         record.first_seq, record.count)
+        self._replay = journal.pending
+        if self._replay:
+            log.info("node %s: %d direct message(s) received before a restart were not "
+                     "taken by the application; delivering them again", self.name,
+                     journal.end - journal.taken)
+        if self.config.inbox_size or self._handlers or self._batch_handlers:
+            self._redeliver()
+
+    def _redeliver(self) -> None:
+        """Deliver the journal's owed records (see :meth:`_open_journal`)."""
+        pending, self._replay = self._replay, []
+        journal = self._journal
+        assert journal is not None
+        for position, record in pending:
+            skip = max(0, journal.taken - position)
+            try:
+                env, payload = decode_direct([record.envelope, record.payload])
+                activities = decode_payload(payload, env.count)
+            except ProtocolError as exc:
+                # Checked when it arrived: only a damaged file gets here.
+                log.error("node %s: journal record from %s cannot be decoded (%s); "
+                          "skipped", self.name, record.sender, exc)
+                journal.take(position + record.count)
+                continue
+            self.counters["redelivered.direct"] += record.count - skip
+            self._deliver_activities(env, activities[skip:], direct=True,
+                                     offset=position + skip, first=skip, redelivered=True)
+        self._after_batch()
 
     def _load_security(self) -> MeshSecurity:
         cfg = self.config
@@ -447,6 +494,8 @@ class Node:
         self._pending_direct.clear()
         self._close_sockets()
         if self._journal is not None:
+            # Closing the node means the application is done with what it took.
+            self._journal.take(self._handed)
             self._journal.close()
         if self._halt_event is not None:
             self._halt_event.set()
@@ -1157,29 +1206,50 @@ class Node:
         self._deliver_activities(env, activities, direct=direct)
 
     def _deliver_activities(self, env: Envelope, activities: list[Activity], *,
-                            direct: bool) -> None:
-        if self._security is not None:
-            activities = self._bound_activities(env, activities)
-        channel, sender, seq = env.channel, env.sender, env.seq
+                            direct: bool, offset: int = -1, first: int = 0,
+                            redelivered: bool = False) -> None:
+        """Hand activities to the handlers and the inbox.
+
+        ``offset`` is the journal position of ``activities[0]`` (-1: not journaled),
+        which is activity number ``first`` of the ZeroMQ message. Without an inbox the
+        handlers are the consumers: each journaled message is taken as soon as every
+        handler has returned for it (an exception counts as returning; a crash does
+        not), and the whole message once the batch handlers have returned too.
+        """
+        channel, sender, seq = env.channel, env.sender, env.seq + first
         # Message's own constructor is a Python function; building the tuples directly
         # skips a frame per activity.
-        msgs = [_tuple_new(Message, (channel, sender, activity, env, seq + i, direct))
-                for i, activity in enumerate(activities)]
+        if offset < 0:
+            msgs = [_tuple_new(Message, (channel, sender, activity, env, seq + i, direct,
+                                         -1, False))
+                    for i, activity in enumerate(activities)]
+        else:
+            msgs = [_tuple_new(Message, (channel, sender, activity, env, seq + i, direct,
+                                         offset + i, redelivered))
+                    for i, activity in enumerate(activities)]
+        if self._security is not None:
+            msgs = self._bound_messages(env, msgs)
         self.counters["received.direct" if direct else "received.broadcast"] += len(msgs)
+        limit = self.config.inbox_size
+        journal = self._journal if offset >= 0 and not limit else None
         if self._handlers:
             handlers = tuple(self._handlers)  # a handler may remove itself
+            take_each = journal if not self._batch_handlers else None
             for msg in msgs:
                 for handler in handlers:
                     try:
                         handler(msg)
                     except Exception:
                         log.exception("message handler failed on %s", env.msg_id)
+                if take_each is not None:
+                    take_each.take(msg.offset + 1)
         for batch_handler in tuple(self._batch_handlers):
             try:
                 batch_handler(msgs.copy())  # each its own list, to keep or change
             except Exception:
                 log.exception("batch handler failed on %s", env.msg_id)
-        limit = self.config.inbox_size
+        if journal is not None:
+            journal.take(offset + len(activities))
         if not limit or not msgs:
             return
         inbox = self._inbox
@@ -1193,17 +1263,18 @@ class Node:
         if self._inbox_event is not None:
             self._inbox_event.set()
 
-    def _bound_activities(self, env: Envelope, activities: list[Activity]) -> list[Activity]:
-        """The activities whose ``actor`` is the (authenticated) sender; the rest are
+    def _bound_messages(self, env: Envelope, msgs: list[Message]) -> list[Message]:
+        """The messages whose ``actor`` is the (authenticated) sender; the rest are
         refused. The profile's plain-text fallback has no actor and speaks for its
         sender."""
         sender = env.sender
-        if all(a.actor == sender or a.is_fallback for a in activities):
-            return activities
+        if all(m.activity.actor == sender or m.activity.is_fallback for m in msgs):
+            return msgs
         kept = []
-        for activity in activities:
+        for msg in msgs:
+            activity = msg.activity
             if activity.actor == sender or activity.is_fallback:
-                kept.append(activity)
+                kept.append(msg)
             else:
                 self._refuse("spoofed-actor", sender, f"{sender!r} sent a {activity.type} "
                              f"with actor {activity.actor[:64]!r} on {env.channel}")
@@ -1247,18 +1318,21 @@ class Node:
             return
         if accepted:
             # Journal first, then hand to the application, then acknowledge (in
-            # _after_batch): whatever the application saw is on record, so a restarted
-            # node never delivers it again.
+            # _after_batch): whatever was acknowledged is on record, and stays owed to
+            # the application until it is taken (see _open_journal).
+            offset = -1
             if self._journal is not None:
-                self._journal.append([
+                offset = self._journal.append([
                     JournalRecord(env.sender, env.incarnation, env.seq, env.count,
-                                  env.channel, payload)
-                    for env, _, payload, _ in accepted
+                                  env.channel, payload, env_bytes)
+                    for env, env_bytes, payload, _ in accepted
                 ])
             pub = self._pub
             watched = self._direct_watched
             for env, env_bytes, payload, activities in accepted:
-                self._deliver_activities(env, activities, direct=True)
+                self._deliver_activities(env, activities, direct=True, offset=offset)
+                if offset >= 0:
+                    offset += env.count
                 if pub is not None and watched:
                     # A copy for observers (tail), only while one subscribes to it.
                     with contextlib.suppress(zmq.Again):
@@ -1306,10 +1380,17 @@ class Node:
         except ClockError as exc:
             self._drop("clock", env.sender, "dropped a message from %s: %s", env.sender, exc)
             return
-        waiting = len(self._inbox) + sum(e.count for e, _, _, _ in accepted[-64:])
-        if self.config.inbox_size and waiting + env.count > self.config.inbox_size:
-            self.counters["backpressure.inbox"] += 1
-            return  # not acknowledged: the sender will retry when we have room
+        limit = self.config.inbox_size
+        if limit:
+            waiting = len(self._inbox) + sum(e.count for e, _, _, _ in accepted[-64:])
+            if waiting + env.count > limit:
+                self.counters["backpressure.inbox"] += 1
+                return  # not acknowledged: the sender will retry when we have room
+        elif self._replay or not (self._handlers or self._batch_handlers):
+            # No inbox and no handler (yet), or owed messages still to go first: nobody
+            # could take it, so it is not acknowledged and the sender retries.
+            self.counters["backpressure.no-consumer"] += 1
+            return
         result = self._dtracker.observe_range(env.sender, _DIRECT_STREAM, env.incarnation,
                                               env.seq, env.count)
         if result.is_new:
@@ -1600,9 +1681,17 @@ class Node:
     def add_handler(self, handler: Callable[[Message], None]) -> Callable[[], None]:
         """Call ``handler`` for every delivered message (on the loop thread, in order).
 
+        On a node without an inbox (``inbox_size=0``) the handlers are the application:
+        a direct message is taken (see :meth:`ack`) when every handler has returned for
+        it, and until the first handler is added no direct message is acknowledged, so
+        none is lost to an application still starting. Add handlers before
+        :meth:`astart` to see, on a node with an inbox, the messages a restart delivers
+        again; without an inbox they wait for the first handler.
+
         Returns a function that removes the handler.
         """
         self._handlers.append(handler)
+        self._consumer_added()
         return lambda: self._handlers.remove(handler)
 
     def add_batch_handler(self, handler: Callable[[list[Message]], None]) -> Callable[[], None]:
@@ -1613,7 +1702,14 @@ class Node:
         messages. The list is the handler's to keep. Returns a function that removes it.
         """
         self._batch_handlers.append(handler)
+        self._consumer_added()
         return lambda: self._batch_handlers.remove(handler)
+
+    def _consumer_added(self) -> None:
+        # Without an inbox, messages owed from before a restart wait for a handler; it
+        # gets them on the next loop turn, ahead of anything new (see _open_journal).
+        if self._replay and not self.config.inbox_size and self._loop is not None:
+            self._loop.call_soon(self._redeliver)
 
     def add_peer_listener(self, listener: Callable[[PeerEvent], None]) -> Callable[[], None]:
         """Call ``listener`` on every roster change (joined, evasive, alive, left)."""
@@ -1627,8 +1723,14 @@ class Node:
         self._control_listeners.append(listener)
         return lambda: self._control_listeners.remove(listener)
 
-    def drain(self, *, limit: int | None = None) -> list[Message]:
-        """Take up to ``limit`` messages from the inbox without waiting."""
+    def drain(self, *, limit: int | None = None, ack: bool = True) -> list[Message]:
+        """Take up to ``limit`` messages from the inbox without waiting.
+
+        With ``ack`` (the default), the messages handed out by earlier calls of
+        :meth:`drain` and :meth:`receive` are taken first (see :meth:`ack`).
+        """
+        if ack:
+            self.ack()
         inbox = self._inbox
         if limit is None or limit >= len(inbox):
             out = list(inbox)
@@ -1637,16 +1739,25 @@ class Node:
             out = [inbox.popleft() for _ in range(limit)]
         if not inbox and self._inbox_event is not None:
             self._inbox_event.clear()
+        for msg in reversed(out):
+            if msg.offset >= 0:
+                self._handed = msg.offset + 1
+                break
         return out
 
-    async def receive(self, timeout: float | None = None) -> Message:
+    async def receive(self, timeout: float | None = None, *, ack: bool = True) -> Message:
         """The next message from the inbox, waiting up to ``timeout`` seconds.
+
+        With ``ack`` (the default), the messages handed out by earlier calls of
+        :meth:`receive` and :meth:`drain` are taken first (see :meth:`ack`).
 
         Raises:
             TimeoutError: nothing arrived in time.
             NodeClosedError: the node closed while waiting.
         """
         assert self._inbox_event is not None, "node not started"
+        if ack:
+            self.ack()
         async with asyncio.timeout(timeout):
             while not self._inbox:
                 if self._closed:
@@ -1654,7 +1765,31 @@ class Node:
                 self._inbox_event.clear()
                 await self._inbox_event.wait()
         msg = self._inbox.popleft()
+        if msg.offset >= 0:
+            self._handed = msg.offset + 1
         return msg
+
+    def ack(self, message: Message | None = None) -> None:
+        """Say that the application has taken messages from the inbox.
+
+        A direct message on a node with a data directory stays owed until it is taken:
+        if the process ends before that (``kill -9`` included), the next node started on
+        the same data directory delivers it again (``redelivered`` set), before anything
+        new. ``ack(message)`` takes ``message`` and every message handed out before it;
+        ``ack()`` takes everything :meth:`receive` and :meth:`drain` have handed out.
+        Both calls also take the earlier ones by default, so an application that handles
+        each message before asking for the next needs no ``ack`` at all; one that keeps
+        messages to handle later passes ``ack=False`` and calls this when it is done.
+        Handlers need none of this (see :meth:`add_handler`). Without a data directory
+        it does nothing.
+        """
+        journal = self._journal
+        if journal is None:
+            return
+        if message is None:
+            journal.take(self._handed)
+        elif message.offset >= 0:
+            journal.take(min(message.offset + 1, self._handed))
 
     async def wait_readable(self) -> None:
         """Wait until the inbox holds at least one message (or the node closes)."""

@@ -43,6 +43,9 @@ class NodePort:
         self.node = node
         self.knowledge = knowledge
         self._held: collections.deque[Message] = collections.deque()
+        # The newest journaled message handed to the tools with none older still held:
+        # taken (Node.ack) when the tools next ask, as receive() would.
+        self._given: Message | None = None
 
     @property
     def agent_name(self) -> str:
@@ -61,7 +64,10 @@ class NodePort:
 
     def drain_inbox(self, channel: str | None = None, limit: int | None = None) -> list[InboxItem]:
         """Received messages, oldest first; ``channel``/``limit`` leave the rest queued."""
-        self._held.extend(self.node.drain())
+        if self._given is not None:
+            self.node.ack(self._given)
+            self._given = None
+        self._held.extend(self.node.drain(ack=False))
         taken: list[Message] = []
         kept: collections.deque[Message] = collections.deque()
         while self._held:
@@ -73,6 +79,10 @@ class NodePort:
             else:
                 kept.append(msg)
         self._held = kept
+        oldest_held = min((m.offset for m in kept if m.offset >= 0), default=None)
+        for msg in taken:
+            if msg.offset >= 0 and (oldest_held is None or msg.offset < oldest_held):
+                self._given = msg
         return [
             InboxItem(m.channel, m.sender, m.activity, hlc_physical_ms(m.envelope.hlc) / 1000)
             for m in taken

@@ -70,6 +70,11 @@ class SyncNode:
         try:
             return future.result(DEFAULT_CALL_TIMEOUT if timeout is None else timeout)
         except concurrent.futures.TimeoutError:
+            # Since Python 3.11 this is the built-in TimeoutError, which the node's own
+            # errors (DeliveryTimeout...) subclass: those come from a finished call and
+            # are raised as they are.
+            if future.done() and not future.cancelled():
+                raise
             future.cancel()
             raise OperationTimeout(
                 f"call did not complete within {timeout}s; the node may be overloaded or "
@@ -122,18 +127,23 @@ class SyncNode:
         wait = (timeout if timeout is not None else self.node.config.send_timeout) + 5.0
         self._call(self.node.send_to_channel(channel, activity, timeout=timeout), wait)
 
-    def receive(self, timeout: float) -> Message:
-        """The next message, waiting up to ``timeout`` seconds.
+    def receive(self, timeout: float, *, ack: bool = True) -> Message:
+        """The next message, waiting up to ``timeout`` seconds (see :meth:`Node.receive`
+        for ``ack``).
 
         Raises:
             OperationTimeout: nothing arrived in time.
         """
         try:
-            return self._call(self.node.receive(timeout), timeout + 5.0)
+            return self._call(self.node.receive(timeout, ack=ack), timeout + 5.0)
         except TimeoutError as exc:
             if isinstance(exc, OperationTimeout):
                 raise
             raise OperationTimeout(f"no message within {timeout}s") from None
+
+    def ack(self, message: Message | None = None) -> None:
+        """Say the application has taken messages from the inbox (:meth:`Node.ack`)."""
+        self._in_loop(lambda: self.node.ack(message))
 
     def wait_readable(self, timeout: float) -> bool:
         """Block until the inbox holds a message (True) or ``timeout`` passes (False)."""
@@ -146,9 +156,10 @@ class SyncNode:
 
         return self._call(wait(), timeout + 5.0)
 
-    def drain(self) -> list[Message]:
-        """Every message waiting in the inbox, without blocking."""
-        return self._in_loop(self.node.drain)
+    def drain(self, *, ack: bool = True) -> list[Message]:
+        """Every message waiting in the inbox, without blocking (see :meth:`Node.drain`
+        for ``ack``)."""
+        return self._in_loop(lambda: self.node.drain(ack=ack))
 
     def peers(self) -> list[PeerInfo]:
         """The roster."""

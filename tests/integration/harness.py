@@ -23,9 +23,9 @@ class NodeProcess:
     """One ``node_proc.py`` process; its stdout events are collected by a reader thread."""
 
     def __init__(self, name: str, *extra: str, mesh: str = "test",
-                 prefix: Sequence[str] = ()) -> None:
+                 prefix: Sequence[str] = (), script: Path = NODE_PROC) -> None:
         self.name = name
-        cmd = [*prefix, sys.executable, str(NODE_PROC), "--name", name, "--mesh", mesh, *extra]
+        cmd = [*prefix, sys.executable, str(script), "--name", name, "--mesh", mesh, *extra]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import orjson
 import pytest
 
 from porter_mesh.adapters.journal import read_journal
@@ -17,21 +14,10 @@ from tests.integration.harness import NodeProcess, peers_seen
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 
-_mesh_ids = itertools.count()
 
 
-@pytest.fixture
-def mesh() -> str:
-    """A mesh name of this test only, so concurrent runs never see each other."""
-    return f"t{os.getpid()}-{next(_mesh_ids)}"
 
 
-@pytest.fixture
-def procs() -> Iterator[list[NodeProcess]]:
-    started: list[NodeProcess] = []
-    yield started
-    for p in started:
-        p.stop()
 
 
 def start(procs: list[NodeProcess], name: str, *extra: str, mesh: str) -> NodeProcess:
@@ -82,14 +68,13 @@ def test_direct_exactly_once_across_receiver_kill(
     assert receiver2.up["inc"] != receiver.up["inc"]
     done = sender.wait_for(lambda e: e["ev"] == "sent", 60, "all sends acknowledged")
     assert done["ok"] == total
-    texts: list[str] = []
+    # Each of the sender's sequence numbers is on record once (a restart compacts the
+    # journal, dropping the payloads of what was handled, but never the record).
+    seqs: list[int] = []
     for record in read_journal(journal):
-        payload = orjson.loads(record.payload)
-        items = payload if isinstance(payload, list) else [payload]
-        assert len(items) == record.count
-        texts.extend(item["summary"] for item in items)
-    assert len(texts) == len(set(texts)), "a message was recorded twice"
-    assert set(texts) == {f"m{i}" for i in range(total)}
+        seqs.extend(range(record.first_seq, record.first_seq + record.count))
+    assert len(seqs) == len(set(seqs)), "a message was recorded twice"
+    assert set(seqs) == set(range(1, total + 1))
 
 
 def test_killed_peer_goes_evasive_then_expires(procs: list[NodeProcess], mesh: str) -> None:

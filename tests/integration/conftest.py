@@ -1,0 +1,28 @@
+"""Fixtures shared by the integration tests."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.harness import NodeProcess
+
+_mesh_ids = itertools.count()
+
+
+@pytest.fixture
+def mesh() -> str:
+    """A mesh name of this test only, so concurrent runs never see each other."""
+    return f"t{os.getpid()}-{next(_mesh_ids)}"
+
+
+@pytest.fixture
+def procs() -> Iterator[list[NodeProcess]]:
+    """Node processes a test started; each is stopped (by its pid) afterwards."""
+    started: list[NodeProcess] = []
+    yield started
+    for p in started:
+        p.stop()
