@@ -547,3 +547,31 @@ def test_a_burst_arrives_whole_in_batches(ui: UI, mesh: str) -> None:
         assert orjson.loads(line)["sent"] == int(rate * seconds)
     finally:
         burst.stop()
+
+
+def test_user_mistakes_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    cases = [
+        (["--token", "short"], "--token"),
+        (["--port", "70000"], "--port"),
+        (["--history", "0"], "--history"),
+        # Protected mode: refused before anything is bound (TEST-NET address).
+        (["--interface", "192.0.2.1"], "protected mode"),
+    ]
+    for extra, words in cases:
+        out = subprocess.run(cli("ui", "--port", "0", "--mesh", "uierr", "--data-dir",
+                                 str(tmp_path), *extra),
+                             capture_output=True, text=True, timeout=60,
+                             env={k: v for k, v in os.environ.items()
+                                  if not k.startswith("PORTER_MESH_")})
+        assert out.returncode == 2, (extra, out.stderr)
+        assert words in out.stderr and "Traceback" not in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert out.stdout == ""
+
+
+def test_one_dashboard_per_data_dir(ui: UI, mesh: str, tmp_path: Path) -> None:
+    out = subprocess.run(cli("ui", "--port", "0", "--mesh", mesh, "--data-dir",
+                             str(tmp_path / "ui-data")),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "another porter-mesh ui" in out.stderr and "Traceback" not in out.stderr
