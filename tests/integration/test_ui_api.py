@@ -22,6 +22,8 @@ import aiohttp
 import orjson
 import pytest
 
+from tests.integration.harness import NodeProcess
+
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 
 BURST = Path(__file__).with_name("ui_burst_proc.py")
@@ -398,6 +400,9 @@ def test_offer_reply_review_and_control(ui: UI, worker: LineProcess) -> None:
             await stream.wait(lambda: set(ids) <= {r["id"] for r in stream.records()}, 10,
                               "the task's records")
             assert len(ids) == len(set(ids))
+            # The worker's copy of the dashboard's own direct Offer is not a second record.
+            assert [m["type"] for m in page["messages"] if m["sender"] == "porter-ui"] == [
+                "Offer", "Reject", "Accept"]
             names = {name for name, _, _ in stream.got}
             assert {"messages", "peers", "tasks"} <= names
             streamed_tasks = [t for name, _, data in stream.got if name == "tasks" for t in data]
@@ -575,3 +580,18 @@ def test_one_dashboard_per_data_dir(ui: UI, mesh: str, tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr
     assert "another porter-mesh ui" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_skewed_clock_shows_on_the_roster(ui: UI, mesh: str) -> None:
+    skewed = NodeProcess("skewed", mesh=mesh, prefix=["faketime", "-f", "+5s"])
+    try:
+        async def body(session: aiohttp.ClientSession) -> None:
+            await until(lambda: _state_is(session, ui, "skewed", "alive"), 30, "skewed alive")
+
+            async def says_skew() -> bool:
+                skewed.command(op="publish", channel="log", text="tick")
+                return await _state_is(session, ui, "skewed", "clock-skew")
+            await until(says_skew, 30, "clock-skew")
+        run(body)
+    finally:
+        skewed.stop()
