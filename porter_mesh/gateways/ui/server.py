@@ -276,9 +276,7 @@ class Dashboard:
             site = web.TCPSite(runner, host, self.port)
             await site.start()
             if self.port == 0:
-                server = site._server
-                assert isinstance(server, asyncio.base_events.Server)
-                self.port = server.sockets[0].getsockname()[1]
+                self.port = int(runner.addresses[0][1])  # the OS's pick, for every host
         names = {"127.0.0.1", "localhost", "[::1]"} | {
             f"[{h}]" if ":" in h else h for h in self.hosts}
         self._allowed_hosts = frozenset(
