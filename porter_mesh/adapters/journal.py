@@ -63,6 +63,7 @@ import mmap
 import os
 import pathlib
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -185,10 +186,13 @@ class DeliveryJournal:
         path: the journal file (created with its parent directory).
         fsync: ``fsync`` after every append batch.
         compact_bytes: rewrite on open when the file is larger than this.
+        key_window: seconds a keyed record is kept by compaction after it arrived,
+            whatever else happened since, so that its key is still recognised.
 
     Attributes:
         known: records whose de-duplication state the node must restore: every record
-            of each sender's newest incarnation, plus every record not yet taken.
+            of each sender's newest incarnation, every record not yet taken, and every
+            keyed record (they carry the keys to remember).
         pending: the records not yet (wholly) taken, in order, with the position of
             their first activity: ``(position, record)``. The first may be partly taken:
             its activities below :attr:`taken` were handled already.
@@ -197,7 +201,8 @@ class DeliveryJournal:
     """
 
     def __init__(
-        self, path: pathlib.Path, *, fsync: bool = False, compact_bytes: int = 8 * 1024 * 1024
+        self, path: pathlib.Path, *, fsync: bool = False, compact_bytes: int = 8 * 1024 * 1024,
+        key_window: float = 600.0,
     ) -> None:
         self.path = path
         self.fsync = fsync
@@ -218,21 +223,25 @@ class DeliveryJournal:
             latest[record.sender] = record.incarnation
         compact = not data or legacy or torn or len(data) > compact_bytes
         if compact:
-            records, positions, taken = self._compacted(records, positions, taken, latest)
+            keep_keys_after = int((time.time() - key_window) * 1000)
+            records, positions, taken = self._compacted(records, positions, taken, latest,
+                                                        keep_keys_after)
             self._rewrite(records, taken)
         self.taken = taken
         self.end = positions[-1] + records[-1].count if records else taken
         self.pending = [(p, r) for p, r in zip(positions, records, strict=True)
                         if p + r.count > taken]
         self.known = [r for p, r in zip(positions, records, strict=True)
-                      if latest.get(r.sender) == r.incarnation or p + r.count > taken]
+                      if latest.get(r.sender) == r.incarnation or p + r.count > taken
+                      or r.key is not None]
         self._fd = os.open(path, os.O_RDWR | os.O_APPEND)
         self._map = mmap.mmap(self._fd, _HEADER)
         self._slot = 0
 
     @staticmethod
     def _compacted(records: list[JournalRecord], positions: list[int], taken: int,
-                   latest: dict[str, int]) -> tuple[list[JournalRecord], list[int], int]:
+                   latest: dict[str, int], keep_keys_after: int
+                   ) -> tuple[list[JournalRecord], list[int], int]:
         """Keep what is owed whole and what de-duplication needs of the rest."""
         kept: list[JournalRecord] = []
         new_positions: list[int] = []
@@ -240,8 +249,9 @@ class DeliveryJournal:
         new_taken = 0
         for start, record in zip(positions, records, strict=True):
             done = start + record.count <= taken
-            if done and latest[record.sender] != record.incarnation:
-                continue  # nothing needs it: taken, and its sender has restarted since
+            if (done and latest[record.sender] != record.incarnation
+                    and not (record.key is not None and record.wall_ms > keep_keys_after)):
+                continue  # nothing needs it: taken, its sender restarted, no live key
             if done:
                 record = JournalRecord(record.sender, record.incarnation, record.first_seq,
                                        record.count, record.channel, b"", b"", record.key,

@@ -110,6 +110,9 @@ class NodeConfig:
         batch_max: most activities packed into one ZeroMQ message under load.
         data_dir: where durable state lives (the direct-delivery journal); ``None`` keeps
             it in memory only.
+        idempotency_window: seconds a receiver remembers the idempotency key of a direct
+            message (``send(..., key=...)``): a message with a key seen from the same
+            sender within the window is acknowledged and not delivered again.
         slots: task slots advertised (workers).
         tools: tool names advertised.
         secret_key_file: this agent's secret certificate (``NAME.key_secret`` from
@@ -146,6 +149,7 @@ class NodeConfig:
     max_pending: int = 100_000
     batch_max: int = 64
     data_dir: pathlib.Path | None = None
+    idempotency_window: float = 600.0
     slots: int = 0
     tools: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
@@ -188,7 +192,7 @@ class NodeConfig:
             )
         if not 1 <= self.batch_max <= C.MAX_BATCH:
             raise ConfigError(f"batch_max must be 1..{C.MAX_BATCH}")
-        for value_name in ("send_timeout", "retry_initial", "retry_max"):
+        for value_name in ("send_timeout", "retry_initial", "retry_max", "idempotency_window"):
             if getattr(self, value_name) <= 0:
                 raise ConfigError(f"{value_name} must be positive")
         if self.inbox_size < 0:

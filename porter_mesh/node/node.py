@@ -117,6 +117,11 @@ __all__ = ["Message", "Node"]
 log = logging.getLogger("porter_mesh.node")
 
 _DRAIN_LIMIT = 512
+#: The message id of a direct message sent with an idempotency key is this plus the key.
+_KEY_PREFIX = "k:"
+_MAX_KEY_CHARS = 256
+#: Most idempotency keys a node remembers (about 100 bytes each).
+_MAX_KEYS = 100_000
 _TICK = 0.05
 _DIRECT_STREAM = "direct"
 _OBSERVE_PREFIX = C.DIRECT_PREFIX.encode()
@@ -317,6 +322,10 @@ class Node:
         self._replay: list[tuple[int, JournalRecord]] = []
         # The journal position after the last message handed out by receive()/drain().
         self._handed = 0
+        # Idempotency keys seen: (sender, key) -> wall-clock expiry, oldest first.
+        self._keys: dict[tuple[str, str], float] = {}
+        # Keys of queued direct sends: recipient -> {index in its queue: key}.
+        self._pending_keys: dict[str, dict[int, str]] = {}
         self._discovery: Any = None
         self._ticker: asyncio.Task[None] | None = None
         self._started = False
@@ -407,11 +416,14 @@ class Node:
         application that consumes through handlers only (no inbox) gets them as soon as
         its first handler is added. Until then no new direct message is accepted.
         """
-        self._journal = journal = DeliveryJournal(path)
+        window = self.config.idempotency_window
+        self._journal = journal = DeliveryJournal(path, key_window=window)
         self._handed = journal.taken
         for record in journal.known:
             self._dtracker.observe_range(record.sender, _DIRECT_STREAM, record.incarnation,
                                          record.first_seq, record.count)
+            if record.key is not None:
+                self._keys[(record.sender, record.key)] = record.wall_ms / 1000 + window
         self._replay = journal.pending
         if self._replay:
             log.info("node %s: %d direct message(s) received before a restart were not "
@@ -883,18 +895,27 @@ class Node:
         return queue, self._loop.create_future(), deadline
 
     def async_send_nowait(
-        self, recipient: str, activity: Activity, *, timeout: float | None = None
+        self, recipient: str, activity: Activity, *, timeout: float | None = None,
+        key: str | None = None,
     ) -> asyncio.Future[None]:
         """Queue a direct message; the future completes when the recipient acknowledges.
 
         Args:
             recipient: agent name (or ``task:<name>``).
             timeout: seconds until the send fails (default ``send_timeout``).
+            key: an idempotency key (see :meth:`send`).
 
         Raises:
             UnknownPeerError: the recipient is not on the mesh.
+            ConfigError: ``key`` is empty or longer than 256 characters.
         """
         queue, fut, deadline = self._direct_queue(recipient, timeout)
+        if key is not None:
+            if not 0 < len(key) <= _MAX_KEY_CHARS:
+                raise ConfigError(f"an idempotency key must be 1-{_MAX_KEY_CHARS} "
+                                  f"characters, got {len(key)}")
+            name = recipient.removeprefix(C.DIRECT_PREFIX)
+            self._pending_keys.setdefault(name, {})[len(queue)] = key
         queue.append((activity, fut, deadline))
         return fut
 
@@ -921,21 +942,29 @@ class Node:
         return fut
 
     async def send(self, recipient: str, activity: Activity, *,
-                   timeout: float | None = None) -> None:
+                   timeout: float | None = None, key: str | None = None) -> None:
         """Deliver ``activity`` to one agent and wait for its acknowledgement.
+
+        A :class:`DeliveryTimeout` means no acknowledgement came back in time, not that
+        the message was lost: a paused receiver may still handle it when it resumes, and
+        an acknowledgement can be lost on the way back. To retry safely, send with a
+        ``key`` (an idempotency key, like NATS's ``Nats-Msg-Id``) and retry with the same
+        key: the receiver acknowledges a message whose key it has seen from this sender
+        within ``idempotency_window`` seconds (default 10 minutes; across its restarts
+        too, with a data directory) and does not hand it to the application again.
 
         Raises:
             UnknownPeerError: no such agent.
             DeliveryTimeout: not acknowledged before the deadline.
             DeliveryError: too many messages to this agent are in flight.
         """
-        await self.async_send_nowait(recipient, activity, timeout=timeout)
+        await self.async_send_nowait(recipient, activity, timeout=timeout, key=key)
 
     async def send_to_channel(self, channel: str, activity: Activity, *,
-                              timeout: float | None = None) -> None:
+                              timeout: float | None = None, key: str | None = None) -> None:
         """``task:<agent>`` goes direct (acknowledged); any other channel is broadcast."""
         if channel.startswith(C.DIRECT_PREFIX):
-            await self.send(channel, activity, timeout=timeout)
+            await self.send(channel, activity, timeout=timeout, key=key)
         else:
             self.async_publish(channel, activity)
 
@@ -955,10 +984,12 @@ class Node:
             self._flush_acks()
 
     def _envelope(self, channel: str, seq: int, count: int, *, recipient: str | None = None,
-                  kind: str | None = None, ref: str | None = None) -> Envelope:
+                  kind: str | None = None, ref: str | None = None,
+                  msg_id: str | None = None) -> Envelope:
         return Envelope(
-            C.PROTOCOL_VERSION, make_msg_id(self.incarnation, channel, seq), self.name, channel,
-            seq, self.incarnation, self._clock.now(_wall_ms()), recipient, ref, count, kind,
+            C.PROTOCOL_VERSION, msg_id or make_msg_id(self.incarnation, channel, seq),
+            self.name, channel, seq, self.incarnation, self._clock.now(_wall_ms()), recipient,
+            ref, count, kind,
         )
 
     def _batches(self, items: list[_T], activity: Callable[[_T], Activity] | None
@@ -1003,6 +1034,26 @@ class Node:
     def _flush_direct(
         self, recipient: str, items: list[tuple[Activity, Completion, float]]
     ) -> None:
+        keys = self._pending_keys.pop(recipient, None)
+        if not keys:
+            self._flush_direct_run(recipient, items)
+            return
+        # A keyed send travels alone, its key as the message id ("k:" and the key, which
+        # no conventional id starts with), so that the receiver can recognise it.
+        start = 0
+        for index in sorted(keys):
+            if index > start:
+                self._flush_direct_run(recipient, items[start:index])
+            self._flush_direct_run(recipient, items[index:index + 1],
+                                   msg_id=_KEY_PREFIX + keys[index])
+            start = index + 1
+        if start < len(items):
+            self._flush_direct_run(recipient, items[start:])
+
+    def _flush_direct_run(
+        self, recipient: str, items: list[tuple[Activity, Completion, float]],
+        msg_id: str | None = None,
+    ) -> None:
         link = self._links.get(recipient)
         now = time.monotonic()
         blocked = False
@@ -1017,7 +1068,7 @@ class Node:
                     recipient=recipient))
                 continue
             env = self._envelope(C.DIRECT_PREFIX + recipient, first, len(chunk),
-                                 recipient=recipient)
+                                 recipient=recipient, msg_id=msg_id)
             frames = encode_direct(env, payload)
             deadline = min(d for _, _, d in chunk)
             self._outbox.add(recipient, first, len(chunk), frames, deadline=deadline, now=now,
@@ -1325,6 +1376,10 @@ class Node:
                 offset = self._journal.append([
                     JournalRecord(env.sender, env.incarnation, env.seq, env.count,
                                   env.channel, payload, env_bytes)
+                    if not env.msg_id.startswith(_KEY_PREFIX) else
+                    JournalRecord(env.sender, env.incarnation, env.seq, env.count,
+                                  env.channel, payload, env_bytes,
+                                  env.msg_id[len(_KEY_PREFIX):], _wall_ms())
                     for env, env_bytes, payload, _ in accepted
                 ])
             pub = self._pub
@@ -1393,7 +1448,9 @@ class Node:
             return
         result = self._dtracker.observe_range(env.sender, _DIRECT_STREAM, env.incarnation,
                                               env.seq, env.count)
-        if result.is_new:
+        if result.is_new and env.msg_id.startswith(_KEY_PREFIX) and self._key_seen(env):
+            self.counters["duplicate.key"] += env.count
+        elif result.is_new:
             try:
                 activities = decode_payload(payload, env.count)
             except ProtocolError as exc:
@@ -1409,6 +1466,27 @@ class Node:
             self._pending_acks[ident] = [env.seq]
         else:
             acks.append(env.seq)
+
+    def _key_seen(self, env: Envelope) -> bool:
+        """Whether a keyed message repeats one seen within the window (and remember it).
+
+        Keys are kept oldest first: expired ones are dropped from the front, and past
+        ``_MAX_KEYS`` the oldest goes (a documented bound on memory).
+        """
+        keys = self._keys
+        entry = (env.sender, env.msg_id[len(_KEY_PREFIX):])
+        now = time.time()
+        expiry = keys.get(entry)
+        if expiry is not None and expiry > now:
+            return True
+        keys.pop(entry, None)
+        keys[entry] = now + self.config.idempotency_window
+        while keys:
+            oldest = next(iter(keys))
+            if keys[oldest] > now and len(keys) <= _MAX_KEYS:
+                break
+            del keys[oldest]
+        return False
 
     def _authentic(self, env: Envelope, user: str) -> bool:
         assert self._security is not None

@@ -112,14 +112,16 @@ class SyncNode:
         """Broadcast ``activity`` on ``channel``."""
         self._in_loop(lambda: self.node.async_publish(channel, activity))
 
-    def send(self, recipient: str, activity: Activity, *, timeout: float | None = None) -> None:
-        """Deliver to one agent and wait for the acknowledgement.
+    def send(self, recipient: str, activity: Activity, *, timeout: float | None = None,
+             key: str | None = None) -> None:
+        """Deliver to one agent and wait for the acknowledgement (``key``: an idempotency
+        key, see :meth:`Node.send`).
 
         Raises:
             UnknownPeerError, DeliveryTimeout, DeliveryError: as :meth:`Node.send`.
         """
         wait = (timeout if timeout is not None else self.node.config.send_timeout) + 5.0
-        self._call(self.node.send(recipient, activity, timeout=timeout), wait)
+        self._call(self.node.send(recipient, activity, timeout=timeout, key=key), wait)
 
     def send_to_channel(self, channel: str, activity: Activity, *,
                         timeout: float | None = None) -> None:
