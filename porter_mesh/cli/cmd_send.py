@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from porter_mesh.cli.cmd_validate import read_input
+from porter_mesh.cli.cmd_validate import read_input, unwrap_message
 from porter_mesh.cli.common import (
     add_mesh_options,
     channel_name,
@@ -104,8 +104,7 @@ def read_activity(source: str, context: str | None) -> Activity:
     except orjson.JSONDecodeError as exc:
         raise ConfigError(f"{where} is not JSON ({exc}); give one AS2 activity as a JSON "
                           "object ('porter-mesh examples --json' shows some)") from None
-    if isinstance(data, dict) and "activity" in data and "envelope" in data:
-        data = data["activity"]  # a line of 'tail --json' or the message log
+    data = unwrap_message(data)  # a line of 'tail --json' or the message log
     if not isinstance(data, dict):
         raise ConfigError(f"{where} holds a JSON {type(data).__name__}, not one activity "
                           "object")

@@ -132,6 +132,21 @@ def checked_numbers(parser: argparse.ArgumentParser) -> None:
                 checked_numbers(child)
 
 
+#: The checks of the options every joining command shares, by destination.
+_OPTION_TYPES: dict[str, Callable[[str], Any]] = {
+    "name": agent_name, "mesh": mesh_name, "peers": seed, "interfaces": interface,
+}
+
+
+def checked_options(parser: argparse.ArgumentParser) -> None:
+    """Give ``--name``, ``--mesh``, ``--peer`` and ``--interface`` of a parser built
+    elsewhere (an agent's) the same checks as :func:`add_mesh_options`."""
+    for action in parser._actions:
+        check = _OPTION_TYPES.get(action.dest)
+        if check is not None and action.option_strings and action.type is None:
+            action.type = check
+
+
 def add_mesh_options(parser: argparse.ArgumentParser) -> None:
     """``--mesh``, ``--interface`` (repeatable) and ``--peer`` (repeatable)."""
     parser.add_argument("--mesh", type=mesh_name,
