@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK
 """Entry point of the ``porter-mesh`` command.
 
 Sub-commands live in sibling modules named ``cmd_<name>.py``; each exposes
@@ -45,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit status."""
     parser = build_parser()
+    if argv is None:
+        import argcomplete
+
+        argcomplete.autocomplete(parser)  # answers the shell and exits when it asks
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     env_level = os.environ.get("PORTER_MESH_LOG", "").upper()

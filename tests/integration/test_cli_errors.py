@@ -144,3 +144,33 @@ def test_help_lists_the_exit_codes() -> None:
     assert "exit status:" in out.stdout
     for code, _ in common.EXIT_CODES:
         assert f"  {code} " in out.stdout
+
+
+def test_bash_completion_completes_sub_commands_and_options(tmp_path: pathlib.Path) -> None:
+    import os
+    import shutil
+    import sys
+
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "porter-mesh").write_text(
+        f"#!/bin/sh\nexec {sys.executable} -m porter_mesh.cli.main \"$@\"\n")
+    (bindir / "porter-mesh").chmod(0o755)
+    script = (
+        'eval "$(porter-mesh completion bash)"\n'
+        'fn=$(complete -p porter-mesh | sed "s/.*-F \\([^ ]*\\).*/\\1/")\n'
+        'complete_line() { COMP_LINE="$1"; COMP_POINT=${#COMP_LINE}; read -ra COMP_WORDS <<< "$1 ";'
+        ' [[ "$1" == *" " ]] && COMP_WORDS+=(""); COMP_CWORD=$((${#COMP_WORDS[@]}-1));'
+        ' COMPREPLY=(); $fn porter-mesh "${COMP_WORDS[-1]}" "${COMP_WORDS[-2]}";'
+        ' echo "${COMPREPLY[@]}"; }\n'
+        'complete_line "porter-mesh req"\n'
+        'complete_line "porter-mesh send log hi --ti"\n'
+    )
+    out = subprocess.run([bash, "-c", script], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}"))
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["request"], out
+    assert "--timeout" in lines[1].split(), out
