@@ -1,19 +1,26 @@
 # Two entry points: `make demo` (the main job) and `make test`.
-# Each creates or reuses .venv and installs what it needs.
+# Each creates or reuses .venv and installs what it needs: the demo only the runtime
+# dependencies, the tests also the test, lint and benchmark tools.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+RUNTIME := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-slow lint bench clean
 
-$(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
+$(RUNTIME): pyproject.toml
+	@test -x $(PY) || { echo "== creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "== installing porter-mesh and its runtime dependencies into $(VENV)"
+	$(PY) -m pip install --disable-pip-version-check --progress-bar on -e .
+	@touch $(RUNTIME)
+
+$(STAMP): $(RUNTIME)
+	@echo "== installing the test, lint and benchmark tools into $(VENV)"
+	$(PY) -m pip install --disable-pip-version-check --progress-bar on -e '.[dev,bench]'
 	@touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUNTIME)
 	$(PY) -m porter_mesh.cli.main demo
 
 test: $(STAMP)

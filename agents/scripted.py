@@ -244,6 +244,21 @@ print("6 tests passed, 0 failures")
 DESIGN_DECISION = "GET /users returns paginated JSON with {data, page, limit, total} envelope"
 
 
+#: Activity types that ask a worker for something; one it cannot act on is rejected.
+_REQUESTS = frozenset({"Offer", "Invoke", "Question", "Create", "Update"})
+
+
+def _cannot_act(act: Activity, context: str | None) -> str | None:
+    """Why a worker cannot act on a request sent to it, or None when it can."""
+    if act.type == "Offer" and context is None:
+        return ("Cannot take an Offer without a task context: send it with context "
+                "urn:porter:task:<id>")
+    if act.type != "Offer":
+        return (f"I take tasks as an Offer with a context; I cannot act on a {act.type} "
+                f"(send it as an Offer, or ask on 'log')")
+    return None
+
+
 @dataclass
 class WorkerBrain:
     """Takes offered tasks (up to ``slots``), does them, asks for review, fixes, announces.
@@ -269,9 +284,17 @@ class WorkerBrain:
     def _handle(self, ctx: AgentContext, item: InboxItem, slots: int) -> None:
         act = item.activity
         ctx_id = act.context
+        mine = item.channel == C.DIRECT_PREFIX + ctx.name or act.target == ctx.name
+        if (item.channel == C.DIRECT_PREFIX + ctx.name and act.type in _REQUESTS
+                and ctx_id not in self.held):
+            problem = _cannot_act(act, ctx_id)
+            if problem is not None:
+                # Said, not dropped: the sender learns why at once.
+                _call(ctx, "send_message", channel=C.DIRECT_PREFIX + item.sender,
+                      message=problem, type="Reject", context=ctx_id)
+                return
         if ctx_id is None:
             return
-        mine = item.channel == C.DIRECT_PREFIX + ctx.name or act.target == ctx.name
         if act.type == "Offer" and mine and item.channel != C.CHANNEL_REVIEW:
             if len(self.held) >= slots or ctx.toolbox.draining:
                 _call(ctx, "send_message", channel=C.DIRECT_PREFIX + item.sender,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from porter_mesh.cli.common import checked_options
+
 
 def register(sub: Any) -> None:
     from agents.runtime import add_arguments
@@ -13,6 +15,7 @@ def register(sub: Any) -> None:
                             description="Run an architect, worker or reviewer on the mesh, "
                             "with the scripted brain (default) or an LLM endpoint.")
     add_arguments(parser)
+    checked_options(parser)
     parser.set_defaults(func=main)
 
 

@@ -6,7 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-from porter_mesh.cli.common import add_mesh_options, node_config, run
+import orjson
+
+from porter_mesh.cli.common import add_mesh_options, agent_name, run, seat_config, seconds
 from porter_mesh.core import constants as C
 from porter_mesh.node.node import K_DRAIN, K_HALT, Node
 
@@ -14,8 +16,11 @@ from porter_mesh.node.node import K_DRAIN, K_HALT, Node
 def register(sub: Any) -> None:
     parser = sub.add_parser("control", help="send drain or halt to agents")
     parser.add_argument("kind", choices=[K_DRAIN, K_HALT])
-    parser.add_argument("--to", help="one agent (default: every agent on the mesh)")
-    parser.add_argument("--wait", type=float, default=5.0, metavar="SECONDS")
+    parser.add_argument("--to", type=agent_name,
+                        help="one agent (default: every agent on the mesh)")
+    parser.add_argument("--wait", type=seconds, default=5.0, metavar="SECONDS",
+                        help="how long to look for the agents (default %(default)s)")
+    parser.add_argument("--json", action="store_true", help="report as one JSON object")
     add_mesh_options(parser)
     parser.set_defaults(func=main)
 
@@ -23,8 +28,7 @@ def register(sub: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     # As the human (porter-ui), like 'send': on a secured mesh that name is bound to the
     # operator's key, so the agents accept the request.
-    config = node_config(args, name=C.HUMAN_AGENT, role="human", advertise=False,
-                         channels=())
+    config = seat_config(args)
 
     async def body() -> int:
         async with Node(config) as node:
@@ -38,7 +42,12 @@ def main(args: argparse.Namespace) -> int:
                 print(f"porter-mesh: {exc}", file=sys.stderr)
                 return 1
             node.async_control(args.kind, target=args.to)
-            print(f"{args.kind} sent to {args.to or 'every agent'}", file=sys.stderr)
+            reached = sorted(node.subscribers(C.CHANNEL_CONTROL))
+            if args.json:
+                print(orjson.dumps({"kind": args.kind, "to": args.to,
+                                    "reached": reached}).decode())
+            else:
+                print(f"{args.kind} sent to {args.to or 'every agent'}", file=sys.stderr)
         return 0
 
     return run(body)

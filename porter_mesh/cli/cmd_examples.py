@@ -30,7 +30,8 @@ def register(sub: Any) -> None:
         "names",
         nargs="*",
         metavar="NAME",
-        help="only the examples whose name contains NAME (case-insensitive)",
+        help="only the examples whose name contains NAME, or whose activity type is NAME "
+        "(case-insensitive)",
     )
     parser.add_argument(
         "--json",
@@ -63,7 +64,8 @@ def main(args: argparse.Namespace) -> int:
         examples = {
             name: data
             for name, data in examples.items()
-            if any(w in name.casefold() for w in wanted)
+            if any(w in name.casefold() or w == str(data.get("type", "")).casefold()
+                   for w in wanted)
         }
         if not examples:
             names = "; ".join(profile_examples())

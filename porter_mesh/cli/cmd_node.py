@@ -8,7 +8,7 @@ import pathlib
 import sys
 from typing import Any
 
-from porter_mesh.cli.common import add_mesh_options, node_config, run
+from porter_mesh.cli.common import add_mesh_options, node_config, peer_event_line, run
 from porter_mesh.core.peers import PeerEvent
 from porter_mesh.node.node import Node
 
@@ -40,16 +40,18 @@ def main(args: argparse.Namespace) -> int:
     )
 
     async def body() -> int:
-        async with Node(config) as node:
+        node = Node(config)
+
+        def on_peer(event: PeerEvent) -> None:
+            line = peer_event_line(event, verbose=args.verbose > 0)
+            if line is not None:
+                print(line, file=sys.stderr, flush=True)
+
+        # Before starting: peers found while the node starts are news too.
+        node.add_peer_listener(on_peer)
+        async with node:
             print(f"node {node.name} up: pub {node.pub_port} router {node.router_port} "
                   f"incarnation {node.incarnation:x}", file=sys.stderr, flush=True)
-
-            def on_peer(event: PeerEvent) -> None:
-                reason = f" ({event.reason})" if event.reason else ""
-                print(f"peer {event.peer.name} {event.kind.value}{reason}",
-                      file=sys.stderr, flush=True)
-
-            node.add_peer_listener(on_peer)
             if args.print_messages:
                 from porter_mesh.cli.cmd_tail import message_json
 

@@ -1,4 +1,7 @@
-"""``porter-mesh send``: send one activity as the human user (``porter-ui``)."""
+"""``porter-mesh send``: send activities as the human user (``porter-ui``).
+
+See :mod:`porter_mesh.cli.seat` for how the recipients are waited for.
+"""
 
 from __future__ import annotations
 
@@ -6,30 +9,64 @@ import argparse
 import sys
 from typing import Any
 
-from porter_mesh.cli.common import add_mesh_options, node_config, run
+import orjson
+
+from porter_mesh.cli.cmd_validate import read_input, unwrap_message
+from porter_mesh.cli.common import (
+    add_mesh_options,
+    channel_name,
+    count,
+    run,
+    seat_config,
+    seconds,
+    task_context,
+)
+from porter_mesh.cli.seat import deliver
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
-from porter_mesh.errors import DeliveryError, PorterError
+from porter_mesh.core.taskid import new_task_id
+from porter_mesh.errors import ActivityError, ConfigError
 from porter_mesh.node.node import Node
 
 #: The activity type a channel gets when ``--type`` is not given (the profile's mapping).
 DEFAULT_TYPES = {C.CHANNEL_TASK: "Offer", C.CHANNEL_LOG: "Announce", C.CHANNEL_REVIEW: "Offer"}
 
 
-def register(sub: Any) -> None:
-    parser = sub.add_parser("send", help="send a message as the human user (porter-ui)",
-                            description="Send TEXT on CHANNEL as porter-ui. 'task:<agent>' is "
-                            "delivered directly and acknowledged; other channels are broadcast.")
-    parser.add_argument("channel", metavar="CHANNEL")
-    parser.add_argument("text", metavar="TEXT")
+def add_message_arguments(parser: argparse.ArgumentParser) -> None:
+    """CHANNEL, TEXT, ``--type``, ``--context``, ``--wait``, ``--timeout`` (send and request)."""
+    parser.add_argument("channel", metavar="CHANNEL", type=channel_name,
+                        help="log, task, review, or task:<agent> for one agent")
+    parser.add_argument("text", metavar="TEXT", nargs="?",
+                        help="the message; its first line is the summary")
     parser.add_argument("--type", dest="type", help="AS2 activity type (default by channel: "
                         "Offer for task and task:<agent>, Announce for log)")
-    parser.add_argument("--context", help="task id, e.g. urn:porter:task:a3f9")
-    parser.add_argument("--wait", type=float, default=5.0, metavar="SECONDS",
-                        help="how long to look for the recipient (default %(default)s)")
-    parser.add_argument("--timeout", type=float, default=10.0,
-                        help="seconds to wait for the acknowledgement (default %(default)s)")
+    parser.add_argument("--context", type=task_context, metavar="ID",
+                        help="task id, e.g. urn:porter:task:a3f9 (an Offer without one "
+                        "gets a new one, printed)")
+    parser.add_argument("--wait", type=seconds, default=5.0, metavar="SECONDS",
+                        help="how long to look for the recipients (default %(default)s)")
     add_mesh_options(parser)
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "send", help="send a message as the human user (porter-ui)",
+        description="Send TEXT on CHANNEL as porter-ui. 'task:<agent>' is delivered "
+        "directly and acknowledged; other channels are broadcast once every node found "
+        "(agents and watchers such as 'tail') has subscribed. Exits 1 naming whoever "
+        "could not be reached.")
+    add_message_arguments(parser)
+    parser.add_argument("--json", dest="json_in", metavar="FILE|-",
+                        help="send the whole AS2 activity in FILE (- reads standard input) "
+                        "instead of TEXT; its actor must be porter-ui or absent")
+    parser.add_argument("--count", type=count, default=1, metavar="N",
+                        help="send it N times (default %(default)s)")
+    parser.add_argument("--timeout", type=seconds, default=10.0, metavar="SECONDS",
+                        help="seconds to wait for a direct message's acknowledgement "
+                        "(default %(default)s)")
+    parser.add_argument("--output", choices=("text", "json"), default="text",
+                        help="report format: a line on stderr, or one JSON object per "
+                        "message on stdout")
     parser.set_defaults(func=main)
 
 
@@ -49,55 +86,84 @@ def build_activity(channel: str, text: str, kind: str | None, context: str | Non
     return Activity.from_dict(data)
 
 
-def main(args: argparse.Namespace) -> int:
-    channel: str = args.channel
-    if channel == C.CHANNEL_CONTROL:
-        print("porter-mesh: control carries the mesh's own messages; use 'porter-mesh control "
-              "drain|halt --to AGENT'", file=sys.stderr)
-        return 2
+def read_activity(source: str, context: str | None) -> Activity:
+    """The activity in ``source`` (a path, or ``-`` for standard input), sent as porter-ui.
+
+    Raises:
+        ConfigError: it cannot be read, is not one valid activity, or speaks for another
+            actor.
+    """
+    where = "standard input" if source == "-" else source
     try:
-        activity = build_activity(channel, args.text, args.type, args.context)
-    except PorterError as exc:
-        print(f"porter-mesh: {exc}", file=sys.stderr)
-        return 2
-    config = node_config(args, name=C.HUMAN_AGENT, role="human", advertise=False,
-                         channels=())
+        raw = read_input(source)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {where}: {exc.strerror or exc}; give a file with "
+                          "one AS2 activity, or - and pipe it in") from None
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError(f"{where} is not JSON ({exc}); give one AS2 activity as a JSON "
+                          "object ('porter-mesh examples --json' shows some)") from None
+    data = unwrap_message(data)  # a line of 'tail --json' or the message log
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} holds a JSON {type(data).__name__}, not one activity "
+                          "object")
+    actor = data.setdefault("actor", C.HUMAN_AGENT)
+    if actor != C.HUMAN_AGENT:
+        raise ConfigError(f"the activity's actor is {actor!r}; send speaks as "
+                          f"{C.HUMAN_AGENT}, so leave actor out or set it to {C.HUMAN_AGENT}")
+    if context and "context" not in data:
+        data["context"] = context
+    try:
+        return Activity.from_dict(data)
+    except ActivityError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def prepare(args: argparse.Namespace) -> Activity:
+    """The activity ``send``/``request`` sends; an Offer without a context gets one.
+
+    Raises:
+        ConfigError: TEXT and ``--json`` are both given or both missing, or the activity
+            is invalid.
+    """
+    source = getattr(args, "json_in", None)
+    if (args.text is None) == (source is None):
+        raise ConfigError("give TEXT or --json FILE|- (one of them)")
+    if source is not None:
+        activity = read_activity(source, args.context)
+    else:
+        try:
+            activity = build_activity(args.channel, args.text, args.type, args.context)
+        except ActivityError as exc:
+            raise ConfigError(str(exc)) from None
+    if activity.type == "Offer" and activity.context is None:
+        data = activity.to_dict()
+        data["context"] = new_task_id()
+        activity = Activity.from_dict(data)
+        print(f"context {activity.context}", file=sys.stderr, flush=True)
+    return activity
+
+
+def main(args: argparse.Namespace) -> int:
+    activity = prepare(args)
+    config = seat_config(args)
 
     async def body() -> int:
+        status = 0
         async with Node(config) as node:
-            if channel.startswith(C.DIRECT_PREFIX):
-                recipient = channel[len(C.DIRECT_PREFIX):]
-                try:
-                    await node.wait_for_peers([recipient], args.wait)
-                except TimeoutError:
-                    known = ", ".join(p.name for p in node.peers()) or "none"
-                    print(f"porter-mesh: no agent {recipient!r} found on mesh {args.mesh!r} "
-                          f"within {args.wait}s (seen: {known}); check the name and mesh",
-                          file=sys.stderr)
-                    return 1
-                try:
-                    await node.send(recipient, activity, timeout=args.timeout)
-                except DeliveryError as exc:
-                    print(f"porter-mesh: {exc}", file=sys.stderr)
-                    return 1
-                print(f"delivered to {recipient}", file=sys.stderr)
-                return 0
-            # Broadcast: wait until the peers we found are subscribed to us, so the
-            # message is not published into the void.
-            try:
-                await node.wait_for_peers(1, args.wait)
-            except TimeoutError:
-                print(f"porter-mesh: nobody on mesh {args.mesh!r} within {args.wait}s; "
-                      "nothing sent", file=sys.stderr)
-                return 1
-            want = len(node.peers())
-            try:
-                await node.wait_for_subscribers(C.CHANNEL_CONTROL, want, args.wait)
-            except TimeoutError as exc:
-                print(f"porter-mesh: warning: {exc}", file=sys.stderr)
-            await node.publish(channel, activity)
-            print(f"published on {channel} to {node.subscriber_count(channel)} subscriber(s)",
-                  file=sys.stderr)
-            return 0
+            for _ in range(args.count):
+                outcome = await deliver(node, args.channel, activity, wait=args.wait,
+                                        timeout=args.timeout)
+                if args.output == "json":
+                    print(orjson.dumps(outcome.as_dict(activity)).decode(), flush=True)
+                else:
+                    prefix = "" if outcome.ok else "porter-mesh send: "
+                    print(prefix + outcome.line(), file=sys.stderr, flush=True)
+                if not outcome.ok:
+                    status = 1
+                    if outcome.problem is not None:
+                        break
+        return status
 
     return run(body)

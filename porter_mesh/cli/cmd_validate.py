@@ -28,6 +28,8 @@ The input (FILE, or standard input for - or no argument) is read in one of these
   - one JSON document: an activity object, an array of activities, or an object that
     maps names to activities (the form 'porter-mesh examples --json' prints);
   - otherwise JSON Lines: one activity per line; empty lines are skipped.
+A line of the message log or of 'porter-mesh tail --json' (a message with "envelope"
+and "activity") is checked by its activity.
 
 Each valid activity is printed on standard output as compact, normalised JSON, one per
 line. Each invalid one gets one line on standard error, e.g.
@@ -126,9 +128,18 @@ def _is_named_map(document: dict[str, Any]) -> bool:
     )
 
 
+def unwrap_message(value: Any) -> Any:
+    """The activity inside a message line (``tail --json``, the message log), else
+    ``value`` itself."""
+    if (isinstance(value, dict) and "type" not in value and "envelope" in value
+            and "activity" in value):
+        return value["activity"]
+    return value
+
+
 def _check_value(value: Any) -> Activity | ActivityError:
     try:
-        return Activity.from_dict(value)
+        return Activity.from_dict(unwrap_message(value))
     except ActivityError as exc:
         return exc
 
@@ -138,6 +149,12 @@ def _check_lines(raw: bytes) -> Iterator[tuple[str, Activity | ActivityError]]:
         line = line.strip()
         if not line:
             continue
+        if b'"envelope"' in line:
+            try:
+                yield f"line {number}", _check_value(orjson.loads(line))
+                continue
+            except orjson.JSONDecodeError:
+                pass  # reported as the bad JSON it is, below
         try:
             yield f"line {number}", Activity.from_json(line)
         except ActivityError as exc:

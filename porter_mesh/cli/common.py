@@ -1,31 +1,163 @@
-"""Options and helpers shared by the sub-commands that join a mesh."""
+"""Options and helpers shared by the sub-commands.
+
+Every mistake a user can make on the command line ends in one line on standard error
+that names the problem and the fix, and exit status 2; never a traceback. The checks
+that need no mesh run while the arguments are parsed (:class:`CliParser` and the
+``type=`` functions here), so a command that would join a mesh refuses bad values before
+it joins. What only the mesh can tell (nobody answered, the recipient is unknown) is exit
+status 1. :data:`EXIT_CODES` is the table ``porter-mesh --help`` prints.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import pathlib
 import signal
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, NoReturn, TypeVar
 
 from porter_mesh.core import constants as C
-from porter_mesh.errors import PorterError
-from porter_mesh.node.config import NodeConfig
+from porter_mesh.core.advert import check_agent_name, check_mesh_name
+from porter_mesh.core.peers import PeerEvent
+from porter_mesh.errors import ConfigError, PorterError, SecurityError
+from porter_mesh.node.config import NodeConfig, split_seed
 
 T = TypeVar("T")
+
+#: Exit statuses of every ``porter-mesh`` command.
+EXIT_CODES = (
+    (0, "done: sent and acknowledged, found, valid"),
+    (1, "the mesh said no or did not answer: a timeout, a recipient not found or not "
+        "reached, a Reject, an invalid activity"),
+    (2, "a mistake on the command line or in a file: fix the value the message names"),
+    (130, "interrupted (Ctrl-C)"),
+)
+
+
+def exit_code_table() -> str:
+    """:data:`EXIT_CODES` as the text block of ``porter-mesh --help``."""
+    lines = ["exit status:"]
+    lines += [f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES]
+    return "\n".join(lines)
+
+
+class CliParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: the problem, then where help is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}; see '{self.prog} --help'\n")
+
+
+def _value_error(message: str) -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(message)
+
+
+def seconds(text: str) -> float:
+    """An ``argparse`` type: a finite, non-negative number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise _value_error(f"{text!r} is not a number of seconds (e.g. 2 or 0.5)") from None
+    if not math.isfinite(value) or value < 0:
+        raise _value_error(f"{text!r} is not a number of seconds >= 0 (e.g. 2 or 0.5)")
+    return value
+
+
+def count(text: str) -> int:
+    """An ``argparse`` type: a whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise _value_error(f"{text!r} is not a whole number (e.g. 3)") from None
+    if value < 0:
+        raise _value_error(f"{text!r} is negative; give a whole number >= 0")
+    return value
+
+
+def agent_name(text: str) -> str:
+    """An ``argparse`` type: a valid agent name."""
+    try:
+        return check_agent_name(text)
+    except ConfigError as exc:
+        raise _value_error(str(exc)) from None
+
+
+def mesh_name(text: str) -> str:
+    """An ``argparse`` type: a valid mesh name."""
+    try:
+        return check_mesh_name(text)
+    except ConfigError as exc:
+        raise _value_error(str(exc)) from None
+
+
+def seed(text: str) -> str:
+    """An ``argparse`` type: a seed peer ``[NAME@]HOST:PORT`` (a ROUTER port, 1-65535)."""
+    try:
+        split_seed(text)
+    except ConfigError as exc:
+        raise _value_error(str(exc)) from None
+    return text
+
+
+def interface(text: str) -> str:
+    """An ``argparse`` type: an IP address to bind."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        raise _value_error(f"interface {text!r} is not an IP address; give the address to "
+                           "bind, e.g. 127.0.0.1 or 192.168.1.20") from None
+    return text
+
+
+def checked_numbers(parser: argparse.ArgumentParser) -> None:
+    """Make every plain ``float``/``int`` option of ``parser`` and its sub-commands
+    refuse what no option of this CLI means: NaN, infinity and negative numbers.
+
+    Every float option here is a duration and every int a count, port or limit; the
+    sub-commands stay free to declare ``type=float`` and still get the check.
+    """
+    for action in parser._actions:
+        if action.type is float:
+            action.type = seconds
+        elif action.type is int:
+            action.type = count
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                checked_numbers(child)
+
+
+#: The checks of the options every joining command shares, by destination.
+_OPTION_TYPES: dict[str, Callable[[str], Any]] = {
+    "name": agent_name, "mesh": mesh_name, "peers": seed, "interfaces": interface,
+}
+
+
+def checked_options(parser: argparse.ArgumentParser) -> None:
+    """Give ``--name``, ``--mesh``, ``--peer`` and ``--interface`` of a parser built
+    elsewhere (an agent's) the same checks as :func:`add_mesh_options`."""
+    for action in parser._actions:
+        check = _OPTION_TYPES.get(action.dest)
+        if check is not None and action.option_strings and action.type is None:
+            action.type = check
 
 
 def add_mesh_options(parser: argparse.ArgumentParser) -> None:
     """``--mesh``, ``--interface`` (repeatable) and ``--peer`` (repeatable)."""
-    parser.add_argument("--mesh", default=os.environ.get("PORTER_MESH", C.DEFAULT_MESH),
+    parser.add_argument("--mesh", type=mesh_name,
+                        default=os.environ.get("PORTER_MESH", C.DEFAULT_MESH),
                         help="mesh name (default: $PORTER_MESH or %(default)s)")
     parser.add_argument("--interface", action="append", dest="interfaces", metavar="IP",
+                        type=interface,
                         help="address to bind and announce on (repeatable; default 127.0.0.1)")
     parser.add_argument("--peer", action="append", dest="peers", metavar="HOST:PORT",
-                        default=[], help="static seed peer (its ROUTER port), for networks "
+                        type=seed, default=[],
+                        help="static seed peer (its ROUTER port), for networks "
                         "without multicast (repeatable)")
     parser.add_argument("--no-discovery", action="store_true",
                         help="do not use zeroconf; rely on --peer seeds")
@@ -47,13 +179,38 @@ def node_config(args: argparse.Namespace, **settings: Any) -> NodeConfig:
     )
 
 
+def seat_config(args: argparse.Namespace, **settings: Any) -> NodeConfig:
+    """The short-lived seat of the human user (``porter-ui``) for one command.
+
+    It is not announced in mDNS (it introduces itself by hello to the peers it finds),
+    and the nodes log its arrival and departure only at debug level (role
+    :data:`~porter_mesh.core.constants.ROLE_SEAT`).
+    """
+    settings.setdefault("channels", ())
+    return node_config(args, name=C.HUMAN_AGENT, role=C.ROLE_SEAT, advertise=False,
+                       **settings)
+
+
 def ephemeral_name(prefix: str) -> str:
     """A name for a short-lived observer process."""
     return f"{prefix}-{os.getpid()}"
 
 
+def names(items: Iterable[str]) -> str:
+    """``a, b and c`` for messages (``none`` when empty)."""
+    items = sorted(items)
+    if not items:
+        return "none"
+    if len(items) == 1:
+        return items[0]
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def run(main: Callable[[], Awaitable[int]]) -> int:
-    """Run ``main`` until it returns or SIGINT/SIGTERM arrives; report errors plainly."""
+    """Run ``main`` until it returns or SIGINT/SIGTERM arrives.
+
+    Errors are left to :func:`report_error` (the entry point calls it).
+    """
 
     async def runner() -> int:
         loop = asyncio.get_running_loop()
@@ -65,14 +222,69 @@ def run(main: Callable[[], Awaitable[int]]) -> int:
         except asyncio.CancelledError:
             return 0
 
-    try:
-        return asyncio.run(runner())
-    except PorterError as exc:
-        print(f"porter-mesh: {exc}", file=sys.stderr)
+    return asyncio.run(runner())
+
+
+def report_error(command: str | None, exc: BaseException) -> int:
+    """Print ``exc`` as the one line a user sees; returns the exit status.
+
+    Settings the user gave (:class:`ConfigError`, keys and protected mode
+    (:class:`SecurityError`), paths the system refuses (:class:`OSError`)) are 2; what
+    the mesh did is 1. Anything else is a bug: one line too, and ``-vv`` shows more.
+    """
+    prog = f"porter-mesh {command}" if command else "porter-mesh"
+    if isinstance(exc, ConfigError | SecurityError):
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(exc, PorterError):
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 1
+    if isinstance(exc, OSError):
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"{prog}: cannot use{where}: {exc.strerror or exc}; check the path and its "
+              "permissions", file=sys.stderr)
+        return 2
+    print(f"{prog}: internal error: {type(exc).__name__}: {exc} (please report it; "
+          "-vv shows where it happened)", file=sys.stderr)
+    return 1
 
 
 def default_data_root() -> pathlib.Path:
     """Where nodes keep their data unless told otherwise."""
     base = os.environ.get("PORTER_MESH_DATA")
     return pathlib.Path(base) if base else pathlib.Path.home() / ".local/share/porter-mesh"
+
+
+def task_context(text: str) -> str:
+    """An ``argparse`` type: a task id, ``urn:porter:task:<id>`` or just ``<id>``."""
+    from porter_mesh.core.taskid import is_task_id
+
+    value = text if text.startswith(C.TASK_URN_PREFIX) else C.TASK_URN_PREFIX + text
+    if not is_task_id(value):
+        raise _value_error(f"{text!r} is not a task id; give urn:porter:task:<id> or <id>, "
+                           "with <id> made of letters, digits, '-' or '_'")
+    return value
+
+
+def channel_name(text: str) -> str:
+    """An ``argparse`` type: a channel to send on (``log``, ``task``, ``task:<agent>``...)."""
+    if text.startswith(C.DIRECT_PREFIX):
+        try:
+            check_agent_name(text[len(C.DIRECT_PREFIX):])
+        except ConfigError as exc:
+            raise _value_error(f"{text!r}: {exc}") from None
+    elif not text or text == C.CHANNEL_CONTROL or any(c.isspace() for c in text):
+        raise _value_error(
+            f"{text!r} is not a channel to send on; use log, task, review or task:<agent>"
+            + (" ('control' carries the mesh's own messages: use 'porter-mesh control')"
+               if text == C.CHANNEL_CONTROL else ""))
+    return text
+
+
+def peer_event_line(event: PeerEvent, *, verbose: bool = False) -> str | None:
+    """A roster change as a line for people, or None when it is not news: a command
+    line's seat coming and going (shown with ``-v``)."""
+    if event.peer.advert.role == C.ROLE_SEAT and not verbose:
+        return None
+    reason = f" ({event.reason})" if event.reason else ""
+    return f"peer {event.peer.name} {event.kind.value}{reason}"

@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK
 """Entry point of the ``porter-mesh`` command.
 
 Sub-commands live in sibling modules named ``cmd_<name>.py``; each exposes
@@ -18,13 +19,16 @@ from collections.abc import Sequence
 
 import porter_mesh.cli as _cli_pkg
 from porter_mesh import __version__
+from porter_mesh.cli.common import CliParser, checked_numbers, exit_code_table, report_error
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the top-level parser with every discovered sub-command."""
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="porter-mesh",
         description="A broker-less agent mesh on ZeroMQ.",
+        epilog=exit_code_table(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"porter-mesh {__version__}")
     parser.add_argument(
@@ -35,12 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
         if info.name.startswith("cmd_"):
             module = importlib.import_module(f"{_cli_pkg.__name__}.{info.name}")
             module.register(sub)
+    checked_numbers(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit status."""
     parser = build_parser()
+    if argv is None:
+        import argcomplete
+
+        argcomplete.autocomplete(parser)  # answers the shell and exits when it asks
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     env_level = os.environ.get("PORTER_MESH_LOG", "").upper()
@@ -55,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         status: int = func(args)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if args.verbose >= 2:
+            raise
+        return report_error(args.command, exc)
     return status
 
 

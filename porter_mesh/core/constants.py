@@ -25,6 +25,12 @@ STANDARD_CHANNELS: Final = (CHANNEL_LOG, CHANNEL_TASK, CHANNEL_REVIEW, CHANNEL_C
 
 #: Name the human at the dashboard or CLI sends as.
 HUMAN_AGENT: Final = "porter-ui"
+#: Role of a command line's short-lived seat (``send``, ``request``...): nodes log its
+#: arrival and departure at debug level only, since every command comes and goes.
+ROLE_SEAT: Final = "cli"
+#: Role of a watcher (``tail``, the dashboard): it announces itself so that senders know
+#: it and can wait until it subscribes before they broadcast.
+ROLE_WATCHER: Final = "watcher"
 
 #: Knowledge vocabulary.
 PORTER_VOCAB: Final = "https://porter.chapeaux.io/vocab#"

@@ -204,6 +204,14 @@ class Outbox(Generic[T]):
         self.resent += len(entries)
         return entries
 
+    def fail_for(self, recipient: str) -> list[Pending[T]]:
+        """Remove and return every entry to ``recipient`` (it left for good)."""
+        entries = [e for e in self._pending.values() if e.recipient == recipient]
+        for entry in entries:
+            self._remove((recipient, entry.first_seq))
+        self.failed += len(entries)
+        return entries
+
     def fail_all(self) -> list[Pending[T]]:
         """Remove and return every entry (the node is closing)."""
         entries = list(self._pending.values())

@@ -125,6 +125,15 @@ _MAX_KEYS = 100_000
 _TICK = 0.05
 _DIRECT_STREAM = "direct"
 _OBSERVE_PREFIX = C.DIRECT_PREFIX.encode()
+#: First byte of a subscription that names its subscriber, ``\xff<name>\x00<channel>``
+#: (see :meth:`Node.subscribers`). 0xff never occurs in UTF-8, so no published topic
+#: starts with it; and it sorts after every real topic, so a SUB that connects sends it
+#: after the subscription it stands for (libzmq replays subscriptions in byte order).
+_MARK = b"\xff"
+
+
+def _marker(name: str, channel: str) -> bytes:
+    return _MARK + name.encode() + b"\x00" + channel.encode()
 #: The ZeroMQ message property that carries the ZAP User-Id (our bound agent name).
 
 # Kinds of the mesh's own (non-AS2) messages.
@@ -302,6 +311,7 @@ class Node:
         self._kind_handlers: dict[str, KindHandler] = {}
         self._channels: set[str] = set()
         self._subscribers: collections.Counter[bytes] = collections.Counter()
+        self._subscribed: collections.Counter[tuple[str, str]] = collections.Counter()
         self._direct_watched = False
         self._pending_bcast: dict[str, list[Activity]] = {}
         self._pending_direct: dict[str, list[tuple[Activity, Completion, float]]] = {}
@@ -672,6 +682,13 @@ class Node:
                 self._connect(peer.advert)
             elif event.kind is PeerEventKind.LEFT:
                 self._disconnect(peer.name)
+                if peer.advert.role == C.ROLE_SEAT and event.reason == "goodbye":
+                    # A command line's seat that said goodbye is not coming back for its
+                    # replies: fail them now rather than at their deadline.
+                    for entry in self._outbox.fail_for(peer.name):
+                        self._fail(entry.token, DeliveryError(
+                            f"{peer.name} left the mesh before it received this (a command "
+                            "line's seat that has finished)", recipient=peer.name))
                 if event.reason == "restarted":
                     self._btracker.forget(peer.name)
                     self._dtracker.forget(peer.name)
@@ -684,8 +701,10 @@ class Node:
                     self._disconnect(peer.name)
                     self._connect(peer.advert)
             self.counters["peer." + event.kind.value] += 1
-            log.info("peer %s %s%s", peer.name, event.kind.value,
-                     f" ({event.reason})" if event.reason else "")
+            # A command line's seat comes and goes with every command: not news.
+            level = logging.DEBUG if peer.advert.role == C.ROLE_SEAT else logging.INFO
+            log.log(level, "peer %s %s%s", peer.name, event.kind.value,
+                    f" ({event.reason})" if event.reason else "")
             for listener in list(self._peer_listeners):
                 try:
                     listener(event)
@@ -803,6 +822,7 @@ class Node:
 
     def _topics(self) -> list[bytes]:
         topics = [encode_topic(channel) for channel in self._channels]
+        topics += [_marker(self.name, channel) for channel in self._channels]
         return [*topics, _OBSERVE_PREFIX] if self._observing else topics
 
     def subscribe(self, channel: str) -> None:
@@ -811,6 +831,7 @@ class Node:
             self._channels.add(channel)
             for sub in self._sub_sockets():
                 sub.setsockopt(zmq.SUBSCRIBE, encode_topic(channel))
+                sub.setsockopt(zmq.SUBSCRIBE, _marker(self.name, channel))
 
     def unsubscribe(self, channel: str) -> None:
         """Stop receiving ``channel`` (``control`` cannot be dropped)."""
@@ -818,6 +839,7 @@ class Node:
             return
         self._channels.discard(channel)
         for sub in self._sub_sockets():
+            sub.setsockopt(zmq.UNSUBSCRIBE, _marker(self.name, channel))
             sub.setsockopt(zmq.UNSUBSCRIBE, encode_topic(channel))
 
     def observe_direct(self) -> None:
@@ -1163,7 +1185,9 @@ class Node:
         try:
             for _ in range(_DRAIN_LIMIT):
                 frame = sock.recv(zmq.NOBLOCK)
-                if frame[:1] == b"\x01":
+                if frame[1:2] == _MARK:
+                    self._on_marker(frame)
+                elif frame[:1] == b"\x01":
                     subs[frame[1:]] += 1
                 elif frame[:1] == b"\x00" and subs[frame[1:]] > 0:
                     subs[frame[1:]] -= 1
@@ -1175,6 +1199,28 @@ class Node:
         self._direct_watched = _watches_direct(subs)
         assert self._loop is not None
         self._loop.call_soon(self._drain_xpub)
+
+    def _on_marker(self, frame: bytes) -> None:
+        name, _, channel = frame[2:].partition(b"\x00")
+        key = (channel.decode("utf-8", "replace"), name.decode("utf-8", "replace"))
+        if frame[:1] == b"\x01":
+            self._subscribed[key] += 1
+        elif self._subscribed[key] > 1:
+            self._subscribed[key] -= 1
+        else:
+            self._subscribed.pop(key, None)
+
+    def subscribers(self, channel: str) -> frozenset[str]:
+        """The names of the nodes whose subscription to ``channel`` reached this node's
+        PUB: a broadcast on ``channel`` published now reaches them.
+
+        Each node subscribes, after every channel's topic, to a second topic that names
+        it and the channel and that nothing is ever published on; this node's XPUB reads
+        those. A name is the subscriber's claim, not authenticated: it serves waiting and
+        reporting, not access control.
+        """
+        return frozenset(name for (ch, name), n in self._subscribed.items()
+                         if ch == channel and n > 0)
 
     def subscriber_count(self, channel: str) -> int:
         """How many subscriber sockets currently receive ``channel`` from this node."""
@@ -1899,9 +1945,10 @@ class Node:
             if (want and want <= have) or (not want and len(have) >= count):
                 return self.peers()
             if time.monotonic() >= deadline:
-                missing = sorted(want - have) if want else f"{count - len(have)} more"
+                missing = (", ".join(sorted(want - have)) if want
+                           else f"{count - len(have)} more")
                 raise TimeoutError(f"node {self.name}: peers not found within {timeout}s: "
-                                   f"{missing}; have {sorted(have)}")
+                                   f"{missing} (connected: {', '.join(sorted(have)) or 'none'})")
             await asyncio.sleep(0.02)
 
     async def wait_halted(self) -> None:

@@ -55,7 +55,7 @@ def test_peers_lists_the_roster(team: list[NodeProcess], mesh: str) -> None:
 def test_send_direct_and_broadcast_and_tail(team: list[NodeProcess], mesh: str) -> None:
     tail = subprocess.Popen(
         [sys.executable, "-m", "porter_mesh.cli.main", "tail", "--mesh", mesh, "--json",
-         "--count", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "--count", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert tail.stderr is not None and tail.stdout is not None
         watching: set[str] = set()
@@ -81,8 +81,9 @@ def test_send_direct_and_broadcast_and_tail(team: list[NodeProcess], mesh: str) 
             tail.kill()
             tail.communicate(timeout=5)
     got = [json.loads(line) for line in out.splitlines()]
+    # The tail sees the CLI's own broadcast too: send waited for it to subscribe.
     assert {g["activity"]["summary"] for g in got} == {"Add GET /users endpoint",
-                                                       "from alpha 0"}
+                                                       "hello mesh", "from alpha 0"}
     offer = next(g for g in got if g["direct"])
     assert offer["channel"] == "task:alpha" and offer["activity"]["type"] == "Offer"
     assert offer["sender"] == "porter-ui"

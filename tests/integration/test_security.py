@@ -453,10 +453,10 @@ def test_protected_mode_refuses_a_non_loopback_bind_without_keys(tmp_path: Path)
     cli = [sys.executable, "-m", "porter_mesh.cli.main", "node", "--name", "w",
            "--interface", address, "--no-discovery"]
     proc = subprocess.run(cli, capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
-    assert proc.returncode == 1 and "protected mode" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "protected mode" in proc.stderr, proc.stderr
     proc = subprocess.run(cli, capture_output=True, text=True, timeout=60, cwd=REPO,
                           env={**env, ENV_INSECURE: "1"})
-    assert proc.returncode == 1 and "cannot bind" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "cannot bind" in proc.stderr, proc.stderr
 
 
 def test_secured_demo_plays_the_story(tmp_path: Path) -> None:

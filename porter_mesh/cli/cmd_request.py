@@ -1,0 +1,99 @@
+"""``porter-mesh request``: send as the human user and print the replies, like ``nats req``.
+
+The seat (``porter-ui``) stays on the mesh after sending: it receives its direct inbox
+and the broadcast channels, and prints every activity in the request's context that
+another node sends, until ``--count N`` replies when given, otherwise until a reply that
+ends the exchange:
+
+* a ``Reject`` (exit 1: the mesh said no);
+* an approval: an ``Accept`` on ``review``;
+* a result: an activity with a ``result`` (an ``Invoke`` that ran, a ``Recall``), or
+  the holder's closing ``Announce``;
+* for a ``Question``: the first direct answer that is not an ``Accept``.
+
+No such reply within ``--timeout`` seconds is exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from porter_mesh.cli.cmd_send import add_message_arguments, prepare
+from porter_mesh.cli.cmd_tail import message_json, message_line
+from porter_mesh.cli.common import count, run, seat_config, seconds
+from porter_mesh.cli.seat import deliver
+from porter_mesh.core import constants as C
+from porter_mesh.core.as2 import Activity
+from porter_mesh.node.node import Message, Node
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "request", help="send as porter-ui and print the replies in its context",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_message_arguments(parser)
+    parser.add_argument("--count", type=count, default=0, metavar="N",
+                        help="stop after N replies (default: at the reply that ends the "
+                        "exchange)")
+    parser.add_argument("--timeout", type=seconds, default=30.0, metavar="SECONDS",
+                        help="seconds to wait for the replies (default %(default)s)")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON line per reply: the message with its whole activity")
+    parser.set_defaults(func=main)
+
+
+def ends_exchange(msg: Message, request: Activity) -> bool:
+    """Whether ``msg`` is a reply after which nothing more is awaited."""
+    act = msg.activity
+    if act.type == "Reject" or act.result is not None:
+        return True
+    if act.type == "Accept":
+        return msg.channel == C.CHANNEL_REVIEW
+    if act.type == "Announce":
+        return True
+    return request.type == "Question" and msg.direct
+
+
+def main(args: argparse.Namespace) -> int:
+    request = prepare(args)
+    context = request.context
+    if context is None:
+        print("porter-mesh request: replies are matched by context: give --context ID "
+              "(an Offer gets one by itself)", file=sys.stderr)
+        return 2
+    config = seat_config(args, channels=(C.CHANNEL_LOG, C.CHANNEL_TASK, C.CHANNEL_REVIEW))
+
+    async def body() -> int:
+        async with Node(config) as node:
+            outcome = await deliver(node, args.channel, request, wait=args.wait,
+                                    timeout=args.timeout)
+            if outcome.problem is not None:
+                print(f"porter-mesh request: {outcome.problem}", file=sys.stderr)
+                return 1
+            print(outcome.line(), file=sys.stderr, flush=True)
+            deadline = time.monotonic() + args.timeout
+            replies = 0
+            while True:
+                try:
+                    msg = await node.receive(timeout=max(0.0, deadline - time.monotonic()))
+                except TimeoutError:
+                    want = f"{args.count} replies" if args.count else "a reply that ends it"
+                    print(f"porter-mesh request: {replies} repl{'y' if replies == 1 else 'ies'}"
+                          f" in {context} within {args.timeout:g}s, waited for {want}; "
+                          "is the recipient busy? (--timeout waits longer)", file=sys.stderr)
+                    return 1
+                if msg.activity.context != context or msg.sender == C.HUMAN_AGENT:
+                    continue
+                replies += 1
+                print(message_json(msg) if args.json else message_line(msg), flush=True)
+                if args.count and replies >= args.count:
+                    return 0
+                if not args.count and ends_exchange(msg, request):
+                    return 1 if msg.activity.type == "Reject" else 0
+        return 0
+
+    status = run(body)
+    return status

@@ -1,0 +1,113 @@
+"""The human user's seat on the mesh for one command: reach the recipients, then go.
+
+``send`` and ``request`` join as ``porter-ui`` (:func:`~porter_mesh.cli.common.seat_config`)
+and hand their activity to :func:`deliver`. A direct channel (``task:<agent>``) waits
+for that agent and for its acknowledgement. A broadcast waits, up to ``wait`` seconds,
+until every node the seat knows of, agents and watchers (``tail``, the dashboard) alike,
+has subscribed to the seat's PUB (:meth:`Node.subscribers`), then publishes: a
+watcher that runs when the command runs sees the message. The outcome says who was
+reached and who was not, so that the command can exit 1 naming them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from porter_mesh.cli.common import names
+from porter_mesh.core import constants as C
+from porter_mesh.core.as2 import Activity
+from porter_mesh.errors import DeliveryError
+from porter_mesh.node.node import Node
+
+
+@dataclass
+class Outcome:
+    """What became of one activity.
+
+    Attributes:
+        channel: where it went.
+        reached: the nodes that received it (acknowledged, or subscribed when published).
+        missed: known nodes that could not be reached within the wait.
+        elsewhere: connected nodes that do not subscribe to ``channel``.
+        problem: why nothing was sent, when nothing was.
+    """
+
+    channel: str
+    reached: set[str] = field(default_factory=set)
+    missed: set[str] = field(default_factory=set)
+    elsewhere: set[str] = field(default_factory=set)
+    problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None and not self.missed
+
+    def line(self) -> str:
+        """The one line ``send`` prints."""
+        if self.problem is not None:
+            return self.problem
+        if self.channel.startswith(C.DIRECT_PREFIX):
+            return f"delivered to {names(self.reached)}"
+        total = len(self.reached) + len(self.missed)
+        text = f"published on {self.channel} to {len(self.reached)} of {total} subscriber(s)"
+        if self.missed:
+            text += f"; not reached: {names(self.missed)}"
+        if self.elsewhere:
+            text += f" ({names(self.elsewhere)} not subscribed to {self.channel})"
+        return text
+
+    def as_dict(self, activity: Activity) -> dict[str, Any]:
+        return {"channel": self.channel, "type": activity.type, "context": activity.context,
+                "ok": self.ok, "reached": sorted(self.reached), "missed": sorted(self.missed),
+                "not_subscribed": sorted(self.elsewhere), "problem": self.problem}
+
+
+async def deliver(node: Node, channel: str, activity: Activity, *, wait: float,
+                  timeout: float) -> Outcome:
+    """Send ``activity`` on ``channel`` from ``node``, waiting for its recipients first.
+
+    Args:
+        wait: seconds to look for the recipient(s) and for their subscriptions.
+        timeout: seconds for a direct message's acknowledgement.
+    """
+    outcome = Outcome(channel)
+    mesh = node.config.mesh
+    if channel.startswith(C.DIRECT_PREFIX):
+        recipient = channel[len(C.DIRECT_PREFIX):]
+        try:
+            await node.wait_for_peers([recipient], wait)
+        except TimeoutError:
+            seen = names(p.name for p in node.peers())
+            outcome.missed.add(recipient)
+            outcome.problem = (f"no agent {recipient!r} found on mesh {mesh!r} within "
+                               f"{wait:g}s (seen: {seen}); check the name and mesh")
+            return outcome
+        try:
+            await node.send(recipient, activity, timeout=timeout)
+        except DeliveryError as exc:
+            outcome.missed.add(recipient)
+            outcome.problem = str(exc)
+            return outcome
+        outcome.reached.add(recipient)
+        return outcome
+    deadline = time.monotonic() + wait
+    try:
+        await node.wait_for_peers(1, wait)
+    except TimeoutError:
+        outcome.problem = f"nobody on mesh {mesh!r} within {wait:g}s; nothing sent"
+        return outcome
+    # Every node subscribes to control: who has not, has not connected to us yet.
+    while True:
+        known = {p.name for p in node.peers()}
+        missing = known - node.subscribers(C.CHANNEL_CONTROL)
+        if not missing or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.02)
+    await node.publish(channel, activity)
+    outcome.reached = set(node.subscribers(channel))
+    outcome.missed = missing
+    outcome.elsewhere = set(node.subscribers(C.CHANNEL_CONTROL)) - outcome.reached
+    return outcome
