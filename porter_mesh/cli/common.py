@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from porter_mesh.core import constants as C
 from porter_mesh.errors import PorterError
-from porter_mesh.node.config import NodeConfig
+from porter_mesh.node.config import NodeConfig, data_root, default_data_dir
 
 T = TypeVar("T")
 
@@ -47,6 +47,48 @@ def node_config(args: argparse.Namespace, **settings: Any) -> NodeConfig:
     )
 
 
+def seat_config(args: argparse.Namespace, **settings: Any) -> NodeConfig:
+    """The :class:`NodeConfig` of the command line's short-lived ``porter-ui`` seat.
+
+    It is not announced in mDNS and advertises the role :data:`~porter_mesh.core.
+    constants.SEAT_ROLE`, so that nodes neither catch up from it nor log its joins and
+    leaves at the default level.
+    """
+    settings.setdefault("channels", ())
+    return node_config(args, name=C.HUMAN_AGENT, role=C.SEAT_ROLE, advertise=False,
+                       **settings)
+
+
+def add_data_options(parser: argparse.ArgumentParser) -> None:
+    """``--data-dir`` and ``--no-knowledge``, as ``node`` and ``agent`` take them."""
+    parser.add_argument("--data-dir", type=pathlib.Path, metavar="DIR",
+                        help="the node's data directory: knowledge shard, delivery journal "
+                        "(default: $PORTER_MESH_DATA/<mesh>/<name>, else the user data "
+                        "directory, e.g. ~/.local/share/porter-mesh/<mesh>/<name>)")
+    parser.add_argument("--no-knowledge", action="store_true",
+                        help="keep no knowledge shard (remember/recall then need another "
+                        "node that keeps one)")
+
+
+def data_dir_of(args: argparse.Namespace) -> pathlib.Path:
+    """The data directory the options name (``--data-dir`` or the default)."""
+    if args.data_dir is not None:
+        return pathlib.Path(args.data_dir)
+    return default_data_dir(args.mesh, args.name)
+
+
+def refuse_negative(args: argparse.Namespace, *options: str) -> int | None:
+    """Exit status 2, after a one-line complaint, when one of ``options`` (attribute
+    names, e.g. ``"wait"``) is a negative number of seconds; else ``None``."""
+    for option in options:
+        value = getattr(args, option, None)
+        if value is not None and value < 0:
+            print(f"porter-mesh: --{option.replace('_', '-')} must be 0 or more seconds, "
+                  f"not {value}", file=sys.stderr)
+            return 2
+    return None
+
+
 def ephemeral_name(prefix: str) -> str:
     """A name for a short-lived observer process."""
     return f"{prefix}-{os.getpid()}"
@@ -74,5 +116,4 @@ def run(main: Callable[[], Awaitable[int]]) -> int:
 
 def default_data_root() -> pathlib.Path:
     """Where nodes keep their data unless told otherwise."""
-    base = os.environ.get("PORTER_MESH_DATA")
-    return pathlib.Path(base) if base else pathlib.Path.home() / ".local/share/porter-mesh"
+    return data_root()

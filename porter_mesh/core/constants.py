@@ -25,6 +25,10 @@ STANDARD_CHANNELS: Final = (CHANNEL_LOG, CHANNEL_TASK, CHANNEL_REVIEW, CHANNEL_C
 
 #: Name the human at the dashboard or CLI sends as.
 HUMAN_AGENT: Final = "porter-ui"
+#: The role of a short-lived command-line seat (``porter-mesh send``, ``remember``...):
+#: nodes neither catch up from it nor compare digests with it, and ``porter-mesh node``
+#: shows its joins and leaves only with ``-v``.
+SEAT_ROLE: Final = "cli"
 
 #: Knowledge vocabulary.
 PORTER_VOCAB: Final = "https://porter.chapeaux.io/vocab#"
