@@ -31,7 +31,7 @@ _ids = itertools.count()
 #: Peer timings that forgive the stop: this test is about memory, not liveness.
 TIMINGS = ("--heartbeat", "0.2", "--evasive-after", "60", "--expire-after", "120")
 BURST = 200_000
-TEXT = "x" * 300  # some 450 bytes per activity on the wire: 90 MB for the whole burst
+TEXT = "x" * 300  # some 350 bytes per activity on the wire: 70 MB for the whole burst
 BUDGET = 4 * 1024 * 1024
 #: Python, libzmq and allocator slack on top of the queue itself.
 MARGIN = 16 * 1024 * 1024
