@@ -4,6 +4,10 @@
 works until its brain finishes, a ``halt`` arrives, or SIGINT/SIGTERM, then leaves the
 mesh gracefully. ``drain`` makes the tools refuse new tasks; ``halt`` stops a running
 command at once and ends the agent.
+
+Every agent keeps a knowledge shard (``--no-knowledge`` to run without one) and its
+delivery journal in its data directory: ``--data-dir``, else ``<data root>/<mesh>/<name>``
+(see :func:`porter_mesh.node.config.data_root`), locked while the agent runs.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import threading
 from typing import Any
 
 from agents.context import AgentContext, Brain, TappedPort
+from porter_mesh.cli.common import add_data_options, data_dir_of
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
 from porter_mesh.errors import OperationTimeout, PorterError
+from porter_mesh.node.config import knowledge_dir
 from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
 from porter_mesh.node.port import NodePort
 from porter_mesh.node.sync import SyncNode
@@ -39,8 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="HOST:PORT")
     parser.add_argument("--workspace", type=pathlib.Path, default=pathlib.Path("."),
                         help="directory the agent's file and shell tools are confined to")
-    parser.add_argument("--data-dir", type=pathlib.Path,
-                        help="durable state (knowledge shard, delivery journal)")
+    add_data_options(parser)
     parser.add_argument("--brain", choices=("scripted", "llm"), default="scripted")
     parser.add_argument("--llm-url", help="OpenAI-compatible endpoint, e.g. "
                         "http://127.0.0.1:8000/v1")
@@ -69,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _knowledge(node: SyncNode, data_dir: pathlib.Path | None) -> SyncKnowledge | None:
     if data_dir is None:
         return None
-    return attach_knowledge(node, data_dir / "knowledge")
+    return attach_knowledge(node, knowledge_dir(data_dir))
 
 
 def make_brain(args: argparse.Namespace) -> Brain:
@@ -95,10 +100,11 @@ def run(args: argparse.Namespace) -> int:
     workspace.mkdir(parents=True, exist_ok=True)
     tools = {"architect": (), "worker": ("bash", "files"), "reviewer": ("bash", "read_file")}
     extra: dict[str, Any] = {"insecure": True} if args.insecure else {}
+    data_dir = data_dir_of(args)
     node = SyncNode(
         name=args.name, role=args.role, mesh=args.mesh,
         interfaces=tuple(args.interfaces or ("127.0.0.1",)), seeds=tuple(args.peers),
-        data_dir=args.data_dir, slots=args.slots if args.role == "worker" else 0,
+        data_dir=data_dir, slots=args.slots if args.role == "worker" else 0,
         tools=tools[args.role], heartbeat_interval=args.heartbeat,
         evasive_after=args.evasive_after, expire_after=args.expire_after,
         **extra,
@@ -125,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     node.add_control_listener(on_control)
     knowledge: SyncKnowledge | None = None
     try:
-        knowledge = _knowledge(node, args.data_dir)
+        knowledge = _knowledge(node, None if args.no_knowledge else data_dir)
         port = NodePort(node, knowledge)
         tapped = TappedPort(port)
         toolbox = Toolbox(tapped, workspace if args.role != "architect" else None,

@@ -1,7 +1,10 @@
-"""Shared fixtures. Every test is checked for leaked threads and child processes."""
+"""Shared fixtures. Every test is checked for leaked threads and child processes, and
+runs with ``PORTER_MESH_DATA`` in a directory of its own, so that no node or command a
+test starts writes into the real home directory."""
 
 from __future__ import annotations
 
+import pathlib
 import threading
 from collections.abc import Iterator
 
@@ -35,3 +38,12 @@ def no_leaks() -> Iterator[None]:
             pass
     assert not leaked_threads, f"test leaked threads: {leaked_threads}"
     assert not leaked_children, f"test leaked child processes: {leaked_children}"
+
+
+@pytest.fixture(autouse=True)
+def data_root(tmp_path_factory: pytest.TempPathFactory,
+              monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    """Every test's default data root (``$PORTER_MESH_DATA``), inherited by its processes."""
+    root = tmp_path_factory.mktemp("porter-mesh-data")
+    monkeypatch.setenv("PORTER_MESH_DATA", str(root))
+    return root

@@ -52,10 +52,8 @@ read-only, whose ``query`` goes through the same guard.
 from __future__ import annotations
 
 import collections
-import contextlib
 import ctypes
 import enum
-import fcntl
 import gc
 import json
 import logging
@@ -75,6 +73,7 @@ import msgpack
 import orjson
 import pyoxigraph as ox
 
+from porter_mesh.adapters.dirlock import DirLock
 from porter_mesh.adapters.sparql import (
     DEFAULT_DEADLINE,
     DEFAULT_ROW_LIMIT,
@@ -509,7 +508,8 @@ class Shard:
                     "its shard when it first starts)"
                 )
             self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = self._take_lock()
+        self._dir_lock = DirLock(self.data_dir, filename="shard.lock",
+                                 what="the knowledge shard in", error=KnowledgeError)
         journal: _Journal | None = None
         try:
             self.agent = self._check_meta(meta_path, agent)
@@ -534,26 +534,11 @@ class Shard:
         except BaseException:
             if journal is not None:
                 journal.close()
-            os.close(self._lock_fd)
+            self._dir_lock.release()
             raise
         self._closed = False
 
     # -- opening --
-
-    def _take_lock(self) -> int:
-        fd = os.open(self.data_dir / "shard.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise KnowledgeError(
-                f"the shard in {self.data_dir} is open in another process (pid {holder}); "
-                "stop that node first, or ask it through the mesh"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        return fd
 
     def _check_meta(self, meta_path: pathlib.Path, agent: str | None) -> str | None:
         if meta_path.exists():
@@ -1005,9 +990,7 @@ class Shard:
             gc.collect()  # the RocksDB lock goes with the last reference to the store
             self._journal.close()
             shutil.rmtree(self.data_dir / "checkpoints", ignore_errors=True)
-            with contextlib.suppress(OSError):
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
+            self._dir_lock.release()
 
     def __enter__(self) -> Shard:
         return self

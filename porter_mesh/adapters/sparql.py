@@ -83,6 +83,7 @@ __all__ = [
     "QueryResult",
     "check_query",
     "term_text",
+    "validate_query",
 ]
 
 log = logging.getLogger("porter_mesh.sparql")
@@ -539,6 +540,23 @@ def _parse_only(text: str, prefixes: Mapping[str, str]) -> None:
         _EMPTY_STORE.query(text, prefixes=dict(prefixes))
     except SyntaxError as exc:
         raise _syntax_error(exc) from None
+
+
+def validate_query(text: str, *, row_limit: int = DEFAULT_ROW_LIMIT,
+                   deadline: float = DEFAULT_DEADLINE) -> CheckedQuery:
+    """Check a query as :meth:`QueryEngine.query` would, without a shard: the limits, the
+    refusal gate and the parser. Cheap; a command checks its query before joining a mesh.
+
+    Returns:
+        The checked query.
+
+    Raises:
+        QueryError: refused, a syntax error, or a limit out of range.
+    """
+    _check_limits(row_limit, deadline)
+    checked = check_query(text)
+    _parse_only(checked.text, PREFIXES)
+    return checked
 
 
 def _collect(result: Any, row_limit: int, timed: Callable[[int], None]) -> tuple[

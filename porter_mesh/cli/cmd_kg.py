@@ -1,9 +1,10 @@
 """``porter-mesh kg export|stats``: look at a node's knowledge shard on disk.
 
-Both work on a data directory while no node has it open (the shard is locked by the
-node that runs it): ``--data-dir`` names it, or ``--mesh`` and ``--agent`` find the
-node's default one (``$PORTER_MESH_DATA/<mesh>/<agent>``, else
-``~/.local/share/porter-mesh/<mesh>/<agent>``).
+Both work on a node's data directory while no node has it open (the shard is locked by
+the node that runs it): ``--data-dir`` names it, or ``--mesh`` and ``--agent`` find the
+node's default one (``$PORTER_MESH_DATA/<mesh>/<agent>``, else the platform's user data
+directory, e.g. ``~/.local/share/porter-mesh/<mesh>/<agent>``). The shard is in the data
+directory's ``knowledge/``; a directory that is itself a shard is opened as it is.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import orjson
 from porter_mesh.adapters.shard import Shard
 from porter_mesh.core import constants as C
 from porter_mesh.errors import ConfigError, PorterError
-from porter_mesh.node.config import default_data_dir
+from porter_mesh.node.config import default_data_dir, knowledge_dir
 
 
 def register(sub: Any) -> None:
@@ -52,17 +53,22 @@ def add_shard_options(parser: argparse.ArgumentParser) -> None:
 
 
 def shard_dir(args: argparse.Namespace) -> pathlib.Path:
-    """The data directory the options name.
+    """The shard directory the options name: ``knowledge/`` in the node's data directory,
+    or the directory itself when it is a shard.
 
     Raises:
         ConfigError: neither ``--data-dir`` nor an agent name was given.
     """
     if args.data_dir is not None:
-        return pathlib.Path(args.data_dir)
-    if not args.agent:
+        data_dir = pathlib.Path(args.data_dir)
+    elif args.agent:
+        data_dir = default_data_dir(args.mesh, args.agent)
+    else:
         raise ConfigError("say which shard: --data-dir DIR, or --agent NAME (and --mesh if "
                           "not the default)")
-    return default_data_dir(args.mesh, args.agent)
+    if (data_dir / "shard.json").exists():
+        return data_dir
+    return knowledge_dir(data_dir)
 
 
 def open_shard(args: argparse.Namespace) -> Shard:

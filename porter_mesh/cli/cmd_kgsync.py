@@ -1,35 +1,48 @@
-"""``porter-mesh kgsync``: bring the human user's knowledge replica up to date from the mesh.
+"""``porter-mesh kgsync``: catch a porter-ui knowledge replica up from the mesh.
 
-The command-line user (``porter-ui``) keeps its own replica of the knowledge graph, in
-``$PORTER_MESH_DATA/<mesh>/porter-ui`` (else ``~/.local/share/porter-mesh/<mesh>/porter-ui``)
-unless ``--data-dir`` says otherwise. ``kgsync`` joins the mesh, catches up from a peer
-(progress on stderr) and prints the replica's summary. The online ``remember`` and
-``recall`` commands use the same steps, from :func:`online_replica` and :func:`catch_up`.
+The command line joins the mesh as the human user (``porter-ui``) in a short-lived seat
+(:func:`~porter_mesh.cli.common.seat_config`). Its replica is a throw-away copy in a
+temporary directory, caught up from one peer, unless ``--data-dir`` names porter-ui's
+data directory (the replica is then kept in its ``knowledge/``). Nodes never catch up from
+a seat. ``kgsync`` joins, catches up (progress on stderr) and prints the replica's
+summary. The online ``remember`` and ``recall`` commands use the same steps, from
+:func:`online_replica`, :func:`find_replica` and :func:`catch_up`.
+
+When no peer keeps a replica (every peer answered that it runs none, or none answered
+within ``--wait``), these commands fail at once with the reason and what to start.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import pathlib
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 
+from porter_mesh.adapters.dirlock import DirLock
 from porter_mesh.adapters.shard import Shard
-from porter_mesh.cli.common import add_mesh_options, node_config, run
+from porter_mesh.cli.common import add_mesh_options, refuse_negative, run, seat_config
 from porter_mesh.core import constants as C
 from porter_mesh.errors import KnowledgeError
-from porter_mesh.node.config import default_data_dir
+from porter_mesh.node.config import default_data_dir, knowledge_dir
 from porter_mesh.node.knowledge import Knowledge
 from porter_mesh.node.node import Node
 
-#: Seconds to look for a peer, and to catch up from one, unless told otherwise.
+#: Seconds to look for a peer that keeps a replica, and to catch up from one, unless
+#: told otherwise.
 DEFAULT_WAIT = 5.0
 DEFAULT_CATCHUP_TIMEOUT = 60.0
+#: What to tell a user whose mesh has no replica to read or write.
+START_HINT = ("start a node that keeps one: 'porter-mesh node --name NAME' or 'porter-mesh "
+              "agent worker --name NAME' (both keep a knowledge shard unless "
+              "--no-knowledge)")
 
 
 def register(sub: Any) -> None:
@@ -48,66 +61,96 @@ def add_online_options(parser: argparse.ArgumentParser, *, data_dir: bool = True
     """``--wait`` (finding a peer), ``--catchup-timeout`` and, unless the parser has one,
     ``--data-dir`` (the porter-ui replica)."""
     parser.add_argument("--wait", type=float, default=DEFAULT_WAIT, metavar="SECONDS",
-                        help="how long to look for a peer (default %(default)s)")
+                        help="how long to look for a peer that keeps a knowledge replica "
+                        "(default %(default)s)")
     parser.add_argument("--catchup-timeout", type=float, default=DEFAULT_CATCHUP_TIMEOUT,
                         metavar="SECONDS", help="how long catching up from a peer may take "
                         "(default %(default)s)")
     if data_dir:
         parser.add_argument("--data-dir", metavar="DIR", type=pathlib.Path,
-                            help="porter-ui's replica (default: $PORTER_MESH_DATA/<mesh>/"
-                            "porter-ui)")
+                            help="porter-ui's data directory, to keep its replica (default: "
+                            "a throw-away replica)")
 
 
-def replica_dir(args: argparse.Namespace) -> pathlib.Path:
-    """The porter-ui replica's directory the options name."""
-    if getattr(args, "data_dir", None) is not None:
-        return pathlib.Path(args.data_dir)
-    return default_data_dir(args.mesh, C.HUMAN_AGENT)
+#: The options of seconds these commands refuse when negative.
+SECONDS_OPTIONS = ("wait", "catchup_timeout", "timeout")
 
 
 @contextlib.asynccontextmanager
-async def online_replica(args: argparse.Namespace) -> AsyncIterator[Knowledge]:
-    """Join the mesh as ``porter-ui`` with its replica; leave and close it afterwards.
+async def online_replica(args: argparse.Namespace, *,
+                         writes: bool = False) -> AsyncIterator[Knowledge]:
+    """Join the mesh as ``porter-ui`` with a replica; leave and close it afterwards.
+
+    The replica is kept in ``--data-dir``'s ``knowledge/`` when given (the seat's node
+    locks that directory), else it is a throw-away copy in a temporary directory. A
+    command that ``writes`` as porter-ui holds porter-ui's default data directory
+    meanwhile, so that two such commands on one machine never pick the same sequence
+    number.
 
     Args:
         args: parsed options (mesh, network, ``--data-dir``).
+        writes: the command writes records as porter-ui.
 
     Yields:
         The replica, replicating, its node started.
 
     Raises:
-        KnowledgeError: the replica cannot be opened (in use by another command...).
-        ConfigError: bad network options.
+        ConfigError: the data directory is in use (the message names the pid), or bad
+            network options.
+        KnowledgeError: the replica cannot be opened.
     """
-    config = node_config(args, name=C.HUMAN_AGENT, role="human", advertise=False,
-                         channels=(), inbox_size=0)
-    node = Node(config)
-    knowledge = Knowledge(node, Shard(replica_dir(args), agent=C.HUMAN_AGENT))
-    try:
-        knowledge.start()  # before the node starts: no peer is missed
-        await node.astart()
-        yield knowledge
-    finally:
-        await knowledge.aclose()
-        await node.aclose()
+    data_dir = getattr(args, "data_dir", None)
+    with contextlib.ExitStack() as stack:
+        if data_dir is not None:
+            replica = knowledge_dir(pathlib.Path(data_dir))
+        else:
+            if writes:
+                stack.enter_context(DirLock(default_data_dir(args.mesh, C.HUMAN_AGENT),
+                                            filename="node.lock",
+                                            what="porter-ui's data directory"))
+            replica = pathlib.Path(stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="porter-ui-"))) / "knowledge"
+        node = Node(seat_config(args, inbox_size=0, data_dir=data_dir))
+        knowledge = Knowledge(node, Shard(replica, agent=C.HUMAN_AGENT))
+        try:
+            knowledge.start()  # before the node starts: no peer is missed
+            await node.astart()
+            yield knowledge
+        finally:
+            await knowledge.aclose()
+            await node.aclose()
 
 
-async def find_peer(knowledge: Knowledge, wait: float) -> list[str]:
-    """Wait for at least one peer on the mesh; their names.
+async def find_replica(knowledge: Knowledge, wait: float) -> list[str]:
+    """Wait until a peer that keeps a replica answers; the names of the peers found.
 
     Raises:
-        KnowledgeError: nobody within ``wait`` seconds.
+        KnowledgeError: nobody found within ``wait`` seconds; every peer answered that
+            it keeps no replica; or none answered.
     """
     node = knowledge.node
-    try:
-        await node.wait_for_peers(1, wait)
-    except TimeoutError:
-        raise KnowledgeError(
-            f"no peer found on mesh {node.config.mesh!r} within {wait}s; start a node (or "
-            "check --mesh, --interface, --peer), or give --data-dir to read a stopped "
-            "node's shard"
-        ) from None
-    return sorted(p.name for p in node.peers())
+    mesh = node.config.mesh
+    deadline = time.monotonic() + wait
+    while True:
+        peers = {p.name for p in node.peers() if p.advert.role != C.ROLE_SEAT}
+        without = knowledge.without_replica()
+        if knowledge.caught_up_from() or knowledge.answered_by() - without:
+            return sorted(peers)
+        if peers and peers <= without:
+            they = "it runs" if len(peers) == 1 else "they run"
+            raise KnowledgeError(
+                f"no peer on mesh {mesh!r} keeps a knowledge replica ({', '.join(sorted(peers))}"
+                f" answered that {they} none); {START_HINT}")
+        if time.monotonic() >= deadline:
+            if not peers:
+                raise KnowledgeError(
+                    f"no peer found on mesh {mesh!r} within {wait}s; {START_HINT} (or check "
+                    "--mesh, --interface, --peer), or give --data-dir to read a stopped "
+                    "node's shard")
+            raise KnowledgeError(
+                f"no peer on mesh {mesh!r} answered for the knowledge graph within {wait}s "
+                f"(found {', '.join(sorted(peers))}); {START_HINT}, or raise --wait")
+        await asyncio.sleep(0.02)
 
 
 async def catch_up(knowledge: Knowledge, timeout: float, *, quiet: bool = False) -> None:
@@ -139,9 +182,13 @@ async def catch_up(knowledge: Knowledge, timeout: float, *, quiet: bool = False)
 
 
 def main(args: argparse.Namespace) -> int:
+    refused = refuse_negative(args, *SECONDS_OPTIONS)
+    if refused is not None:
+        return refused
+
     async def body() -> int:
         async with online_replica(args) as knowledge:
-            await find_peer(knowledge, args.wait)
+            await find_replica(knowledge, args.wait)
             await catch_up(knowledge, args.catchup_timeout)
             stats = knowledge.stats()
         if args.json:

@@ -1,4 +1,10 @@
-"""``porter-mesh peers``: show the mesh's roster."""
+"""``porter-mesh peers``: show the mesh's roster.
+
+The command watches the mesh as an observer (on no roster) for ``--wait`` seconds, with
+zeroconf or from ``--peer`` seeds, then asks every agent it saw for its view (as
+``porter-mesh stats`` does) to show what each has lost and dropped: ``LOST`` counts the
+broadcasts that agent missed (sequence gaps), ``DROPPED`` the messages it refused.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +15,13 @@ from typing import Any
 
 import orjson
 
-from porter_mesh.cli.common import add_mesh_options, ephemeral_name, node_config, run
+from porter_mesh.cli.cmd_stats import ViewClient, observer_config
+from porter_mesh.cli.common import add_mesh_options, refuse_negative, run
 from porter_mesh.core.peers import PeerInfo
 from porter_mesh.node.node import Node
+
+#: Seconds each agent may take to answer for its loss counts.
+VIEW_TIMEOUT = 2.0
 
 
 def register(sub: Any) -> None:
@@ -25,7 +35,7 @@ def register(sub: Any) -> None:
 
 
 def peer_row(info: PeerInfo, now: float) -> dict[str, Any]:
-    """A roster entry as plain values."""
+    """A roster entry as plain values (``lost``/``dropped`` unknown until asked)."""
     a = info.advert
     return {
         "name": a.name, "role": a.role, "state": info.state.value,
@@ -33,18 +43,31 @@ def peer_row(info: PeerInfo, now: float) -> dict[str, Any]:
         "pub_port": a.pub_port, "router_port": a.router_port,
         "last_heard": round(now - info.last_heard, 2),
         "incarnation": f"{a.incarnation:x}", "draining": info.draining,
+        "lost": None, "dropped": None,
     }
 
 
+def _count(value: Any) -> str:
+    return "?" if value is None else str(value)
+
+
 def main(args: argparse.Namespace) -> int:
-    config = node_config(args, name=ephemeral_name("porter-peers"), role="observer",
-                         observer=True)
+    refused = refuse_negative(args, "wait")
+    if refused is not None:
+        return refused
+    config = observer_config(args, "porter-peers")
 
     async def body() -> int:
         async with Node(config) as node:
+            client = ViewClient(node)
             await asyncio.sleep(args.wait)  # listening period chosen by the user
             now = time.monotonic()
             rows = [peer_row(p, now) for p in node.peers()]
+            views = await client.ask_all([r["name"] for r in rows], VIEW_TIMEOUT)
+        for row in rows:
+            view = views.get(row["name"])
+            if isinstance(view, dict):
+                row["lost"], row["dropped"] = view.get("lost"), view.get("dropped")
         if args.json:
             for row in rows:
                 print(orjson.dumps(row).decode())
@@ -52,10 +75,13 @@ def main(args: argparse.Namespace) -> int:
         if not rows:
             print(f"no agents seen on mesh {args.mesh!r} within {args.wait}s")
             return 0
-        print(f"{'NAME':20} {'ROLE':12} {'STATE':8} {'ADDRESS':22} {'HEARD':>7} INCARNATION")
+        print(f"{'NAME':20} {'ROLE':12} {'STATE':8} {'DRAIN':5} {'ADDRESS':22} {'HEARD':>7} "
+              f"{'LOST':>6} {'DROPPED':>7} INCARNATION")
         for r in rows:
-            print(f"{r['name']:20} {r['role']:12} {r['state']:8} {r['address']:22} "
-                  f"{r['last_heard']:>6.1f}s {r['incarnation']}")
+            print(f"{r['name']:20} {r['role']:12} {r['state']:8} "
+                  f"{'yes' if r['draining'] else 'no':5} {r['address']:22} "
+                  f"{r['last_heard']:>6.1f}s {_count(r['lost']):>6} {_count(r['dropped']):>7} "
+                  f"{r['incarnation']}")
         return 0
 
     return run(body)

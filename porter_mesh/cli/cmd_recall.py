@@ -1,9 +1,12 @@
 """``porter-mesh recall 'SPARQL'``: query the knowledge graph.
 
+The query is checked first (limits, the read-only guard, the parser): a malformed or
+refused query fails at once with exit status 2, before any network work.
+
 Online by default: the command joins the mesh as the human user (``porter-ui``), catches
-that user's own replica up from a peer (progress on stderr; see
+a throw-away replica up from a peer (progress on stderr; see
 :mod:`porter_mesh.cli.cmd_kgsync`), then queries it locally. Offline with ``--data-dir``
-or ``--agent``: it opens that stopped node's shard directly.
+(a node's data directory) or ``--agent``: it opens that stopped node's shard directly.
 
 Runs the same read-only guard as a node's ``Recall``: SELECT, ASK, CONSTRUCT and
 DESCRIBE with the prefixes porter, as, prov, rdf, rdfs and xsd predefined; updates, LOAD
@@ -26,10 +29,17 @@ from porter_mesh.adapters.sparql import (
     QueryForm,
     QueryResult,
     term_text,
+    validate_query,
 )
 from porter_mesh.cli.cmd_kg import add_shard_options, open_shard
-from porter_mesh.cli.cmd_kgsync import add_online_options, catch_up, find_peer, online_replica
-from porter_mesh.cli.common import add_mesh_options, run
+from porter_mesh.cli.cmd_kgsync import (
+    SECONDS_OPTIONS,
+    add_online_options,
+    catch_up,
+    find_replica,
+    online_replica,
+)
+from porter_mesh.cli.common import add_mesh_options, refuse_negative, run
 from porter_mesh.errors import PorterError
 
 #: Widest a table cell gets before it is shortened with an ellipsis.
@@ -61,12 +71,20 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    try:
+        validate_query(args.sparql, row_limit=args.limit, deadline=args.timeout)
+    except PorterError as exc:  # QueryError messages carry the reason and the position
+        print(f"porter-mesh: {exc}", file=sys.stderr)
+        return 2
+    refused = refuse_negative(args, *SECONDS_OPTIONS)
+    if refused is not None:
+        return refused
     if args.data_dir is None and not args.agent:
         return _online(args)
     try:
         with open_shard(args) as shard:
             result = shard.query(args.sparql, row_limit=args.limit, deadline=args.timeout)
-    except PorterError as exc:  # QueryError messages carry the reason and the position
+    except PorterError as exc:  # past the deadline, no shard there, in use...
         print(f"porter-mesh: {exc}", file=sys.stderr)
         return 1
     _print(args, result)
@@ -76,7 +94,7 @@ def main(args: argparse.Namespace) -> int:
 def _online(args: argparse.Namespace) -> int:
     async def body() -> int:
         async with online_replica(args) as knowledge:
-            await find_peer(knowledge, args.wait)
+            await find_replica(knowledge, args.wait)
             await catch_up(knowledge, args.catchup_timeout)
             result = knowledge.shard.query(args.sparql, row_limit=args.limit,
                                            deadline=args.timeout)

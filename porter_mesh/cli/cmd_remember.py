@@ -1,13 +1,14 @@
 """``porter-mesh remember ABOUT FINDING``: add an observation to the team's knowledge graph.
 
-The command joins the mesh as the human user (``porter-ui``) with that user's own replica
-(see :mod:`porter_mesh.cli.cmd_kgsync`), catches it up from a peer first (so that the
-replica knows every record ``porter-ui`` wrote before, wherever, and never reuses one of
-its sequence numbers), waits until the peers it found subscribe to it, stores the
-observation durably, broadcasts it, and then asks a peer whether it holds the record (a
-one-record pull), broadcasting again until one does. It exits 0 once a peer holds it,
-and 1 with the reason when no peer is found or none confirms in time. The observation's
-IRI is printed on stdout (``porter-mesh recall`` finds it; ``retract`` needs it).
+The command checks the fields, then joins the mesh as the human user (``porter-ui``) with
+a throw-away replica (see :mod:`porter_mesh.cli.cmd_kgsync`), catches it up from a peer
+first (so that the replica knows every record ``porter-ui`` wrote before, wherever, and
+never reuses one of its sequence numbers), waits until the peers it found subscribe to
+it, stores the observation, broadcasts it, and then asks a peer whether it holds the
+record (a one-record pull), broadcasting again until one does. It exits 0 once a peer
+holds it; 1 with the reason when no peer keeps a replica or none confirms in time; 2 for
+a bad field. The observation's IRI is printed on stdout (``porter-mesh recall`` finds it;
+``retract`` needs it).
 """
 
 from __future__ import annotations
@@ -17,8 +18,14 @@ import sys
 import time
 from typing import Any
 
-from porter_mesh.cli.cmd_kgsync import add_online_options, catch_up, find_peer, online_replica
-from porter_mesh.cli.common import add_mesh_options, run
+from porter_mesh.cli.cmd_kgsync import (
+    SECONDS_OPTIONS,
+    add_online_options,
+    catch_up,
+    find_replica,
+    online_replica,
+)
+from porter_mesh.cli.common import add_mesh_options, refuse_negative, run
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.knowledge import Observation, Record, format_timestamp, observation_iri
@@ -65,9 +72,16 @@ def build_activity(about: str, finding: str, severity: str | None,
     return Activity.from_dict(data)
 
 
-async def confirm(knowledge: Knowledge, record: Record, timeout: float) -> str:
+async def confirm(knowledge: Knowledge, record: Record, timeout: float, *,
+                  kept: bool = False) -> str:
     """Ask peers, in turn, whether they hold ``record``; broadcast it again after each
     answer without it. The name of the first peer that holds it.
+
+    Args:
+        knowledge: porter-ui's replica.
+        record: the record to confirm.
+        timeout: seconds.
+        kept: the replica is kept (``--data-dir``), so the record is not lost.
 
     Raises:
         KnowledgeError: no peer confirmed within ``timeout`` seconds.
@@ -87,11 +101,15 @@ async def confirm(knowledge: Knowledge, record: Record, timeout: float) -> str:
         except (TimeoutError, PorterError):
             pass  # no answer (or it left): ask again, maybe another peer
         knowledge.async_broadcast(record)
+    if kept:
+        raise KnowledgeError(
+            f"the observation is stored in porter-ui's replica ({record.origin} "
+            f"#{record.seq}) but no peer confirmed holding it within {timeout}s; it "
+            "replicates when porter-ui next joins with this --data-dir (porter-mesh kgsync)")
     raise KnowledgeError(
-        f"the observation is stored in porter-ui's replica ({record.origin} #{record.seq}) "
-        f"but no peer confirmed holding it within {timeout}s; it replicates when porter-ui "
-        "next joins (porter-mesh kgsync)"
-    )
+        f"no peer confirmed holding the observation ({record.origin} #{record.seq}) within "
+        f"{timeout}s; it was broadcast but may be stored nowhere: check with porter-mesh "
+        "recall and run this command again (or raise --timeout)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -103,10 +121,13 @@ def main(args: argparse.Namespace) -> int:
     except (ActivityError, KnowledgeError) as exc:
         print(f"porter-mesh: {exc}", file=sys.stderr)
         return 2
+    refused = refuse_negative(args, *SECONDS_OPTIONS)
+    if refused is not None:
+        return refused
 
     async def body() -> int:
-        async with online_replica(args) as knowledge:
-            peers = await find_peer(knowledge, args.wait)
+        async with online_replica(args, writes=True) as knowledge:
+            peers = await find_replica(knowledge, args.wait)
             await catch_up(knowledge, args.catchup_timeout, quiet=True)
             try:
                 await knowledge.node.wait_for_subscribers(C.CHANNEL_CONTROL, len(peers),
@@ -114,7 +135,8 @@ def main(args: argparse.Namespace) -> int:
             except TimeoutError as exc:  # the confirmation below rebroadcasts anyway
                 print(f"porter-mesh: warning: {exc}", file=sys.stderr)
             record = knowledge.async_remember(activity)
-            holder = await confirm(knowledge, record, args.timeout)
+            holder = await confirm(knowledge, record, args.timeout,
+                                   kept=args.data_dir is not None)
         print(observation_iri(record.body.id))
         print(f"remembered as porter-ui #{record.seq}; {holder} holds it", file=sys.stderr)
         return 0

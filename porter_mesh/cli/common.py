@@ -24,7 +24,7 @@ from porter_mesh.core import constants as C
 from porter_mesh.core.advert import check_agent_name, check_mesh_name
 from porter_mesh.core.peers import PeerEvent
 from porter_mesh.errors import ConfigError, PorterError, SecurityError
-from porter_mesh.node.config import NodeConfig, split_seed
+from porter_mesh.node.config import NodeConfig, data_root, default_data_dir, split_seed
 
 T = TypeVar("T")
 
@@ -184,11 +184,42 @@ def seat_config(args: argparse.Namespace, **settings: Any) -> NodeConfig:
 
     It is not announced in mDNS (it introduces itself by hello to the peers it finds),
     and the nodes log its arrival and departure only at debug level (role
-    :data:`~porter_mesh.core.constants.ROLE_SEAT`).
+    :data:`~porter_mesh.core.constants.ROLE_SEAT`); they neither catch up from it nor
+    compare knowledge digests with it.
     """
     settings.setdefault("channels", ())
     return node_config(args, name=C.HUMAN_AGENT, role=C.ROLE_SEAT, advertise=False,
                        **settings)
+
+
+def add_data_options(parser: argparse.ArgumentParser) -> None:
+    """``--data-dir`` and ``--no-knowledge``, as ``node`` and ``agent`` take them."""
+    parser.add_argument("--data-dir", type=pathlib.Path, metavar="DIR",
+                        help="the node's data directory: knowledge shard, delivery journal "
+                        "(default: $PORTER_MESH_DATA/<mesh>/<name>, else the user data "
+                        "directory, e.g. ~/.local/share/porter-mesh/<mesh>/<name>)")
+    parser.add_argument("--no-knowledge", action="store_true",
+                        help="keep no knowledge shard (remember/recall then need another "
+                        "node that keeps one)")
+
+
+def data_dir_of(args: argparse.Namespace) -> pathlib.Path:
+    """The data directory the options name (``--data-dir`` or the default)."""
+    if args.data_dir is not None:
+        return pathlib.Path(args.data_dir)
+    return default_data_dir(args.mesh, args.name)
+
+
+def refuse_negative(args: argparse.Namespace, *options: str) -> int | None:
+    """Exit status 2, after a one-line complaint, when one of ``options`` (attribute
+    names, e.g. ``"wait"``) is a negative number of seconds; else ``None``."""
+    for option in options:
+        value = getattr(args, option, None)
+        if value is not None and value < 0:
+            print(f"porter-mesh: --{option.replace('_', '-')} must be 0 or more seconds, "
+                  f"not {value}", file=sys.stderr)
+            return 2
+    return None
 
 
 def ephemeral_name(prefix: str) -> str:
@@ -251,8 +282,7 @@ def report_error(command: str | None, exc: BaseException) -> int:
 
 def default_data_root() -> pathlib.Path:
     """Where nodes keep their data unless told otherwise."""
-    base = os.environ.get("PORTER_MESH_DATA")
-    return pathlib.Path(base) if base else pathlib.Path.home() / ".local/share/porter-mesh"
+    return data_root()
 
 
 def task_context(text: str) -> str:

@@ -26,7 +26,8 @@ STANDARD_CHANNELS: Final = (CHANNEL_LOG, CHANNEL_TASK, CHANNEL_REVIEW, CHANNEL_C
 #: Name the human at the dashboard or CLI sends as.
 HUMAN_AGENT: Final = "porter-ui"
 #: Role of a command line's short-lived seat (``send``, ``request``...): nodes log its
-#: arrival and departure at debug level only, since every command comes and goes.
+#: arrival and departure at debug level only, since every command comes and goes,
+#: and neither catch up from it nor compare knowledge digests with it.
 ROLE_SEAT: Final = "cli"
 #: Role of a watcher (``tail``, the dashboard): it announces itself so that senders know
 #: it and can wait until it subscribes before they broadcast.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import pathlib
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -12,30 +13,58 @@ from porter_mesh.core import constants as C
 from porter_mesh.core.advert import check_agent_name
 from porter_mesh.errors import ConfigError, SecurityError
 
-__all__ = ["ENV_INSECURE", "ENV_KEY", "ENV_TRUSTED", "NodeConfig", "default_data_dir",
-           "default_trusted_dir", "split_seed"]
+__all__ = ["BROADCAST_MESSAGE_BYTES", "ENV_DATA", "ENV_INSECURE", "ENV_KEY", "ENV_TRUSTED",
+           "KNOWLEDGE_DIR", "SUBSCRIBER_QUEUE_BYTES", "NodeConfig", "data_root",
+           "default_data_dir", "default_trusted_dir", "knowledge_dir", "split_seed"]
 
 #: Environment variables that supply the security settings' defaults, so that every
 #: ``porter-mesh`` command an operator runs (and the agents a demo starts) picks them up.
 ENV_KEY = "PORTER_MESH_KEY"
 ENV_TRUSTED = "PORTER_MESH_TRUSTED"
 ENV_INSECURE = "PORTER_MESH_INSECURE"
+#: The root of every node's default data directory (see :func:`data_root`).
+ENV_DATA = "PORTER_MESH_DATA"
+#: The knowledge shard's directory inside a node's data directory.
+KNOWLEDGE_DIR = "knowledge"
+#: Default byte budget of one subscriber's outgoing broadcast queue (see NodeConfig).
+SUBSCRIBER_QUEUE_BYTES = 32 * 1024 * 1024
+#: Default cap on one broadcast ZeroMQ message (a batch is split to stay under it).
+BROADCAST_MESSAGE_BYTES = 64 * 1024
 
 
-def _data_root() -> pathlib.Path:
-    base = os.environ.get("PORTER_MESH_DATA")
-    return pathlib.Path(base) if base else pathlib.Path.home() / ".local/share/porter-mesh"
+def data_root() -> pathlib.Path:
+    """Where nodes keep their data unless told otherwise: ``$PORTER_MESH_DATA``, else the
+    platform's user data directory plus ``porter-mesh`` (``$XDG_DATA_HOME`` or
+    ``~/.local/share`` on Linux and other Unix, ``~/Library/Application Support`` on macOS,
+    ``%LOCALAPPDATA%`` on Windows)."""
+    base = os.environ.get(ENV_DATA)
+    if base:
+        return pathlib.Path(base).expanduser()
+    home = pathlib.Path.home()
+    if sys.platform == "darwin":
+        return home / "Library" / "Application Support" / "porter-mesh"
+    if sys.platform == "win32":
+        local = os.environ.get("LOCALAPPDATA")
+        return (pathlib.Path(local) if local else home / "AppData" / "Local") / "porter-mesh"
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    # The XDG spec says to ignore a relative path.
+    return (pathlib.Path(xdg) if os.path.isabs(xdg) else home / ".local" / "share") / "porter-mesh"
 
 
 def default_data_dir(mesh: str, name: str) -> pathlib.Path:
-    """``$PORTER_MESH_DATA/<mesh>/<name>``, else ``~/.local/share/porter-mesh/<mesh>/<name>``."""
-    return _data_root() / mesh / name
+    """The data directory of agent ``name`` on ``mesh``: ``<data root>/<mesh>/<name>``
+    (see :func:`data_root`)."""
+    return data_root() / mesh / name
+
+
+def knowledge_dir(data_dir: pathlib.Path) -> pathlib.Path:
+    """The knowledge shard's directory inside the node data directory ``data_dir``."""
+    return data_dir / KNOWLEDGE_DIR
 
 
 def default_trusted_dir(mesh: str) -> pathlib.Path:
-    """The trusted-key directory of ``mesh``: ``$PORTER_MESH_DATA/<mesh>/trusted``, else
-    ``~/.local/share/porter-mesh/<mesh>/trusted``."""
-    return _data_root() / mesh / "trusted"
+    """The trusted-key directory of ``mesh``: ``<data root>/<mesh>/trusted``."""
+    return data_root() / mesh / "trusted"
 
 
 def _env_path(variable: str) -> pathlib.Path | None:
@@ -101,15 +130,28 @@ class NodeConfig:
         send_timeout: default deadline (seconds) for a direct send to be acknowledged.
         retry_initial / retry_max: direct resend backoff (seconds).
         max_message_bytes: ZeroMQ ZMQ_MAXMSGSIZE on every receiving socket.
-        sndhwm / rcvhwm: ZeroMQ high-water marks (messages) per socket pipe.
+        sndhwm / rcvhwm: ZeroMQ high-water marks (messages) per socket pipe (the PUB
+            socket's send side excepted: see ``subscriber_queue_bytes``).
+        subscriber_queue_bytes: most bytes of broadcasts queued in this process for one
+            subscriber that does not read (stopped, overloaded); beyond it that
+            subscriber's broadcasts are dropped and it counts them as lost (sequence
+            gaps). Default 32 MiB. libzmq counts its queue in messages, so the PUB's
+            high-water mark is ``subscriber_queue_bytes // broadcast_message_bytes`` and
+            no broadcast message is bigger than ``broadcast_message_bytes`` (unless one
+            activity is). The kernel's TCP send buffer (a few MB, outside the process)
+            comes on top.
+        broadcast_message_bytes: most bytes of activities packed into one broadcast
+            ZeroMQ message (default 64 KiB); a batch that would be bigger is split.
         inbox_size: most undelivered messages held for the application; broadcast beyond
             it is dropped (counted); direct beyond it is not acknowledged, so the sender
             retries later (backpressure, no loss). 0 disables the inbox: messages go
             only to handlers.
         max_pending: most unacknowledged direct messages per recipient.
         batch_max: most activities packed into one ZeroMQ message under load.
-        data_dir: where durable state lives (the direct-delivery journal); ``None`` keeps
-            it in memory only.
+        data_dir: where durable state lives (the direct-delivery journal; the knowledge
+            shard, in ``knowledge/``, when one is attached); ``None`` keeps it in memory
+            only. The node locks it while it runs: a second process is refused, with
+            the pid of the one that holds it.
         idempotency_window: seconds a receiver remembers the idempotency key of a direct
             message (``send(..., key=...)``): a message with a key seen from the same
             sender within the window is acknowledged and not delivered again.
@@ -145,6 +187,8 @@ class NodeConfig:
     max_message_bytes: int = C.MAX_MESSAGE_BYTES
     sndhwm: int = 100_000
     rcvhwm: int = 100_000
+    subscriber_queue_bytes: int = SUBSCRIBER_QUEUE_BYTES
+    broadcast_message_bytes: int = BROADCAST_MESSAGE_BYTES
     inbox_size: int = 100_000
     max_pending: int = 100_000
     batch_max: int = 64
@@ -197,9 +241,18 @@ class NodeConfig:
                 raise ConfigError(f"{value_name} must be positive")
         if self.inbox_size < 0:
             raise ConfigError("inbox_size must be >= 0 (0: no inbox, handlers only)")
-        for count_name in ("max_pending", "sndhwm", "rcvhwm", "max_message_bytes"):
+        for count_name in ("max_pending", "sndhwm", "rcvhwm", "max_message_bytes",
+                           "subscriber_queue_bytes", "broadcast_message_bytes"):
             if getattr(self, count_name) <= 0:
                 raise ConfigError(f"{count_name} must be positive")
+        if self.subscriber_queue_bytes < self.broadcast_message_bytes:
+            raise ConfigError("subscriber_queue_bytes must hold at least one broadcast "
+                              f"message ({self.broadcast_message_bytes} bytes)")
+
+    @property
+    def pub_hwm(self) -> int:
+        """The PUB socket's high-water mark: the subscriber byte budget in messages."""
+        return self.subscriber_queue_bytes // self.broadcast_message_bytes
 
     @property
     def loopback_only(self) -> bool:

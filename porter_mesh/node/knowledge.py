@@ -161,6 +161,8 @@ class Knowledge:
         # ever: a node may attach its replica a moment after it starts.
         self._no_sync: dict[str, float] = {}
         self._caught_up: set[str] = set()
+        # Peers that sent any sync message or said they run none (since they joined).
+        self._answered: set[str] = set()
         self._digest_sent: dict[str, float] = {}
         self._rr = itertools.count()
         self._task: asyncio.Task[None] | None = None
@@ -184,6 +186,7 @@ class Knowledge:
         self.node.register_kind(KIND_SYNC, self._on_sync)
         self.node.register_kind(K_UNSUPPORTED, self._on_unsupported)
         self._remove_listener = self.node.add_peer_listener(self._on_peer)
+        self.node.view_sections["knowledge"] = self.summary
         for peer in self.node.peers():
             self._queue_catchup(peer.name)
         self._task = asyncio.ensure_future(self._tick_loop())
@@ -200,6 +203,7 @@ class Knowledge:
                 self._remove_listener()
             self._remove_listener = None
         self._merge_inbound()
+        self.node.view_sections.pop("knowledge", None)
         self._closed = True
         for _, fut in self._waiters:
             if not fut.done():
@@ -309,6 +313,15 @@ class Knowledge:
         """Peers this replica has finished a catch-up from (since they joined)."""
         return frozenset(self._caught_up)
 
+    def answered_by(self) -> frozenset[str]:
+        """Peers that have answered on the sync path (since they joined), including those
+        that said they run no replica."""
+        return frozenset(self._answered)
+
+    def without_replica(self) -> frozenset[str]:
+        """Peers that said they run no knowledge replica (recently: see NO_SYNC_BACKOFF)."""
+        return frozenset(self._no_sync)
+
     async def wait_caught_up(self, count: int, timeout: float) -> None:
         """Wait until catch-ups from ``count`` peers have finished.
 
@@ -382,7 +395,7 @@ class Knowledge:
         self.counters["sent." + type(message).__name__] += 1
 
     def _refuse(self, peer: str, reason: str, error: Exception) -> None:
-        self.node.counters["dropped.sync." + reason] += 1
+        self.node.count_drop("sync." + reason, peer)
         if (reason, peer) in self._refusals_logged or len(self._refusals_logged) > 10_000:
             log.debug("refused sync from %s (%s): %s", peer, reason, error)
             return
@@ -392,6 +405,7 @@ class Knowledge:
 
     def _on_sync(self, env: Envelope, payload: bytes, reply: Reply) -> None:
         peer = env.sender
+        self._answered.add(peer)
         try:
             message = decode_sync(payload)
         except SyncError as exc:
@@ -557,6 +571,7 @@ class Knowledge:
             for key in [k for k in self._asked if k[0] == name]:
                 del self._asked[key]
             self._caught_up.discard(name)
+            self._answered.discard(name)
             self._no_sync.pop(name, None)  # a restarted peer may run a replica now
             self._digest_sent.pop(name, None)
             with contextlib.suppress(ValueError):
@@ -565,9 +580,15 @@ class Knowledge:
                 self._catchup_peer = None
                 self._next_catchup()
 
+    def _is_seat(self, name: str) -> bool:
+        """A short-lived command-line seat: its replica is a throw-away copy of ours."""
+        info = self.node.peer(name)
+        return info is not None and info.advert.role == C.ROLE_SEAT
+
     def _queue_catchup(self, name: str) -> None:
         if (name in self._caught_up or name in self._catchup_queue
-                or name == self._catchup_peer or name in self._no_sync):
+                or name == self._catchup_peer or name in self._no_sync
+                or self._is_seat(name)):
             return
         self._catchup_queue.append(name)
         self._next_catchup()
@@ -599,6 +620,7 @@ class Knowledge:
         if body.get("k") != KIND_SYNC:
             return
         peer = env.sender
+        self._answered.add(peer)
         self._no_sync[peer] = time.monotonic() + NO_SYNC_BACKOFF
         for key in [k for k in self._asked if k[0] == peer]:
             del self._asked[key]
@@ -607,8 +629,9 @@ class Knowledge:
             self._next_catchup()
 
     def _sync_peers(self) -> list[str]:
-        """Connected peers that run a knowledge replica (as far as we know)."""
-        return sorted(p.name for p in self.node.peers() if p.name not in self._no_sync)
+        """Connected peers that run a knowledge replica (as far as we know), seats aside."""
+        return sorted(p.name for p in self.node.peers()
+                      if p.name not in self._no_sync and p.advert.role != C.ROLE_SEAT)
 
     def _catchup_failed(self, peer: str, why: str) -> None:
         """A chunk was refused or never came: start that peer's catch-up over, or skip it."""
@@ -683,6 +706,16 @@ class Knowledge:
                 listener(event, detail)
             except Exception:
                 log.exception("knowledge listener failed")
+
+    def summary(self) -> dict[str, Any]:
+        """The replica's size and digest, cheaply (the node's view shows it):
+        ``observations`` and ``retractions`` recorded, ``origins``, ``digest`` (hex),
+        ``data_dir`` and the peer a catch-up runs from (or ``None``)."""
+        state = self.shard.state
+        return {"observations": state.observation_records,
+                "retractions": state.retraction_records,
+                "origins": len(state.version_vector()), "digest": state.digest().top.hex(),
+                "data_dir": str(self.shard.data_dir), "catching_up_from": self._catchup_peer}
 
     def stats(self) -> dict[str, Any]:
         """Shard summary plus replication counters.

@@ -69,8 +69,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple, TypeVar, cast
 
+import orjson
 import zmq
 
+from porter_mesh.adapters.dirlock import DirLock
 from porter_mesh.adapters.journal import DeliveryJournal, JournalRecord
 from porter_mesh.adapters.security import AUDIT_FILE, MeshSecurity, check_libzmq
 from porter_mesh.core import constants as C
@@ -149,6 +151,14 @@ K_HELLO = "hello"
 K_WELCOME = "welcome"
 #: The answer to a direct request of a kind this node does not handle: ``{"k": kind}``.
 K_UNSUPPORTED = "unsupported"
+#: A request for the node's own view (:meth:`Node.view`), answered with ``stats-reply``.
+K_STATS = "stats"
+#: The answer to ``stats``: the view as JSON.
+K_STATS_REPLY = "stats-reply"
+#: The lock file that keeps a data directory to one node process.
+DATA_DIR_LOCK = "node.lock"
+#: Senders whose drops and losses are counted one by one (more are counted in total only).
+_MAX_COUNTED_SENDERS = 1024
 
 
 class Message(NamedTuple):
@@ -192,15 +202,25 @@ Reply = Callable[[str, bytes], None]
 KindHandler = Callable[[Envelope, bytes, Reply], None]
 
 
-class _OnceLog:
-    """Log a problem once per (reason, origin) at WARNING, then only count it."""
+def _count_for(counter: collections.Counter[str], sender: str, n: int = 1) -> None:
+    """``counter[sender] += n``, for a bounded number of senders."""
+    if sender in counter or len(counter) < _MAX_COUNTED_SENDERS:
+        counter[sender] += n
 
-    def __init__(self, counters: collections.Counter[str]) -> None:
+
+class _OnceLog:
+    """Log a problem once per (reason, origin) at WARNING, then only count it (in total
+    and per origin)."""
+
+    def __init__(self, counters: collections.Counter[str],
+                 by_origin: collections.Counter[str]) -> None:
         self._seen: set[tuple[str, str]] = set()
         self._counters = counters
+        self._by_origin = by_origin
 
     def __call__(self, reason: str, origin: str, message: str, *args: object) -> None:
         self._counters["dropped." + reason] += 1
+        _count_for(self._by_origin, origin)
         key = (reason, origin)
         if key in self._seen or len(self._seen) > 10_000:
             if log.isEnabledFor(logging.DEBUG):
@@ -287,7 +307,14 @@ class Node:
         self.name = config.name
         self.incarnation = secrets.randbits(63) or 1
         self.counters: collections.Counter[str] = collections.Counter()
-        self._drop = _OnceLog(self.counters)
+        #: Broadcasts lost (sequence gaps) and messages dropped, per sending peer.
+        self.lost_by: collections.Counter[str] = collections.Counter()
+        self.dropped_by: collections.Counter[str] = collections.Counter()
+        self._drop = _OnceLog(self.counters, self.dropped_by)
+        #: Extra sections of :meth:`view` (the knowledge replica adds ``knowledge``).
+        self.view_sections: dict[str, Callable[[], dict[str, Any]]] = {}
+        self._dir_lock: DirLock | None = None
+        self._started_at = time.monotonic()
         self._peers = PeerTable(evasive_after=config.evasive_after,
                                 expire_after=config.expire_after)
         self._links: dict[str, _PeerLink] = {}
@@ -308,7 +335,7 @@ class Node:
         self._batch_handlers: list[Callable[[list[Message]], None]] = []
         self._peer_listeners: list[Callable[[PeerEvent], None]] = []
         self._control_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
-        self._kind_handlers: dict[str, KindHandler] = {}
+        self._kind_handlers: dict[str, KindHandler] = {K_STATS: self._on_stats_request}
         self._channels: set[str] = set()
         self._subscribers: collections.Counter[bytes] = collections.Counter()
         self._subscribed: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -369,7 +396,11 @@ class Node:
         check_libzmq()
         cfg.check_protected()
         security = self._load_security() if cfg.secured else None
+        if cfg.data_dir is not None:
+            # Refused here, before any socket is bound, when another node runs on it.
+            self._dir_lock = DirLock(cfg.data_dir, filename=DATA_DIR_LOCK)
         self._started = True
+        self._started_at = time.monotonic()
         self._loop = asyncio.get_running_loop()
         self._inbox_event = asyncio.Event()
         self._halt_event = asyncio.Event()
@@ -384,6 +415,8 @@ class Node:
             # wait for subscribers instead of guessing (the "slow joiner" problem).
             self._pub = self._server_socket(zmq.XPUB)
             self._pub.setsockopt(zmq.XPUB_VERBOSER, 1)
+            # Bound in bytes: messages are at most broadcast_message_bytes (see _batches).
+            self._pub.setsockopt(zmq.SNDHWM, cfg.pub_hwm)
             self.pub_port = self._bind(self._pub, cfg.pub_port)
             self._router = self._server_socket(zmq.ROUTER)
             self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
@@ -392,6 +425,7 @@ class Node:
             self._sub = self._socket(zmq.SUB) if security is None else None
         except zmq.ZMQError as exc:
             self._close_sockets()
+            self._release_data_dir()
             raise ConfigError(
                 f"cannot bind on {', '.join(cfg.interfaces)}: {exc.strerror}; choose other "
                 "ports (0 lets the OS pick) or another interface"
@@ -519,10 +553,16 @@ class Node:
             # Closing the node means the application is done with what it took.
             self._journal.take(self._handed)
             self._journal.close()
+        self._release_data_dir()
         if self._halt_event is not None:
             self._halt_event.set()
         if self._inbox_event is not None:
             self._inbox_event.set()
+
+    def _release_data_dir(self) -> None:
+        if self._dir_lock is not None:
+            self._dir_lock.release()
+            self._dir_lock = None
 
     def _close_sockets(self) -> None:
         loop = self._loop
@@ -672,6 +712,8 @@ class Node:
                 key: str | None = None) -> None:
         """Drop something a secured node must not accept: count it and audit it."""
         self.counters["dropped." + event] += 1
+        if peer is not None:
+            _count_for(self.dropped_by, peer)
         if self._security is not None:
             self._security.audit.record(event, detail, peer=peer, key=key)
 
@@ -777,6 +819,10 @@ class Node:
 
     def _send_hello(self, dealer: zmq.Socket[bytes]) -> None:
         if self.config.observer:
+            # An observer stays off every roster, but a seed must still tell it who is
+            # there: its hello carries no advert, only the wish for a welcome.
+            if any(dealer is seed for seed in self._seed_dealers.values()):
+                self._send_control_direct(dealer, K_HELLO, {"o": 1})
             return
         self._send_control_direct(dealer, K_HELLO, self._hello_body())
 
@@ -1014,13 +1060,13 @@ class Node:
             ref, count, kind,
         )
 
-    def _batches(self, items: list[_T], activity: Callable[[_T], Activity] | None
-                 ) -> Iterator[tuple[list[_T], bytes]]:
+    def _batches(self, items: list[_T], activity: Callable[[_T], Activity] | None, *,
+                 max_bytes: int | None = None) -> Iterator[tuple[list[_T], bytes]]:
         """``items`` in runs of at most ``batch_max``, each with its encoded payload
         (``activity`` picks an item's activity; ``None``: the items are activities).
 
-        A run whose activities together pass one message's size limit is halved until
-        each part fits (a single activity always does).
+        A run whose activities together pass one message's size limit (or ``max_bytes``)
+        is split into parts that fit (a single activity is sent whatever its size).
         """
         step = self.config.batch_max
         pending = [items[start:start + step] for start in range(0, len(items), step)][::-1]
@@ -1033,15 +1079,20 @@ class Node:
             except FrameError as exc:
                 if exc.reason != "too-large" or len(chunk) == 1:
                     raise
-                half = len(chunk) // 2
-                pending += [chunk[half:], chunk[:half]]
-                continue
-            yield chunk, payload
+                parts = 2
+            else:
+                if max_bytes is None or len(payload) <= max_bytes or len(chunk) == 1:
+                    yield chunk, payload
+                    continue
+                parts = -(-len(payload) // max_bytes)
+            size = -(-len(chunk) // min(parts, len(chunk)))
+            pending += [chunk[i:i + size] for i in range(0, len(chunk), size)][::-1]
 
     def _flush_broadcast(self, channel: str, activities: list[Activity]) -> None:
         assert self._pub is not None
         last = self._bseq.get(channel, 0)
-        for chunk, payload in self._batches(activities, None):
+        for chunk, payload in self._batches(activities, None,
+                                            max_bytes=self.config.broadcast_message_bytes):
             env = self._envelope(channel, last + 1, len(chunk))
             last += len(chunk)
             frames = encode_broadcast(env, payload)
@@ -1283,13 +1334,20 @@ class Node:
             return
         result = self._btracker.observe_range(env.sender, env.channel, env.incarnation,
                                              env.seq, env.count)
-        self._count_seq(result)
+        self._count_seq(result, env.sender)
         self._deliver(env, payload, direct=False)
 
-    def _count_seq(self, result: Any) -> None:
+    def _count_seq(self, result: Any, sender: str) -> None:
         if result.verdict is SeqVerdict.GAP and result.missing is not None:
             lo, hi = result.missing
             self.counters["lost.broadcast"] += hi - lo + 1
+            first = sender not in self.lost_by and len(self.lost_by) < _MAX_COUNTED_SENDERS
+            _count_for(self.lost_by, sender, hi - lo + 1)
+            if first:
+                log.warning("lost %d broadcast(s) from %s (a sequence gap: it sent faster "
+                            "than this node read, or the link dropped); further losses from "
+                            "%s are only counted (porter-mesh stats %s shows them)",
+                            hi - lo + 1, sender, sender, self.name)
         elif result.verdict is SeqVerdict.DUPLICATE:
             self.counters["duplicate.broadcast"] += 1
 
@@ -1702,7 +1760,8 @@ class Node:
         if kind == K_HEARTBEAT:
             self._on_heartbeat(env, body)
         elif kind == K_HELLO and ident is not None:
-            for advert in self._adverts_from_body(body, env.sender):
+            adverts = [] if body.get("o") else self._adverts_from_body(body, env.sender)
+            for advert in adverts:
                 self._found(advert, verified=advert.name == env.sender)
             if self._router is not None:
                 self._send_control_direct(self._router, K_WELCOME, self._hello_body(),
@@ -1741,7 +1800,7 @@ class Node:
                                env.sender, exc)
                     return
                 info.last_seqs[channel] = last
-                self._count_seq(result)
+                self._count_seq(result, env.sender)
 
     # ------------------------------------------------------------------ timers
 
@@ -1981,6 +2040,56 @@ class Node:
         out["retries"] = self._outbox.resent
         out["peers"] = len(self._peers)
         return out
+
+    # ------------------------------------------------------------------ the node's view
+
+    def view(self) -> dict[str, Any]:
+        """This node's own view of the mesh, as ``porter-mesh stats`` shows it.
+
+        Returns:
+            Plain values: ``name``, ``role``, ``mesh``, ``version``, ``protocol``,
+            ``incarnation`` (hex), ``uptime`` (seconds), ``draining``; ``peers`` (one map
+            per roster entry: ``name``, ``role``, ``state``, ``draining``, ``last_heard``
+            (seconds ago), ``lost``, ``dropped``); ``lost`` and ``dropped`` in total;
+            ``queues`` (``inbox``, ``outbox``, ``subscribers``); ``counters``; plus the
+            sections of :attr:`view_sections` (``knowledge``, when a replica runs).
+        """
+        from porter_mesh import __version__
+
+        now = time.monotonic()
+        peers = [{
+            "name": p.name, "role": p.advert.role, "state": p.state.value,
+            "draining": p.draining, "last_heard": round(now - p.last_heard, 2),
+            "lost": self.lost_by.get(p.name, 0), "dropped": self.dropped_by.get(p.name, 0),
+        } for p in sorted(self._peers.snapshot(), key=lambda p: p.name)]
+        out: dict[str, Any] = {
+            "name": self.name, "role": self.config.role, "mesh": self.config.mesh,
+            "version": __version__, "protocol": C.PROTOCOL_VERSION,
+            "incarnation": f"{self.incarnation:x}",
+            "uptime": round(now - self._started_at, 1), "draining": self.draining,
+            "peers": peers,
+            "lost": sum(v for k, v in self.counters.items() if k.startswith("lost.")),
+            "dropped": sum(v for k, v in self.counters.items() if k.startswith("dropped.")),
+            "queues": {"inbox": len(self._inbox), "outbox": len(self._outbox),
+                       "subscribers": self._subscribers[encode_topic(C.CHANNEL_CONTROL)]},
+            "counters": dict(self.counters),
+        }
+        for section, provide in list(self.view_sections.items()):
+            try:
+                out[section] = provide()
+            except Exception as exc:  # one broken section must not hide the rest
+                out[section] = {"error": str(exc)}
+        return out
+
+    def count_drop(self, reason: str, peer: str) -> None:
+        """Count one message from ``peer`` dropped for ``reason`` (protocols on top of the
+        node, such as knowledge sync, count their refusals here)."""
+        self.counters["dropped." + reason] += 1
+        _count_for(self.dropped_by, peer)
+
+    def _on_stats_request(self, env: Envelope, payload: bytes, reply: Reply) -> None:
+        """Answer ``stats`` with :meth:`view` (any sender may ask, as for a ping)."""
+        reply(K_STATS_REPLY, orjson.dumps(self.view()))
 
     def endpoints(self) -> dict[str, str]:
         """``{"pub": ..., "router": ...}`` endpoints on the first interface."""

@@ -5,8 +5,10 @@ Used by the integration tests. Every line printed is one JSON object with an ``e
 ``sent`` (a direct send was acknowledged), ``send-failed``, ``stats``.
 
 Commands (one JSON object per stdin line, ``op`` key): ``publish`` (channel, text, n),
-``send`` (to, n, start: numbered direct messages, pipelined), ``stats``, ``subscribe``,
-``quit``.
+``burst`` (channel, text, n, chunk: published ``chunk`` at a time, one loop turn each;
+reports ``burst-start`` and ``burst-done`` with the process's peak RSS so far, ``maxrss``,
+in bytes), ``send`` (to, n, start: numbered direct messages, pipelined), ``stats``,
+``subscribe``, ``quit``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import asyncio
 import logging
 import pathlib
+import resource
 import sys
 import time
 from typing import Any
@@ -51,12 +54,18 @@ async def main() -> None:
     parser.add_argument("--heartbeat", type=float, default=0.2)
     parser.add_argument("--evasive-after", type=float, default=0.8)
     parser.add_argument("--expire-after", type=float, default=2.0)
+    parser.add_argument("--subscriber-queue-bytes", type=int)
+    parser.add_argument("--broadcast-message-bytes", type=int)
     parser.add_argument("--quiet-messages", action="store_true",
                         help="report only a count of delivered messages")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(relativeCreated)d %(name)s %(message)s")
     logging.getLogger("zeroconf").setLevel(logging.WARNING)
+    sizes = {k: v for k, v in (("subscriber_queue_bytes", args.subscriber_queue_bytes),
+                               ("broadcast_message_bytes", args.broadcast_message_bytes))
+             if v is not None}
     node = Node(
+        **sizes,
         name=args.name, mesh=args.mesh, interfaces=(args.interface,),
         router_port=args.router_port, pub_port=args.pub_port, seeds=tuple(args.seed),
         discovery=not args.no_discovery, data_dir=args.data_dir,
@@ -119,6 +128,16 @@ async def main() -> None:
         if op == "publish":
             for i in range(cmd.get("n", 1)):
                 node.async_publish(cmd["channel"], activity(node.name, f"{cmd['text']}{i}"))
+        elif op == "burst":
+            emit(ev="burst-start", maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+            chunk = cmd.get("chunk", 512)
+            for first in range(0, cmd["n"], chunk):
+                for i in range(first, min(first + chunk, cmd["n"])):
+                    node.async_publish(cmd["channel"], activity(node.name, f"{cmd['text']}{i}"))
+                await asyncio.sleep(0)  # one flush per chunk, as a busy agent's loop does
+            await asyncio.sleep(0)
+            emit(ev="burst-done", maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                 stats=node.stats())
         elif op == "send":
             task = asyncio.ensure_future(send_many(cmd["to"], cmd.get("start", 0), cmd["n"]))
             tasks.add(task)

@@ -509,10 +509,11 @@ def test_cli_recall_and_kg(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPat
     code, out, err = run_cli("recall", "--data-dir", str(data), "--csv", "--limit", "1",
                              PROFILE_QUERY)
     assert out.splitlines()[0] == "about,finding" and "row limit" in err
+    # A refused or malformed query is the user's mistake: status 2, before anything opens.
     code, _, err = run_cli("recall", "--data-dir", str(data), "LOAD <http://x>")
-    assert code == 1 and "LOAD is refused" in err
+    assert code == 2 and "LOAD is refused" in err
     code, _, err = run_cli("recall", "--data-dir", str(data), "SELECT * WHERE {\n ?s ?p }")
-    assert code == 1 and "line 2" in err
+    assert code == 2 and "line 2" in err
     # The node's default directory is found from --mesh/--agent and PORTER_MESH_DATA.
     monkeypatch.setenv("PORTER_MESH_DATA", str(tmp_path))
     code, out, _ = run_cli("kg", "stats", "--agent", "worker-1", "--json")

@@ -1,0 +1,199 @@
+"""``porter-mesh stats [AGENT]``: a node's own view, asked over the mesh.
+
+The command joins as an observer (on no roster), finds the agent, and sends it a
+``stats`` request over its direct path; the node answers with its
+:meth:`~porter_mesh.node.node.Node.view`: its roster with states, per-peer lost
+(broadcast sequence gaps) and dropped counts, queue depths, knowledge size and digest,
+uptime and version. Without AGENT, every agent found within ``--wait`` is asked.
+``--json`` prints each view as one JSON object per line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+import orjson
+
+from porter_mesh.cli.common import (
+    add_mesh_options,
+    ephemeral_name,
+    node_config,
+    refuse_negative,
+    run,
+)
+from porter_mesh.core import constants as C
+from porter_mesh.core.envelope import Envelope, decode_control
+from porter_mesh.errors import PorterError, ProtocolError
+from porter_mesh.node.node import K_STATS, K_STATS_REPLY, K_UNSUPPORTED, Node, Reply
+
+DEFAULT_WAIT = 3.0
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "stats", help="show a node's own view of the mesh (roster, loss, queues, knowledge)",
+        description="Ask AGENT (or every agent found) for its own view over the mesh: "
+        "its roster with states, per-peer lost and dropped counts, queue depths, "
+        "knowledge size and digest, uptime, version.")
+    parser.add_argument("agent", metavar="AGENT", nargs="?",
+                        help="the agent to ask (default: every agent found within --wait)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per agent")
+    parser.add_argument("--wait", type=float, default=DEFAULT_WAIT, metavar="SECONDS",
+                        help="how long to look for agents (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="how long an agent may take to answer (default %(default)s)")
+    add_mesh_options(parser)
+    parser.set_defaults(func=main)
+
+
+class ViewClient:
+    """Asks peers for their view (``stats``) through ``node``, which it answers for.
+
+    Registers the node's ``stats-reply`` and ``unsupported`` kinds: use it on a node that
+    runs no other protocol needing ``unsupported`` (an observer of the command line).
+    """
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        node.register_kind(K_STATS_REPLY, self._on_reply)
+        node.register_kind(K_UNSUPPORTED, self._on_unsupported)
+
+    def _on_reply(self, env: Envelope, payload: bytes, reply: Reply) -> None:
+        fut = self._waiting.get(env.sender)
+        if fut is None or fut.done():
+            return
+        try:
+            view = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            fut.set_exception(PorterError(f"{env.sender} answered stats with something that "
+                                          "is not JSON"))
+            return
+        if isinstance(view, dict):
+            fut.set_result(view)
+        else:
+            fut.set_exception(PorterError(f"{env.sender} answered stats with a "
+                                          f"{type(view).__name__}, not an object"))
+
+    def _on_unsupported(self, env: Envelope, payload: bytes, reply: Reply) -> None:
+        fut = self._waiting.get(env.sender)
+        try:
+            kind = decode_control(payload).get("k")
+        except ProtocolError:
+            return
+        if kind == K_STATS and fut is not None and not fut.done():
+            fut.set_exception(PorterError(f"{env.sender} does not answer stats (it runs an "
+                                          "older porter-mesh)"))
+
+    async def ask(self, peer: str, timeout: float) -> dict[str, Any]:
+        """The view of ``peer``.
+
+        Raises:
+            TimeoutError: no answer within ``timeout`` seconds.
+            PorterError: it cannot answer, or is not connected.
+        """
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[peer] = fut
+        try:
+            self.node.async_send_kind(peer, K_STATS, b"")
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._waiting.pop(peer, None)
+
+    async def ask_all(self, peers: list[str], timeout: float
+                      ) -> dict[str, dict[str, Any] | BaseException]:
+        """The view of each of ``peers``, or why there is none, asked all at once."""
+        answers = await asyncio.gather(*(self.ask(p, timeout) for p in peers),
+                                       return_exceptions=True)
+        return dict(zip(peers, answers, strict=True))
+
+
+def observer_config(args: argparse.Namespace, prefix: str) -> Any:
+    """An observer's config: on no roster, announced nowhere (``peers``, ``stats``)."""
+    return node_config(args, name=ephemeral_name(prefix), role="observer", observer=True,
+                       channels=(), inbox_size=0)
+
+
+async def find_agents(node: Node, agent: str | None, wait: float) -> list[str]:
+    """``[agent]`` once it is found, or every agent (seats aside) found within ``wait``.
+
+    Raises:
+        PorterError: nobody (or not ``agent``) found in time; the message says what to do.
+    """
+    mesh = node.config.mesh
+    if agent is not None:
+        try:
+            await node.wait_for_peers([agent], wait)
+        except TimeoutError:
+            seen = ", ".join(sorted(p.name for p in node.peers())) or "none"
+            raise PorterError(f"no agent {agent!r} found on mesh {mesh!r} within {wait}s "
+                              f"(seen: {seen}); check the name, --mesh and --peer") from None
+        return [agent]
+    await asyncio.sleep(wait)  # the listening period the user chose
+    names = sorted(p.name for p in node.peers() if p.advert.role != C.ROLE_SEAT)
+    if not names:
+        raise PorterError(f"no agents seen on mesh {mesh!r} within {wait}s; start one, or "
+                          "check --mesh, --interface and --peer")
+    return names
+
+
+def format_view(view: dict[str, Any]) -> str:
+    """A view as lines for people."""
+    kg = view.get("knowledge")
+    queues = view.get("queues", {})
+    lines = [
+        f"agent      {view.get('name')} ({view.get('role')}) on mesh {view.get('mesh')!r}, "
+        f"porter-mesh {view.get('version')} (protocol {view.get('protocol')}), "
+        f"up {view.get('uptime')}s, incarnation {view.get('incarnation')}"
+        + (", draining" if view.get("draining") else ""),
+        f"queues     inbox {queues.get('inbox')}, outbox {queues.get('outbox')}, "
+        f"subscribers {queues.get('subscribers')}",
+        "knowledge  " + ("none (started with --no-knowledge)" if not isinstance(kg, dict) else
+                         f"{kg.get('observations')} observation(s), {kg.get('retractions')} "
+                         f"retraction(s) from {kg.get('origins')} origin(s), digest "
+                         f"{str(kg.get('digest'))[:16]}, in {kg.get('data_dir')}"),
+        f"loss       {view.get('lost')} broadcast(s) lost, {view.get('dropped')} "
+        "message(s) dropped",
+    ]
+    peers = view.get("peers") or []
+    if not peers:
+        lines.append("peers      none")
+        return "\n".join(lines)
+    lines.append(f"{'PEER':24} {'ROLE':12} {'STATE':8} {'DRAIN':5} {'HEARD':>7} "
+                 f"{'LOST':>8} {'DROPPED':>8}")
+    for p in peers:
+        lines.append(f"{p.get('name', '?'):24} {p.get('role', '?'):12} "
+                     f"{p.get('state', '?'):8} {'yes' if p.get('draining') else 'no':5} "
+                     f"{p.get('last_heard', 0):>6.1f}s {p.get('lost', 0):>8} "
+                     f"{p.get('dropped', 0):>8}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    refused = refuse_negative(args, "wait", "timeout")
+    if refused is not None:
+        return refused
+    config = observer_config(args, "porter-stats")
+
+    async def body() -> int:
+        async with Node(config) as node:
+            client = ViewClient(node)
+            names = await find_agents(node, args.agent, args.wait)
+            answers = await client.ask_all(names, args.timeout)
+        status = 0
+        for name, view in answers.items():
+            if isinstance(view, BaseException):
+                why = (f"no answer within {args.timeout}s" if isinstance(view, TimeoutError)
+                       else str(view))
+                print(f"porter-mesh: {name}: {why}", file=sys.stderr)
+                status = 1
+            elif args.json:
+                print(orjson.dumps(view).decode())
+            else:
+                print(format_view(view) + ("\n" if len(answers) > 1 else ""))
+        return status
+
+    return run(body)
