@@ -305,11 +305,13 @@ def _prof(profile: Path | None, suffix: str) -> Path | None:
 
 
 def measure_direct(
-    counts: Counts, profile: Path | None = None, mode: str = "orjson"
+    counts: Counts, profile: Path | None = None, mode: str = "orjson", journal: bool = False
 ) -> dict[str, Any]:
     """Acknowledged direct sends per second, ``counts.window`` in flight.
 
-    ``mode="orjson"`` builds a fresh activity per message; ``"raw"`` reuses one.
+    ``mode="orjson"`` builds a fresh activity per message; ``"raw"`` reuses one. With
+    ``journal`` the receiver has a data directory: each message is journaled before its
+    acknowledgement and taken when the inbox is emptied.
     """
     deadline = _deadline(counts)
     with peer_group() as spawn:
@@ -320,6 +322,7 @@ def measure_direct(
                 {
                     "limit": counts.limit + STARTUP_ALLOWANCE,
                     "profile": _prof(profile, ".recv.prof"),
+                    "journal": journal,
                 },
             ),
             (
@@ -339,6 +342,7 @@ def measure_direct(
         result["receiver"] = recv.expect("result", deadline)
     result["window"] = counts.window
     result["mode"] = "prebuilt activity" if mode == "raw" else "fresh activity per message"
+    result["journal"] = journal
     return result
 
 
@@ -482,6 +486,7 @@ def summarize(res: dict[str, Any]) -> list[Row]:
     disc = res.get("discovery", {})
     direct = res.get("direct", {})
     fresh, prebuilt = direct.get("mesh", {}), direct.get("mesh-prebuilt", {})
+    journaled = direct.get("mesh-journal", {})
     mesh_rtt, zmq_rtt, aio_rtt = rtt.get("mesh", {}), rtt.get("zmq", {}), rtt.get("aio", {})
     proto_rtt, bare_rtt = rtt.get("proto", {}), rtt.get("proto-noack", {})
     nodes = res["counts"]["nodes"]
@@ -527,6 +532,16 @@ def summarize(res: dict[str, Any]) -> list[Row]:
             fresh.get("rate"),
             None,
             "-",
+            ">= 100,000/s",
+            "abs>=",
+            100_000.0,
+        ),
+        Row(
+            "direct with acks journaled",
+            "msg/s",
+            journaled.get("rate"),
+            fresh.get("rate"),
+            "direct with acks",
             ">= 100,000/s",
             "abs>=",
             100_000.0,
@@ -887,12 +902,12 @@ def _one_round(
                     )
                 )
     if "direct" in only:
-        for mode, name in (("orjson", "mesh"), ("raw", "mesh-prebuilt")):
-            if name not in systems:
+        for mode, name, journal in (("orjson", "mesh", False), ("raw", "mesh-prebuilt", False),
+                                    ("orjson", "mesh-journal", True)):
+            if name.removesuffix("-journal") not in systems:
                 continue
-            jobs.append(
-                ("direct", name, "rate", True, lambda m=mode: measure_direct(counts, mode=m))
-            )
+            jobs.append(("direct", name, "rate", True,
+                         lambda m=mode, j=journal: measure_direct(counts, mode=m, journal=j)))
     if "rtt" in only:
         for system in ("mesh", "zmq", "aio", "proto", "proto-noack"):
             jobs.append(("rtt", system, "p50_us", False, lambda s=system: measure_rtt(s, counts)))

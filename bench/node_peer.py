@@ -45,8 +45,10 @@ import cProfile
 import functools
 import json
 import os
+import pathlib
 import selectors
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -343,7 +345,16 @@ async def mesh_sub(a: argparse.Namespace) -> None:
 
 
 async def mesh_recv(a: argparse.Namespace) -> None:
-    async with _node(RECV_NAME) as node:
+    with contextlib.ExitStack() as stack:
+        # --journal: a data directory, so every message is journaled before its ack and
+        # taken as the inbox is emptied (the crash-safe path).
+        data_dir = (pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory()))
+                    if a.journal else None)
+        await _mesh_recv(a, data_dir)
+
+
+async def _mesh_recv(a: argparse.Namespace, data_dir: pathlib.Path | None) -> None:
+    async with _node(RECV_NAME, data_dir=data_dir) as node:
         if a.echo:
 
             def forget(fut: asyncio.Future[None]) -> None:
@@ -905,6 +916,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mesh", default="bench", help="mesh name (discovery)")
     p.add_argument("--expect", type=int, default=9, help="peers to discover")
     p.add_argument("--echo", action="store_true", help="mesh-recv answers every message")
+    p.add_argument("--journal", action="store_true",
+                   help="mesh-recv keeps a data directory (the delivery journal)")
     p.add_argument(
         "--no-ack",
         action="store_true",
