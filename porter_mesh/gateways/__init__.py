@@ -1,0 +1,12 @@
+"""Gateways: processes that put something that is not a mesh agent onto the mesh.
+
+Each gateway is an ordinary node driven through the node's public API only; it
+translates at its edge and owns no rule of the mesh (``DESIGN.md``, "Layers").
+
+* :mod:`porter_mesh.gateways.ui` -- the human's dashboard (``porter-ui``): an HTTP API,
+  a live event stream and the page, served by ``porter-mesh ui``.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

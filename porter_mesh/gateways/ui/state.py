@@ -1,0 +1,547 @@
+"""What the dashboard remembers: the message log and the task cards.
+
+Theory of operation
+-------------------
+Every activity the ``porter-ui`` node observes (broadcasts on ``log``, ``task`` and
+``review``, copies of direct messages anywhere on the mesh, messages to ``porter-ui``
+itself) and every activity it sends becomes one **record**, a JSON object::
+
+    {"id", "ts", "channel", "sender", "recipient", "direct", "type", "summary",
+     "context", "activity", "seq", "inbox"}
+
+(:func:`message_record`; the contract is in ``docs/ui.md``). Records go to two places.
+
+**The message log** (:class:`MessageLog`) appends each record as one JSON line to
+``messages.jsonl`` and keeps the newest ``history`` records in memory, indexed by id,
+for paging backwards (``before``), filters, and resuming a stream after a given id.
+Memory and disk are both bounded: when the current file holds ``history`` lines it
+becomes ``messages.1.jsonl`` (replacing the previous one) and a new file starts, so at
+most ``2 * history`` lines are on disk and a restart reloads the newest ``history`` of
+them. A torn last line (the process was killed mid-write) or any other line that is not
+a record is skipped, counted and logged once. Lines are buffered and written by
+:meth:`MessageLog.flush`, which the server calls with every stream batch (so at most one
+batch is lost to ``kill -9``).
+
+**The task tracker** (:class:`TaskTracker`) folds the records whose ``context`` is a
+task id into one card per task. It watches; it enforces nothing (the architect's
+:class:`~porter_mesh.core.tasks.TaskBoard` does that), so it reads each activity by who
+sent it, as the profile's task and review lifecycles do::
+
+    (new) --Offer to W--> offered --Accept by W--> accepted --Offer (review)--> in-review
+                            |  ^                      |                           |  |
+                  Reject by W  +--Offer (attempt+1)---+ rejected <--Reject by W   |  |
+                            v                                                     |  |
+                         rejected        changes-requested <--Reject by reviewer--+  |
+                                               |  ^                                  |
+                                               +--+ Update.. then Offer on review    |
+                                                                                     v
+                      done <--Accept by anyone but the holder (the review verdict)---+
+    any state --Delete of the task (its current claim)--> withdrawn
+
+An ``Offer`` is a review request when it travels on ``review`` or comes from the
+holder; any other ``Offer`` is a new claim (holder: the recipient or ``target``; attempt:
+the ``attempt`` field, else one more than before). A holder's ``Announce`` tagged
+``done`` also finishes a task (tasks without review). A ``Delete`` of the task that names
+an earlier attempt only tells a fenced worker to stop, and changes nothing here.
+
+A review request is **for the human** (the card's ``review`` is set) when it is
+addressed to ``porter-ui``: sent to its inbox, or with ``target`` ``porter-ui``, or on
+``review`` without a target for a task that ``porter-ui`` offered. A verdict from
+anyone (Accept or Reject by a non-holder) clears it.
+
+Nothing here touches a socket or the event loop; the tests drive it with records.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+
+from porter_mesh.core import constants as C
+from porter_mesh.core.as2 import Activity
+from porter_mesh.core.taskid import is_task_id
+from porter_mesh.core.tasks import DONE_TAG, attempt_of, is_task_delete
+
+__all__ = [
+    "DEFAULT_HISTORY",
+    "LOG_FILE",
+    "MAX_PAGE",
+    "TASK_STATES",
+    "LogEntry",
+    "MessageFilter",
+    "MessageLog",
+    "TaskTracker",
+    "message_record",
+]
+
+log = logging.getLogger("porter_mesh.gateways.ui")
+
+#: The log's file name inside ``<data-dir>/ui/``; the previous segment is ``.1``.
+LOG_FILE: Final = "messages.jsonl"
+#: Records kept in memory (and served) by default.
+DEFAULT_HISTORY: Final = 20_000
+#: Most records one page of ``/api/messages`` returns.
+MAX_PAGE: Final = 1000
+#: Tasks kept by the tracker; the least recently updated go first.
+MAX_TASKS: Final = 5_000
+
+#: The states a task card can be in, in lifecycle order.
+TASK_STATES: Final = ("offered", "accepted", "in-review", "changes-requested", "done",
+                      "rejected", "withdrawn")
+
+_TEXT_LIMIT: Final = 2_000
+
+
+def _object_text(value: Any) -> str:
+    if isinstance(value, Mapping):
+        text = value.get("content")
+        return text if isinstance(text, str) else ""
+    return value if isinstance(value, str) else ""
+
+
+def message_record(*, record_id: str, ts: float, channel: str, sender: str,
+                   recipient: str | None, direct: bool, activity: Activity, seq: int,
+                   me: str = C.HUMAN_AGENT) -> dict[str, Any]:
+    """One observed or sent activity as the dashboard's record.
+
+    Args:
+        record_id: unique and stable: ``<envelope msg id>:<index in the message>`` for
+            what the node received, a local id for what the dashboard sent.
+        ts: the dashboard's receive (or send) time, seconds since the epoch.
+        channel: where it travelled (``task:<agent>`` for direct messages).
+        sender: the sending agent.
+        recipient: the addressee of a direct message; ``None`` for broadcasts.
+        direct: delivered over ROUTER/DEALER (or a copy of such a message).
+        activity: the AS2 activity.
+        seq: its sequence number in the sender's stream (0 for local sends).
+        me: the dashboard's agent name; records addressed to it are its inbox.
+
+    Returns:
+        The record (a fresh dict, JSON-ready).
+    """
+    data = activity.to_dict()
+    summary = activity.summary or activity.content or ""
+    target = activity.target
+    return {
+        "id": record_id, "ts": ts, "channel": channel, "sender": sender,
+        "recipient": recipient, "direct": direct, "type": activity.type,
+        "summary": summary, "context": activity.context, "activity": data, "seq": seq,
+        "inbox": sender != me and (recipient == me or target == me),
+    }
+
+
+# ---------------------------------------------------------------------------- the log
+
+
+class LogEntry:
+    """One record in memory: the fields the filters read, and its JSON text."""
+
+    __slots__ = ("agents", "channel", "context", "id", "inbox", "json", "pos", "text", "type")
+
+    def __init__(self, pos: int, record: Mapping[str, Any], data: bytes) -> None:
+        self.pos = pos
+        self.id: str = record["id"]
+        self.channel: str = record["channel"]
+        self.type: str = record["type"]
+        self.context: str | None = record.get("context")
+        self.inbox = bool(record.get("inbox"))
+        activity = record.get("activity")
+        act = activity if isinstance(activity, Mapping) else {}
+        target = act.get("target")
+        self.agents = frozenset(
+            a for a in (record.get("sender"), record.get("recipient"), target)
+            if isinstance(a, str))
+        parts = [str(record.get("summary") or ""), _object_text(act),
+                 _object_text(act.get("object")), _object_text(act.get("result"))]
+        self.text = " ".join(p for p in parts if p)[:_TEXT_LIMIT].casefold()
+        self.json = data
+
+
+@dataclass(frozen=True, slots=True)
+class MessageFilter:
+    """What ``/api/messages`` may filter on; ``None`` (or False) matches everything.
+
+    Attributes:
+        context: the record's ``context`` equals it.
+        channel: the record's ``channel`` equals it.
+        type: the activity type equals it.
+        agent: the sender, the recipient or the activity's ``target`` is this agent.
+        text: occurs (case-insensitively) in the summary or the activity's text.
+        inbox: only records addressed to ``porter-ui``.
+    """
+
+    context: str | None = None
+    channel: str | None = None
+    type: str | None = None
+    agent: str | None = None
+    text: str | None = None
+    inbox: bool = False
+
+    def matches(self, entry: LogEntry) -> bool:
+        """Whether ``entry`` passes every condition given."""
+        return ((self.context is None or entry.context == self.context)
+                and (self.channel is None or entry.channel == self.channel)
+                and (self.type is None or entry.type == self.type)
+                and (self.agent is None or self.agent in entry.agents)
+                and (not self.inbox or entry.inbox)
+                and (not self.text or self.text.casefold() in entry.text))
+
+
+_MATCH_ALL: Final = MessageFilter()
+
+
+class MessageLog:
+    """The records on disk (JSON lines) and the newest ``history`` of them in memory.
+
+    Args:
+        directory: where ``messages.jsonl`` lives (created if missing); ``None`` keeps
+            the log in memory only.
+        history: records kept in memory; also the size of one file segment.
+
+    Raises:
+        ValueError: ``history`` is below 1.
+        OSError: the directory cannot be created or the file opened.
+    """
+
+    def __init__(self, directory: pathlib.Path | None, *,
+                 history: int = DEFAULT_HISTORY) -> None:
+        if history < 1:
+            raise ValueError("history must be at least 1 record")
+        self.history = history
+        self.directory = directory
+        self.skipped = 0
+        self._entries: list[LogEntry] = []
+        self._by_id: dict[str, LogEntry] = {}
+        self._next_pos = 0
+        self._pending: list[bytes] = []
+        self._file_lines = 0
+        self._file: Any = None
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            self._load()
+            self._file = open(self.path, "ab")  # noqa: SIM115 (held open: appended to)
+
+    @property
+    def path(self) -> pathlib.Path:
+        """The current segment's file."""
+        assert self.directory is not None
+        return self.directory / LOG_FILE
+
+    @property
+    def previous_path(self) -> pathlib.Path:
+        """The previous segment's file."""
+        assert self.directory is not None
+        return self.directory / (LOG_FILE.removesuffix(".jsonl") + ".1.jsonl")
+
+    def _load(self) -> None:
+        for path in (self.previous_path, self.path):
+            if not path.exists():
+                continue
+            lines = 0
+            with open(path, "rb") as fh:
+                for lineno, line in enumerate(fh, 1):
+                    lines += 1
+                    self._load_line(path, lineno, line)
+            if path == self.path:
+                self._file_lines = lines
+        if self.skipped:
+            log.warning("message log: skipped %d line(s) that are not records (a torn last "
+                        "line after a crash is expected)", self.skipped)
+
+    def _load_line(self, path: pathlib.Path, lineno: int, line: bytes) -> None:
+        line = line.strip()
+        if not line:
+            return
+        try:
+            record = orjson.loads(line)
+            if not (isinstance(record, dict) and isinstance(record.get("id"), str)
+                    and isinstance(record.get("channel"), str)
+                    and isinstance(record.get("type"), str)):
+                raise ValueError("not a record")
+        except (orjson.JSONDecodeError, ValueError) as exc:
+            self.skipped += 1
+            if self.skipped == 1:
+                log.warning("message log %s line %d skipped: %s", path, lineno, exc)
+            return
+        self._index(record, line)
+
+    def _index(self, record: Mapping[str, Any], data: bytes) -> LogEntry | None:
+        if record["id"] in self._by_id:
+            return None
+        entry = LogEntry(self._next_pos, record, data)
+        self._next_pos += 1
+        self._entries.append(entry)
+        self._by_id[entry.id] = entry
+        excess = len(self._entries) - self.history
+        if excess > 0:
+            for old in self._entries[:excess]:
+                del self._by_id[old.id]
+            del self._entries[:excess]
+        return entry
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[LogEntry]:
+        return iter(list(self._entries))
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """The records in memory, oldest first, decoded afresh."""
+        for entry in list(self._entries):
+            yield orjson.loads(entry.json)
+
+    def get(self, record_id: str) -> LogEntry | None:
+        """The entry with this id, if it is still in memory."""
+        return self._by_id.get(record_id)
+
+    def append(self, record: Mapping[str, Any]) -> LogEntry | None:
+        """Add a record (written to disk at the next :meth:`flush`).
+
+        Returns:
+            Its entry, or ``None`` when a record with the same id is already held.
+        """
+        data = orjson.dumps(record)
+        entry = self._index(record, data)
+        if entry is not None and self._file is not None:
+            self._pending.append(data)
+        return entry
+
+    def flush(self) -> None:
+        """Write the records appended since the last flush; rotate a full segment."""
+        if not self._pending or self._file is None:
+            return
+        pending, self._pending = self._pending, []
+        self._file.write(b"\n".join(pending) + b"\n")
+        self._file.flush()
+        self._file_lines += len(pending)
+        if self._file_lines >= self.history:
+            self._file.close()
+            os.replace(self.path, self.previous_path)
+            self._file = open(self.path, "ab")  # noqa: SIM115
+            self._file_lines = 0
+
+    def close(self) -> None:
+        """Flush and close the file (the log stays readable in memory)."""
+        self.flush()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def page(self, *, limit: int, before: str | None = None,
+             where: MessageFilter = _MATCH_ALL) -> tuple[list[LogEntry], bool]:
+        """The newest ``limit`` matching entries older than ``before``, oldest first.
+
+        Args:
+            limit: most entries to return (1..:data:`MAX_PAGE`).
+            before: an entry id; only older entries are considered.
+            where: the filter.
+
+        Returns:
+            ``(entries, more)``: ``more`` says whether older matching entries remain.
+
+        Raises:
+            KeyError: ``before`` is not an id held in memory.
+        """
+        entries = self._entries
+        end = len(entries)
+        if before is not None:
+            anchor = self._by_id.get(before)
+            if anchor is None:
+                raise KeyError(before)
+            end = anchor.pos - entries[0].pos
+        found: list[LogEntry] = []
+        i = end - 1
+        match = where.matches
+        while i >= 0:
+            entry = entries[i]
+            if match(entry):
+                if len(found) == limit:
+                    return found[::-1], True
+                found.append(entry)
+            i -= 1
+        return found[::-1], False
+
+    def after(self, record_id: str) -> list[LogEntry] | None:
+        """The entries newer than ``record_id``, oldest first (stream resumption).
+
+        Returns:
+            The entries, or ``None`` when ``record_id`` is no longer (or never was) held.
+        """
+        anchor = self._by_id.get(record_id)
+        if anchor is None:
+            return None
+        start = anchor.pos - self._entries[0].pos + 1
+        return self._entries[start:]
+
+
+# ---------------------------------------------------------------------------- tasks
+
+
+@dataclass(slots=True)
+class _Task:
+    context: str
+    title: str = ""
+    state: str | None = None
+    path: list[dict[str, Any]] = field(default_factory=list)
+    holder: str | None = None
+    attempt: int = 0
+    offered_by: str | None = None
+    review: dict[str, Any] | None = None
+    note: str = ""
+    updated: float = 0.0
+
+    def move(self, state: str, ts: float, by: str) -> None:
+        if state != self.state:
+            self.state = state
+            self.path.append({"state": state, "ts": ts, "by": by})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"context": self.context, "title": self.title, "state": self.state,
+                "path": [dict(step) for step in self.path], "holder": self.holder,
+                "attempt": self.attempt, "offered_by": self.offered_by,
+                "review": dict(self.review) if self.review else None, "note": self.note,
+                "updated": self.updated}
+
+
+def _reason(activity: Mapping[str, Any]) -> str:
+    parts = [str(activity.get("summary") or ""), _object_text(activity.get("object")),
+             _object_text(activity)]
+    return " -- ".join(p for p in parts if p)[:_TEXT_LIMIT]
+
+
+class TaskTracker:
+    """Task cards folded from records by context (see the module docstring).
+
+    Args:
+        me: the dashboard's agent name (review requests addressed to it are the human's).
+        max_tasks: most cards kept; the least recently updated are forgotten first.
+    """
+
+    def __init__(self, me: str = C.HUMAN_AGENT, *, max_tasks: int = MAX_TASKS) -> None:
+        self.me = me
+        self.max_tasks = max_tasks
+        self._tasks: dict[str, _Task] = {}
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def tasks(self) -> list[dict[str, Any]]:
+        """Every card, the most recently updated first."""
+        return [t.to_json() for t in reversed(self._tasks.values())]
+
+    def task(self, context: str) -> dict[str, Any] | None:
+        """The card of ``context``, or ``None``."""
+        task = self._tasks.get(context)
+        return task.to_json() if task is not None else None
+
+    def observe_all(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Fold many records in order (a reload)."""
+        for record in records:
+            self.observe(record)
+
+    def observe(self, record: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Fold one record.
+
+        Returns:
+            The card it touched (as JSON), or ``None`` when the record is not about a task.
+        """
+        context = record.get("context")
+        data = record.get("activity")
+        if not is_task_id(context) or not isinstance(data, Mapping):
+            return None
+        assert isinstance(context, str)
+        try:
+            activity = Activity.from_dict(data)
+        except Exception:  # a record from an older log whose activity no longer validates
+            return None
+        task = self._tasks.pop(context, None)
+        if task is None:
+            task = _Task(context)
+        self._tasks[context] = task  # most recently updated last
+        if len(self._tasks) > self.max_tasks:
+            del self._tasks[next(iter(self._tasks))]
+        self._fold(task, record, activity)
+        return task.to_json()
+
+    def _fold(self, task: _Task, record: Mapping[str, Any], act: Activity) -> None:
+        sender = str(record.get("sender") or act.actor)
+        ts = float(record.get("ts") or 0.0)
+        kind = act.type
+        task.updated = max(task.updated, ts)
+        if is_task_delete(act):
+            attempt = attempt_of(act)
+            if attempt is None or attempt >= task.attempt:
+                task.holder = None
+                task.review = None
+                task.note = _reason(record["activity"])
+                task.move("withdrawn", ts, sender)
+            return
+        if kind == "Offer":
+            from_holder = task.holder is not None and sender == task.holder
+            if record.get("channel") == C.CHANNEL_REVIEW or from_holder:
+                self._review_request(task, record, act, sender, ts)
+            else:
+                attempt = attempt_of(act)
+                task.attempt = attempt if attempt is not None else task.attempt + 1
+                task.holder = record.get("recipient") or act.target
+                task.offered_by = sender
+                task.review = None
+                task.note = ""
+                if not task.title:
+                    task.title = act.summary
+                task.state = None  # a new claim always starts its own "offered" step
+                task.move("offered", ts, sender)
+            return
+        verdict = task.state == "in-review" and sender != task.holder
+        if kind == "Accept":
+            if task.state == "offered" and task.holder in (None, sender):
+                task.holder = sender
+                task.move("accepted", ts, sender)
+            elif verdict:
+                task.review = None
+                task.note = _reason(record["activity"])
+                task.move("done", ts, sender)
+        elif kind == "Reject":
+            if sender == task.holder and task.state in ("offered", "accepted",
+                                                        "changes-requested"):
+                task.holder = None
+                task.note = _reason(record["activity"])
+                task.move("rejected", ts, sender)
+            elif verdict:
+                task.review = None
+                task.note = _reason(record["activity"])
+                task.move("changes-requested", ts, sender)
+        elif (kind == "Announce" and DONE_TAG in (act.tag or ()) and sender == task.holder
+              and task.state in ("accepted", "changes-requested")):
+            task.move("done", ts, sender)
+        if task.state is None:
+            # First seen mid-way (its Offer is older than the history kept): whoever
+            # reports on it is taken to hold it.
+            task.holder = sender
+            task.title = task.title or act.summary
+            task.move("accepted", ts, sender)
+
+    def _review_request(self, task: _Task, record: Mapping[str, Any], act: Activity,
+                        sender: str, ts: float) -> None:
+        if task.holder is None:
+            task.holder = sender
+        if not task.title:
+            task.title = act.summary
+        channel = str(record.get("channel"))
+        recipient = record.get("recipient")
+        for_me = (recipient == self.me or act.target == self.me
+                  or (channel == C.CHANNEL_REVIEW and act.target is None
+                      and task.offered_by == self.me))
+        task.review = None
+        if for_me and sender != self.me:
+            task.review = {"from": sender, "to": self.me, "summary": act.summary,
+                           "activity_id": record.get("id"), "channel": channel,
+                           "attempt": attempt_of(act)}
+        task.state = None if task.state == "in-review" else task.state
+        task.move("in-review", ts, sender)
