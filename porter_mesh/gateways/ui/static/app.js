@@ -101,7 +101,7 @@ let lastCount = 0;
 setInterval(() => {
   const count = timeline.received;
   $("#stat-rate").textContent = `${count - lastCount}/s`;
-  $("#stat-count").textContent = count.toLocaleString();
+  $("#stat-count").textContent = timeline.shown.toLocaleString();
   lastCount = count;
 }, 1000);
 
@@ -177,6 +177,7 @@ async function start() {
     const info = await get("/api/info");
     $("#mesh-name").textContent = info.mesh || "";
     $("#version").textContent = info.version ? `v${info.version}` : "";
+    if (info.query) knowledge.prefill(info.query);
     document.title = `porter-ui \u00b7 ${info.mesh || ""}`;
   } catch (err) {
     connection("offline", "server unavailable");

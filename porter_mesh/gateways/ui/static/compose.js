@@ -64,7 +64,6 @@ export class Compose {
       const answer = await post("/api/send", body);
       const ctx = answer.context || (answer.record && answer.record.context);
       this.say(`sent ${body.type} to ${channel}` + (ctx ? ` \u00b7 task ${shortContext(ctx)}` : ""));
-      if (ctx && body.type === "Offer") this.context.value = ctx;
       this.text.value = "";
       this.onSent(answer);
     } catch (err) {

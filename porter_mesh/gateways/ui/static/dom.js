@@ -74,6 +74,11 @@ export function age(seconds) {
   return `${Math.round(seconds / 3600)}h`;
 }
 
+/** "just now", "3s ago", "4m ago". */
+export function ago(seconds) {
+  return seconds < 1.5 ? "just now" : `${age(seconds)} ago`;
+}
+
 /** The short id of a task context: "ab12" for "urn:porter:task:ab12". */
 export function shortContext(context) {
   const text = String(context);

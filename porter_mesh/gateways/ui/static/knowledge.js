@@ -54,6 +54,11 @@ export class Knowledge {
     });
   }
 
+  /** The query the server names as the profile's, unless someone already edited the box. */
+  prefill(query) {
+    if (this.query.value === LEARNED_QUERY) this.query.value = query;
+  }
+
   async recall() {
     this.run.disabled = true;
     this.error.hidden = true;

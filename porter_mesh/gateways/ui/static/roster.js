@@ -1,6 +1,6 @@
 // The roster: one card per peer, its state in colour, and drain/halt buttons.
 
-import { el, fill, age } from "./dom.js";
+import { el, fill, ago } from "./dom.js";
 import { post } from "./api.js";
 
 const STATE_ORDER = { alive: 0, draining: 1, "clock-skew": 2, evasive: 3, expired: 4, left: 5 };
@@ -96,8 +96,7 @@ export class Roster {
   heardText(name) {
     const at = this.heardAt.get(name);
     if (at === undefined) return "never";
-    const seconds = (performance.now() - at) / 1000;
-    return seconds < 1.5 ? "just now" : `${age(seconds)} ago`;
+    return ago((performance.now() - at) / 1000);
   }
 
   tick() {

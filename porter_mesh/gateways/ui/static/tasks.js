@@ -1,6 +1,6 @@
 // Task cards: one per task context, its state path as a stepper, and the human's review.
 
-import { el, fill, age, shortContext } from "./dom.js";
+import { el, fill, ago, shortContext } from "./dom.js";
 import { post } from "./api.js";
 
 const STEPS = [
@@ -8,6 +8,7 @@ const STEPS = [
 ];
 const FAILED = new Set(["rejected", "withdrawn"]);
 const ME = "porter-ui";
+
 
 /** Whether the task waits for the human's verdict. */
 export function waitsForMe(task) {
@@ -107,7 +108,7 @@ export class Tasks {
       el("span", null, "attempt ", el("b", null, String(task.attempt ?? 0))),
       task.offered_by ? el("span", null, "by ", el("b", null, task.offered_by)) : null,
       el("span", { class: "updated", title: new Date((task.updated || 0) * 1000).toISOString() },
-        task.updated ? `${age(Date.now() / 1000 - task.updated)} ago` : "")),
+        task.updated ? ago(Date.now() / 1000 - task.updated) : "")),
     mine ? this.reviewBox(task) : null,
     task.holder ? el("footer", null, el("button", { type: "button", class: "link small",
       onclick: () => this.onMessage(task) }, `Message ${task.holder}`)) : null);

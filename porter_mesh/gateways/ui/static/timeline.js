@@ -55,7 +55,7 @@ export function recordLine(rec, extra = null) {
   return el("div", { class: "line" },
     el("time", { class: "t", title: new Date(rec.ts * 1000).toISOString() }, clock(rec.ts)),
     el("span", { class: "chan", "data-kind": channelKind(rec.channel), title: rec.channel },
-      rec.channel),
+      channelKind(rec.channel) === "direct" ? "direct" : rec.channel),
     el("span", { class: "who" }, who(rec)),
     el("span", { class: "badge", "data-type": rec.type }, rec.type),
     el("span", { class: "summary", title: rec.summary }, rec.summary),
@@ -193,6 +193,11 @@ export class Timeline {
       if (generation === this.generation) this.loading = false;
     }
     this.updateFooter();
+  }
+
+  /** Records shown now (history and live). */
+  get shown() {
+    return this.rows.size;
   }
 
   async loadOlder() {
