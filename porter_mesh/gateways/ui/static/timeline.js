@@ -318,7 +318,7 @@ export class Timeline {
     const node = el("div", { class: "row", "data-testid": "timeline-row",
       dataset: { id: rec.id, type: rec.type } },
     recordLine(rec, el("button", { class: "raw-toggle", type: "button",
-      title: "show the activity as JSON", "aria-expanded": "false" }, "{ }")));
+      title: "show the record as JSON", "aria-expanded": "false" }, "{}")));
     if (rec.inbox) node.classList.add("to-me");
     this.rows.set(rec.id, { node, rec });
     return node;
