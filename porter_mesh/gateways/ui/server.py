@@ -99,6 +99,8 @@ COOKIE: Final = "porter_ui_token"
 CLOCK_SKEW_LIMIT: Final = 1.0
 #: Departed peers kept on the roster (as ``expired`` or ``left``).
 MAX_DEPARTED: Final = 200
+#: Direct sends whose observed copy is still expected (to skip it when it comes).
+MAX_OWN_COPIES: Final = 1000
 #: The types the compose form may send.
 SEND_TYPES: Final = ("Offer", "Note", "Question", "Accept", "Reject", "Announce")
 #: The profile's example query (what has the team learned?), prefilled on the page.
@@ -274,9 +276,7 @@ class Dashboard:
             site = web.TCPSite(runner, host, self.port)
             await site.start()
             if self.port == 0:
-                server = site._server
-                assert isinstance(server, asyncio.base_events.Server)
-                self.port = server.sockets[0].getsockname()[1]
+                self.port = int(runner.addresses[0][1])  # the OS's pick, for every host
         names = {"127.0.0.1", "localhost", "[::1]"} | {
             f"[{h}]" if ":" in h else h for h in self.hosts}
         self._allowed_hosts = frozenset(
@@ -632,6 +632,8 @@ class Dashboard:
         except PorterError as exc:
             raise ApiError(502, "mesh", f"the mesh refused the message: {exc}") from None
         self._own_direct[activity] += 1
+        if len(self._own_direct) > MAX_OWN_COPIES:  # copies that never came: forget them
+            del self._own_direct[next(iter(self._own_direct))]
         record = self._local_record(channel, activity, recipient=recipient)
         try:
             await done

@@ -226,6 +226,8 @@ class MessageLog:
             directory.mkdir(parents=True, exist_ok=True)
             self._load()
             self._file = open(self.path, "ab")  # noqa: SIM115 (held open: appended to)
+            if self._file.tell() and not self._ends_with_newline():
+                self._file.write(b"\n")  # end a torn last line, so the next one is whole
 
     @property
     def path(self) -> pathlib.Path:
@@ -238,6 +240,11 @@ class MessageLog:
         """The previous segment's file."""
         assert self.directory is not None
         return self.directory / (LOG_FILE.removesuffix(".jsonl") + ".1.jsonl")
+
+    def _ends_with_newline(self) -> bool:
+        with open(self.path, "rb") as fh:
+            fh.seek(-1, os.SEEK_END)
+            return fh.read(1) == b"\n"
 
     def _load(self) -> None:
         for path in (self.previous_path, self.path):
