@@ -8,7 +8,6 @@ import { Compose, Inbox } from "./compose.js";
 import { Tasks } from "./tasks.js";
 import { Knowledge } from "./knowledge.js";
 
-const PEER_POLL_MS = 3000;
 const KNOWLEDGE_POLL_MS = 5000;
 
 const $ = (selector) => document.querySelector(selector);
@@ -168,6 +167,11 @@ function openStream() {
   });
   stream.addEventListener("peers", (event) => roster.update(JSON.parse(event.data).peers || []));
   stream.addEventListener("tasks", (event) => tasks.upsert(JSON.parse(event.data)));
+  stream.addEventListener("reset", () => {
+    // the stream cannot resume from where this page was: read everything again
+    timeline.reload();
+    refreshTasks();
+  });
 }
 
 async function start() {
@@ -183,7 +187,6 @@ async function start() {
     connection("offline", "server unavailable");
   }
   await Promise.all([timeline.reload(), refreshPeers(), refreshTasks(), loadInbox()]);
-  setInterval(refreshPeers, PEER_POLL_MS);
   setInterval(() => {
     if (!document.querySelector('.tab-pane[data-pane="knowledge"]').hidden) knowledge.refresh();
   }, KNOWLEDGE_POLL_MS);
