@@ -7,17 +7,28 @@ tells the architect to begin. It prints every activity that crosses the mesh (di
 ones too, through the receivers' observer copies) as a live timeline, writes them to a
 JSON-lines log, and ends when the architect has recalled what the team learned. On any
 failure it stops every process it started and exits non-zero with the reason.
+
+With ``ui=True`` (``porter-mesh demo --ui``) it also starts the dashboard, ``porter-mesh
+ui``, as one more process. That process is the human's seat ``porter-ui``, so the demo's
+own node is called ``demo`` then. The demo prints the dashboard's address, waits until the
+dashboard hears the whole team before the story begins (so its timeline has the story
+from the first Offer), and after the story keeps the workers, the reviewer and the
+dashboard running until SIGINT (Ctrl-C) or SIGTERM, so that a person can send a task and
+review it from the page; then it stops every process it started.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -31,6 +42,10 @@ from porter_mesh.node.node import Message, Node
 TEAM = (("architect", "architect"), ("worker", "worker-1"), ("worker", "worker-2"),
         ("reviewer", "reviewer"))
 GO = "go"
+#: The demo's own node when the dashboard process holds the name ``porter-ui``.
+DEMO_SEAT = "demo"
+#: The line ``porter-mesh ui`` prints first, followed by its address.
+UI_LINE = "porter-ui: open "
 
 
 @dataclass
@@ -92,14 +107,19 @@ class Timeline:
 
 def _spawn(role: str, name: str, *, mesh: str, out: Path, extra: list[str],
            env_extra: dict[str, str] | None = None) -> Agent:
+    return _start(role, name, [
+        "agent", role, "--name", name, "--mesh", mesh, "--workspace", str(out / "workspace"),
+        "--data-dir", str(out / "data" / name), *extra,
+    ], out=out, env_extra=env_extra)
+
+
+def _start(role: str, name: str, args: list[str], *, out: Path,
+           env_extra: dict[str, str] | None = None) -> Agent:
+    """Run ``porter-mesh ARGS`` as a process whose output goes to ``out/agents/NAME.log``."""
     log_path = out / "agents" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_file = open(log_path, "wb")  # noqa: SIM115 - closed when the agent is reaped
-    cmd = [
-        sys.executable, "-m", "porter_mesh.cli.main", "agent", role, "--name", name,
-        "--mesh", mesh, "--workspace", str(out / "workspace"),
-        "--data-dir", str(out / "data" / name), *extra,
-    ]
+    cmd = [sys.executable, "-m", "porter_mesh.cli.main", *args]
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
     proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
                             stdin=subprocess.DEVNULL)
@@ -155,19 +175,69 @@ async def _wait_connected(node: Node, timeline: Timeline, names: list[str],
         await asyncio.sleep(0.05)
 
 
+def _check_running(agents: list[Agent]) -> None:
+    for agent in agents:
+        if agent.proc.poll() is not None:
+            raise DemoError(f"{agent.name} exited with status {agent.proc.returncode}; "
+                            f"its log:\n{_tail(agent.log_path)}")
+
+
+async def _ui_address(ui: Agent, timeout: float) -> str:
+    """The address ``porter-mesh ui`` printed (its first line), once it is serving."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(OSError):
+            for line in ui.log_path.read_text(errors="replace").splitlines():
+                if line.startswith(UI_LINE):
+                    return line[len(UI_LINE):].strip()
+        _check_running([ui])
+        if time.monotonic() > deadline:
+            raise DemoError(f"the dashboard printed no address within {timeout:.0f}s; "
+                            f"its log:\n{_tail(ui.log_path)}")
+        await asyncio.sleep(0.05)
+
+
+def _ui_peers(url: str) -> dict[str, str]:
+    """Name -> state of every peer on the dashboard's roster (its own API, with its token)."""
+    base, _, token = url.partition("/?token=")
+    request = urllib.request.Request(f"{base}/api/peers",
+                                     headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        body = orjson.loads(response.read())
+    return {p["name"]: p["state"] for p in body["peers"]}
+
+
+async def _wait_ui_hears(ui: Agent, url: str, names: list[str], timeout: float) -> None:
+    """Until the dashboard's roster has every agent alive: it hears them, so it sees the
+    story from its start."""
+    deadline = time.monotonic() + timeout
+    seen: dict[str, str] = {}
+    while True:
+        with contextlib.suppress(OSError, urllib.error.URLError, ValueError, KeyError):
+            seen = await asyncio.to_thread(_ui_peers, url)
+            if all(seen.get(name) == "alive" for name in names):
+                return
+        _check_running([ui])
+        if time.monotonic() > deadline:
+            raise DemoError(f"the dashboard did not hear the team within {timeout:.0f}s "
+                            f"(its roster: {seen or 'empty'}); its log:\n{_tail(ui.log_path)}")
+        await asyncio.sleep(0.1)
+
+
 def _secure_mesh(out: Path, names: list[str]) -> dict[str, dict[str, str]]:
-    """Keys for every agent and the demo's own seat, all trusted: the environment each
-    agent process runs with (``--secure``)."""
+    """Keys for every node the demo starts (its own seat included), all trusted: the
+    environment each process runs with (``--secure``)."""
     from porter_mesh.adapters.security import provision_mesh
     from porter_mesh.node.config import ENV_KEY, ENV_TRUSTED
 
-    trusted, secrets = provision_mesh(out / "keys", [C.HUMAN_AGENT, *names])
+    trusted, secrets = provision_mesh(out / "keys", names)
     return {name: {ENV_KEY: str(path), ENV_TRUSTED: str(trusted)}
             for name, path in secrets.items()}
 
 
 async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[str]] | None
-                   = None, stream: IO[str] = sys.stdout, secure: bool = False) -> int:
+                   = None, stream: IO[str] = sys.stdout, secure: bool = False,
+                   ui: bool = False, ui_port: int = 0) -> int:
     """Run the demo; returns the exit status.
 
     Args:
@@ -177,6 +247,9 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
             injection).
         stream: where the timeline goes.
         secure: run every node with CurveZMQ (keys made in ``out/keys``, all trusted).
+        ui: also run the dashboard (``porter-mesh ui``), print its address, and keep the
+            mesh running after the story until SIGINT or SIGTERM.
+        ui_port: the dashboard's HTTP port (0: a free one).
     """
     started = time.monotonic()
     if out.exists():
@@ -188,19 +261,37 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
     print(f"porter-mesh demo: mesh {mesh!r} on 127.0.0.1, output in {out}", file=stream)
     envs: dict[str, dict[str, str]] = {}
     keys: dict[str, Any] = {}
+    seat_name = DEMO_SEAT if ui else C.HUMAN_AGENT
     if secure:
-        envs = _secure_mesh(out, [name for _, name in TEAM])
-        seat = envs.pop(C.HUMAN_AGENT)
+        ui_seat = [C.HUMAN_AGENT] if ui else []
+        envs = _secure_mesh(out, [seat_name, *ui_seat, *(name for _, name in TEAM)])
+        seat = envs.pop(seat_name)
         keys = {"secret_key_file": Path(seat["PORTER_MESH_KEY"]),
                 "trusted_dir": Path(seat["PORTER_MESH_TRUSTED"])}
         print(f"secured with CurveZMQ: keys and trusted directory in {out / 'keys'}",
               file=stream)
-    node = Node(name=C.HUMAN_AGENT, role="human", mesh=mesh, heartbeat_interval=0.25,
-                evasive_after=2.0, expire_after=6.0, inbox_size=0, **keys)
+    node = Node(name=seat_name, role="human" if not ui else "demo", mesh=mesh,
+                heartbeat_interval=0.25, evasive_after=2.0, expire_after=6.0, inbox_size=0,
+                **keys)
     node.add_handler(timeline)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    dashboard: Agent | None = None
+    url = ""
+    if ui:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
     try:
         await node.astart()
         node.observe_direct()
+        if ui:
+            dashboard = _start("human", C.HUMAN_AGENT, [
+                "ui", "--mesh", mesh, "--port", str(ui_port),
+                "--data-dir", str(out / "data" / C.HUMAN_AGENT)],
+                out=out, env_extra=envs.get(C.HUMAN_AGENT))
+            agents.append(dashboard)
+            url = await _ui_address(dashboard, timeout=max(10.0, timeout / 2))
+            print(f"dashboard: open {url}", file=stream, flush=True)
         for role, name in TEAM:
             options = ["--heartbeat", "0.25", "--evasive-after", "2", "--expire-after", "6",
                        "--offer-timeout", "10", "--task-timeout", str(timeout)]
@@ -212,12 +303,19 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
         names = [name for _, name in TEAM]
         await _wait_connected(node, timeline, names, agents, timeout=max(5.0, timeout / 2),
                               need_online=not secure)
+        if dashboard is not None:
+            await _wait_ui_hears(dashboard, url, names, timeout=max(5.0, timeout / 2))
         print(f"{time.monotonic() - timeline.start:6.2f}s  team connected: "
               f"{', '.join(names)}; the architect begins", file=stream, flush=True)
         node.async_control(GO, target="architect")
         last_go = time.monotonic()
-        architect = agents[0]
+        architect = next(agent for agent in agents if agent.name == "architect")
         while architect.proc.poll() is None:
+            if stop.is_set():
+                print("\ninterrupted: stopping every process the demo started", file=stream)
+                return 130
+            if dashboard is not None:
+                _check_running([dashboard])
             if time.monotonic() - started > timeout:
                 raise DemoError(f"the story did not finish within {timeout:.0f}s; "
                                 f"architect log:\n{_tail(architect.log_path)}")
@@ -230,8 +328,21 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
         if architect.proc.returncode != 0:
             raise DemoError(f"the architect failed (status {architect.proc.returncode}); "
                             f"its log:\n{_tail(architect.log_path)}")
+        if dashboard is not None:
+            print(f"\nThe team learned:\n{timeline.learned or '(nothing recalled)'}",
+                  file=stream)
+            print(f"\nThe story is over; the mesh keeps running. On the dashboard ({url}),"
+                  " send a task to @worker-1 from Compose (type Offer) and approve its "
+                  "review on its task card. Ctrl-C stops every process.",
+                  file=stream, flush=True)
+            while not stop.is_set():
+                _check_running([dashboard])
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.2)
+            print("\nstopping every process the demo started", file=stream, flush=True)
+            return 0
         node.async_control("halt")
-        for agent in agents[1:]:
+        for agent in agents:
             deadline = time.monotonic() + 5.0
             while agent.proc.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
@@ -239,6 +350,9 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
         print(f"\nporter-mesh demo FAILED: {exc}", file=stream, flush=True)
         return 1
     finally:
+        if ui:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
         _stop_all(agents)
         await node.aclose()
         timeline.close()

@@ -3,8 +3,9 @@ LLM would, following the profile's story of a task.
 
 Each brain is an event loop over the agent's inbox. It calls ``read_messages`` (as a
 model would) and decides from the structured items the tapped port kept. Every action
-goes through :meth:`Toolbox.call`, so the wire traffic is exactly what the tools produce
-for an LLM-driven agent.
+goes through :meth:`Toolbox.call`, so the wire traffic is what the tools produce for an
+LLM-driven agent; the two exceptions are the architect's board outputs and a worker's
+review request, which names its reviewer as ``target``.
 """
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ import time
 from dataclasses import dataclass, field
 
 from agents.context import AgentContext
+from porter_mesh.core import as2
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.tasks import (
+    ATTEMPT_FIELD,
     ResultRefused,
     Send,
     TaskBoard,
     TaskChanged,
     TaskState,
+    attempt_of,
     is_task_delete,
 )
 from porter_mesh.errors import PorterError
@@ -259,15 +263,43 @@ def _cannot_act(act: Activity, context: str | None) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Held:
+    """A task a worker holds: who offered it, the claim's attempt, and what it asks."""
+
+    offered_by: str
+    attempt: int | None
+    summary: str
+    content: str
+
+    @property
+    def story(self) -> bool:
+        """The profile's story task (GET /users), which the worker knows how to do."""
+        return self.summary == TASK_SUMMARY
+
+
+def _content_of(act: Activity) -> str:
+    obj = act.object
+    if isinstance(obj, str):
+        return obj
+    return (obj.content or "") if obj is not None else (act.content or "")
+
+
 @dataclass
 class WorkerBrain:
     """Takes offered tasks (up to ``slots``), does them, asks for review, fixes, announces.
 
-    Options: ``slots`` (tasks held at once), ``fail_after`` (fault injection for tests:
-    ``"accept"`` makes the process SIGKILL itself right after accepting a task).
+    The profile's story task gets the story's work (a route, a model, validation and a
+    test); any other task (one a person sends from the dashboard) gets a written brief of
+    what was asked, revised with each review's reason. A task offered by the human
+    (``porter-ui``) is reviewed by the human; any other by the ``reviewer`` option.
+
+    Options: ``slots`` (tasks held at once), ``reviewer`` (the reviewer's agent name),
+    ``fail_after`` (fault injection for tests: ``"accept"`` makes the process SIGKILL
+    itself right after accepting a task).
     """
 
-    held: dict[str, str] = field(default_factory=dict)  # context -> architect
+    held: dict[str, Held] = field(default_factory=dict)  # by context
 
     def run(self, ctx: AgentContext) -> int:
         slots = int(ctx.options.get("slots", 1))
@@ -280,6 +312,11 @@ class WorkerBrain:
                 except PorterError as exc:
                     ctx.say(f"could not act on {item.activity.type} from {item.sender}: {exc}")
         return 0
+
+    def _reviewer(self, ctx: AgentContext, task: Held) -> str:
+        if task.offered_by == C.HUMAN_AGENT:
+            return C.HUMAN_AGENT
+        return str(ctx.options.get("reviewer", "reviewer"))
 
     def _handle(self, ctx: AgentContext, item: InboxItem, slots: int) -> None:
         act = item.activity
@@ -295,53 +332,89 @@ class WorkerBrain:
                 return
         if ctx_id is None:
             return
+        task = self.held.get(ctx_id)
         if act.type == "Offer" and mine and item.channel != C.CHANNEL_REVIEW:
+            if task is not None:
+                return  # a repeated offer of a task already taken
             if len(self.held) >= slots or ctx.toolbox.draining:
                 _call(ctx, "send_message", channel=C.DIRECT_PREFIX + item.sender,
                       message="Busy: all my slots are taken", type="Reject", context=ctx_id)
                 return
-            self.held[ctx_id] = item.sender
+            task = Held(item.sender, attempt_of(act), act.summary, _content_of(act))
+            self.held[ctx_id] = task
             _call(ctx, "send_message", channel=C.DIRECT_PREFIX + item.sender,
-                  message="Starting work on GET /users", type="Accept", context=ctx_id)
+                  message=f"Starting work on {task.summary}", type="Accept", context=ctx_id)
             if ctx.options.get("fail_after") == "accept":
                 ctx.say("fault injection: dying right after accepting")
                 os.kill(os.getpid(), signal.SIGKILL)
-            self._first_pass(ctx, ctx_id)
+            if task.story:
+                self._first_pass(ctx, ctx_id, task)
+            else:
+                self._write_brief(ctx, ctx_id, task, revision=None)
         elif is_task_delete(act) and mine:
             ctx.say(f"task {ctx_id} withdrawn: {act.summary}")
             self.held.pop(ctx_id, None)
-        elif ctx_id in self.held and item.channel == C.CHANNEL_REVIEW:
+        elif (task is not None and item.sender == self._reviewer(ctx, task)
+              and (item.channel == C.CHANNEL_REVIEW or mine)):
             if act.type == "Reject":
-                self._fix(ctx, ctx_id)
+                if task.story:
+                    self._fix(ctx, ctx_id, task)
+                else:
+                    self._write_brief(ctx, ctx_id, task, revision=_content_of(act)
+                                      or act.summary)
             elif act.type == "Accept":
-                _call(ctx, "send_message", channel=C.CHANNEL_LOG,
-                      message="All tests passing\n6 tests passing, 0 failures.",
+                done = ("All tests passing\n6 tests passing, 0 failures." if task.story
+                        else f"Done: {task.summary}\nApproved by {item.sender}.")
+                _call(ctx, "send_message", channel=C.CHANNEL_LOG, message=done,
                       type="Announce", context=ctx_id)
                 self.held.pop(ctx_id, None)
 
-    def _first_pass(self, ctx: AgentContext, ctx_id: str) -> None:
+    def _first_pass(self, ctx: AgentContext, ctx_id: str, task: Held) -> None:
         _call(ctx, "bash", command="mkdir -p src/routes src/models tests && "
               "touch src/__init__.py src/routes/__init__.py src/models/__init__.py && "
               "echo 'project layout ready'")
         _call(ctx, "write_file", path="src/models/user.py", content=USER_MODEL)
         _call(ctx, "write_file", path="src/routes/users.py", content=USERS_ROUTE)
         _call(ctx, "memory_write", about="api-design", finding=DESIGN_DECISION)
-        self._ask_review(ctx, ctx_id, "Ready for review: GET /users endpoint")
+        self._ask_review(ctx, ctx_id, task, "Ready for review: GET /users endpoint",
+                         ["src/routes/users.py", "src/models/user.py"])
 
-    def _fix(self, ctx: AgentContext, ctx_id: str) -> None:
+    def _fix(self, ctx: AgentContext, ctx_id: str, task: Held) -> None:
         _call(ctx, "edit_file", path="src/routes/users.py",
               old='def get_users(page: int = 1, limit: int = 10) -> dict[str, object]:\n',
               new=VALIDATION)
         _call(ctx, "write_file", path="tests/test_users.py", content=USERS_TEST)
         result = _call(ctx, "bash", command="python3 tests/test_users.py")
         ctx.say("test run: " + result.splitlines()[-1] if result else "test run: no output")
-        self._ask_review(ctx, ctx_id, "Added pagination validation and tests")
+        self._ask_review(ctx, ctx_id, task, "Added pagination validation and tests",
+                         ["src/routes/users.py", "tests/test_users.py"])
 
-    def _ask_review(self, ctx: AgentContext, ctx_id: str, summary: str) -> None:
-        reviewer = str(ctx.options.get("reviewer", "reviewer"))
-        _call(ctx, "send_message", channel=C.CHANNEL_REVIEW, type="Offer", context=ctx_id,
-              message=f"{summary}\nFiles: src/routes/users.py src/models/user.py"
-                      f" (reviewer: {reviewer})")
+    def _write_brief(self, ctx: AgentContext, ctx_id: str, task: Held,
+                     revision: str | None) -> None:
+        """Another task than the story's: write down what was asked (and, after a review
+        that sent it back, the reviewer's reason), so the reviewer has a file to read."""
+        path = f"tasks/{ctx_id.rsplit(':', 1)[-1]}.md"
+        text = f"# {task.summary}\n\n{task.content or task.summary}\n"
+        if revision is not None:
+            text += f"\n## Changes requested\n\n{revision}\n"
+        _call(ctx, "write_file", path=path, content=text)
+        _call(ctx, "bash", command=f"wc -w {path}")
+        what = "Revised after review" if revision is not None else "Ready for review"
+        self._ask_review(ctx, ctx_id, task, f"{what}: {task.summary}"[:120], [path])
+
+    def _ask_review(self, ctx: AgentContext, ctx_id: str, task: Held, summary: str,
+                    files: list[str]) -> None:
+        """An Offer on ``review`` naming its reviewer as ``target``, with the changed
+        files as Documents (the profile's review request). ``send_message`` has no field
+        for a target on a broadcast channel, so this one goes through the port itself,
+        with the claim's attempt echoed as the tools would."""
+        reviewer = self._reviewer(ctx, task)
+        request = as2.offer(
+            ctx.name, summary, target=reviewer, context=ctx_id,
+            object=as2.collection([as2.document(f) for f in files]),
+            extra={ATTEMPT_FIELD: task.attempt} if task.attempt is not None else None)
+        ctx.port.send(C.CHANNEL_REVIEW, request)
+        ctx.say(f"review of {ctx_id} asked from {reviewer}: {summary}")
 
 
 # ---------------------------------------------------------------------------- reviewer
@@ -365,6 +438,8 @@ class ReviewerBrain:
                 act = item.activity
                 if act.type != "Offer" or item.channel != C.CHANNEL_REVIEW or not act.context:
                     continue
+                if act.target is not None and act.target != ctx.name:
+                    continue  # a review asked of someone else (the human, say)
                 try:
                     self._review(ctx, act)
                 except PorterError as exc:

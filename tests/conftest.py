@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pathlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
@@ -16,8 +16,15 @@ def _live_children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True) if p.is_running()}
 
 
+@pytest.fixture
+def leak_exempt() -> Callable[[], set[int]]:
+    """The pids a test may leave running: helpers that a longer-lived fixture's processes
+    start when they need them. A conftest overrides this (the browser tests do)."""
+    return set
+
+
 @pytest.fixture(autouse=True)
-def no_leaks() -> Iterator[None]:
+def no_leaks(leak_exempt: Callable[[], set[int]]) -> Iterator[None]:
     """Fail a test that leaves threads or child processes behind."""
     threads_before = set(threading.enumerate())
     children_before = _live_children()
@@ -29,7 +36,7 @@ def no_leaks() -> Iterator[None]:
         t.join(timeout=5.0)
     leaked_threads = [t.name for t in deadline_threads if t.is_alive()]
     leaked_children = []
-    for pid in _live_children() - children_before:
+    for pid in _live_children() - children_before - leak_exempt():
         try:
             proc = psutil.Process(pid)
             if proc.status() != psutil.STATUS_ZOMBIE:

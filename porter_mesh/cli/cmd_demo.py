@@ -22,6 +22,11 @@ def register(sub: Any) -> None:
     parser.add_argument("--secure", action="store_true",
                         help="run every node with CurveZMQ: keys made in OUT/keys, all "
                         "trusted (see docs/security.md)")
+    parser.add_argument("--ui", action="store_true",
+                        help="also run the dashboard (porter-mesh ui), print its address, "
+                        "and keep the mesh running after the story until Ctrl-C")
+    parser.add_argument("--ui-port", type=int, default=0, metavar="PORT",
+                        help="the dashboard's HTTP port with --ui (default: a free one)")
     parser.set_defaults(func=main)
 
 
@@ -30,7 +35,8 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         return asyncio.run(run_demo(args.out.resolve(), timeout=args.timeout,
-                                    secure=args.secure))
+                                    secure=args.secure, ui=args.ui,
+                                    ui_port=args.ui_port))
     except KeyboardInterrupt:
         return 130
     except PorterError as exc:

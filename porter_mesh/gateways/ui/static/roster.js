@@ -1,0 +1,118 @@
+// The roster: one card per peer, its state in colour, and drain/halt buttons.
+
+import { el, fill, ago } from "./dom.js";
+import { post } from "./api.js";
+
+const STATE_ORDER = { alive: 0, draining: 1, "clock-skew": 2, evasive: 3, expired: 4, left: 5 };
+const CONFIRM_MS = 4000;
+
+/** A button that asks for a second click before it acts ("Halt" -> "Halt: sure?"). */
+function confirmButton(label, attrs, act) {
+  let armed = 0;
+  const button = el("button", { type: "button", ...attrs }, label);
+  button.addEventListener("click", () => {
+    if (!armed) {
+      button.textContent = `${label}: sure?`;
+      button.classList.add("armed");
+      armed = setTimeout(() => {
+        armed = 0;
+        button.textContent = label;
+        button.classList.remove("armed");
+      }, CONFIRM_MS);
+      return;
+    }
+    clearTimeout(armed);
+    armed = 0;
+    button.textContent = label;
+    button.classList.remove("armed");
+    act();
+  });
+  return button;
+}
+
+export class Roster {
+  constructor(root, { status, onAgent }) {
+    this.root = root;
+    this.list = root.querySelector(".cards");
+    this.count = root.querySelector(".count");
+    this.status = status;
+    this.onAgent = onAgent;
+    this.peers = [];
+    this.heardAt = new Map(); // name -> performance.now() ms of last heard
+    this.self = "porter-ui";
+    root.querySelector(".drain-all").addEventListener("click", () => this.control("drain"));
+    root.querySelector(".halt-all").replaceWith(confirmButton("Halt all",
+      { class: "halt-all danger small", title: "halt every agent on the mesh" },
+      () => this.control("halt")));
+    setInterval(() => this.tick(), 1000);
+  }
+
+  update(peers) {
+    const now = performance.now();
+    for (const peer of peers) {
+      this.heardAt.set(peer.name, now - 1000 * (Number(peer.last_heard) || 0));
+    }
+    this.peers = [...peers].sort((a, b) =>
+      (STATE_ORDER[a.state] ?? 9) - (STATE_ORDER[b.state] ?? 9) ||
+      String(a.name).localeCompare(String(b.name)));
+    for (const peer of peers) this.onAgent(peer.name);
+    this.render();
+  }
+
+  render() {
+    const live = this.peers.filter((p) => p.state === "alive" || p.state === "draining").length;
+    this.count.textContent = `${live}/${this.peers.length}`;
+    if (this.peers.length === 0) {
+      fill(this.list, el("p", { class: "empty" }, "no agents yet: start one with porter-mesh agent"));
+      return;
+    }
+    fill(this.list, this.peers.map((peer) => this.card(peer)));
+  }
+
+  card(peer) {
+    const name = String(peer.name);
+    const tools = Array.isArray(peer.tools) ? peer.tools : [];
+    return el("article", { class: "peer", "data-testid": "peer-card",
+      dataset: { name, state: peer.state } },
+    el("header", null,
+      el("span", { class: "dot", "aria-hidden": "true" }),
+      el("span", { class: "name", title: name }, name),
+      el("span", { class: "role" }, peer.role || ""),
+      el("span", { class: "state" }, peer.state)),
+    el("dl", null,
+      el("dt", null, "heard"), el("dd", { class: "heard" }, this.heardText(name)),
+      el("dt", null, "slots"), el("dd", null, String(peer.slots ?? 0)),
+      el("dt", null, "at"), el("dd", { class: "mono", title: peer.incarnation || "" },
+        peer.address || "")),
+    tools.length ? el("div", { class: "tools" }, tools.map((t) => el("span", null, t))) : null,
+    el("footer", null,
+      el("button", { type: "button", class: "small", "data-testid": `drain-${name}`,
+        title: `ask ${name} to finish what it holds and take nothing new`,
+        onclick: () => this.control("drain", name) }, "Drain"),
+      confirmButton("Halt", { class: "small danger", "data-testid": `halt-${name}`,
+        title: `stop ${name} now` }, () => this.control("halt", name))));
+  }
+
+  heardText(name) {
+    const at = this.heardAt.get(name);
+    if (at === undefined) return "never";
+    return ago((performance.now() - at) / 1000);
+  }
+
+  tick() {
+    for (const card of this.list.querySelectorAll(".peer")) {
+      const heard = card.querySelector(".heard");
+      if (heard) heard.textContent = this.heardText(card.dataset.name);
+    }
+  }
+
+  async control(kind, to) {
+    const whom = to || "every agent";
+    try {
+      await post("/api/control", to ? { kind, to } : { kind });
+      this.status(`${kind} sent to ${whom}`);
+    } catch (err) {
+      this.status(`${kind} to ${whom} failed: ${err.reason}`, true);
+    }
+  }
+}
