@@ -1,8 +1,10 @@
 """A brain driven by a language model: :class:`LLMBrain`.
 
 The model is reached through any OpenAI-compatible chat-completions endpoint (a local
-llama.cpp or vLLM server, Ollama, a hosted API). Only the standard library speaks HTTP;
-JSON goes through orjson.
+llama.cpp or vLLM server, Ollama, a hosted API). HTTP goes through httpx, with every
+policy decision kept here (the official ``openai`` SDK retries on its own terms, follows
+no rule of ours for a 200 whose body is not JSON, and brings pydantic along); JSON goes
+through orjson.
 
 Endpoint
 --------
@@ -11,8 +13,17 @@ in ``/chat/completions`` is used as given; any other URL is a base, and
 ``/chat/completions`` is appended to its path (``http://127.0.0.1:8000/v1`` becomes
 ``http://127.0.0.1:8000/v1/chat/completions``). Only ``http`` and ``https`` are accepted.
 Requests go to that URL and nowhere else: redirects are refused (an error names the
-target, so the operator can configure it directly) and proxy settings from the
-environment are ignored. ``api_key``, when given, is sent as a bearer token.
+target, so the operator can configure it directly) and the environment is not read
+(``trust_env=False``: no ``HTTP_PROXY``/``ALL_PROXY``, no ``.netrc``). ``api_key``, when
+given, is sent as a bearer token.
+
+Requests
+--------
+Each request carries the conversation, the role's tools and ``tool_choice: auto``;
+``max_tokens`` and ``temperature`` when set. The tools are written for OpenAI's strict
+mode (:func:`openai_tools`): ``strict: true``, every property required, the optional
+ones nullable (``null`` means "left out"), and no length or range keywords (which strict
+mode refuses; the tools check those themselves and say so to the model).
 
 Theory of operation
 -------------------
@@ -31,10 +42,15 @@ not wake the model.
 conversation and the role's tools in OpenAI format; every tool call in its answer runs
 through :meth:`Toolbox.call`, and each result goes back as a ``tool`` message with the
 call's id; the model is called again, until it answers with no tool call (that answer
-is printed and ends the turn). There is no "finish" pseudo-tool: an agent is done when
-it has said its last word and nobody writes to it for ``idle_timeout`` seconds.
+is printed and ends the turn). The answer's ``finish_reason`` is read: ``length`` (cut
+at ``max_tokens``) runs none of the answer's tool calls, whose arguments may be cut too;
+the model is told so and called again, and a second cut in a row ends the turn (with a
+printed reason). ``content_filter`` ends the turn too. ``tool_calls`` without any call
+is answered with a note, once a turn. There is no "finish" pseudo-tool: an agent is done
+when it has said its last word and nobody writes to it for ``idle_timeout`` seconds.
 
-The system prompt is the role's description plus :meth:`Toolbox.system_prompt`
+The system prompt is the role's description (or the agent's own, the ``system_prompt``
+option) plus :meth:`Toolbox.system_prompt`
 (messaging section and live team). It is rebuilt at the start of every turn, so the
 model sees teammates come and go. The conversation is kept under ``max_context_chars``
 by dropping the oldest exchanges whole (an assistant message with tool calls goes
@@ -61,28 +77,33 @@ Nothing the model or the endpoint does ends the process by itself:
   itself. These are counted in :attr:`LLMBrain.stats`.
 * ``max_steps`` model calls in all end the run with :data:`EXIT_STEP_LIMIT`.
 
+Metrics
+-------
+:meth:`LLMBrain.metrics` (model calls, tokens in and out from the answers' ``usage``,
+tool calls, errors, retries) is what the agent's node reports in its view, so
+``porter-mesh stats AGENT`` shows it.
+
 ``ctx.stop`` is checked between requests, tool calls and retry pauses; an HTTP request
 already under way is not interrupted, so stopping can take up to ``request_timeout``.
 """
 
 from __future__ import annotations
 
-import email.message
-import http.client
+import email.utils
 import logging
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
+import httpx
 import orjson
 
 from agents.context import AgentContext
 from porter_mesh.errors import ConfigError, PorterError, ToolError
-from porter_mesh.tools.schemas import to_openai
+from porter_mesh.tools.schemas import ToolSpec, to_openai
 
 __all__ = [
     "EXIT_DONE",
@@ -92,6 +113,8 @@ __all__ = [
     "LLMBrain",
     "ModelError",
     "chat_completions_url",
+    "openai_tools",
+    "strict_schema",
     "trim_conversation",
 ]
 
@@ -133,6 +156,18 @@ _COMMON_PROMPT: Final = (
     "a short plain-text note and no tool call; you are woken up when new messages arrive."
 )
 
+#: Told to the model when its answer was cut at ``max_tokens``.
+_CUT_NOTE: Final = (
+    "Your last answer was cut off at the limit of {limit} tokens, so none of its "
+    "{calls} tool call(s) was run. Answer again, shorter: make one tool call at a time, "
+    "and split long file contents over several edits."
+)
+#: Told to the model when it finished for tool calls but sent none.
+_NO_CALLS_NOTE: Final = (
+    "Your last answer ended as if to call tools, but it contained no tool call that "
+    "could be read. Call the tool again, with a JSON object of arguments."
+)
+
 #: What ``read_messages`` answers when nothing the model should see is waiting.
 _NO_MESSAGES: Final = "No new messages."
 #: Tool results longer than this are cut before they go to the model (characters).
@@ -145,6 +180,11 @@ MAX_BACKOFF: Final = 30.0
 _FATAL_STATUS: Final = frozenset({401, 403, 404})
 #: Client-side status codes that are worth retrying.
 _RETRY_STATUS: Final = frozenset({408, 409, 425, 429})
+#: The counters :meth:`LLMBrain.metrics` reports, and those that add up to ``errors``.
+_METRICS: Final = ("model_calls", "tokens_in", "tokens_out", "tool_calls", "retries",
+                   "model_errors", "tool_errors", "malformed_calls", "failed_turns",
+                   "cut_answers")
+_ERROR_COUNTERS: Final = ("model_errors", "tool_errors", "malformed_calls")
 
 
 class ModelError(PorterError):
@@ -209,19 +249,74 @@ def chat_completions_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
-class _RefuseRedirect(urllib.request.HTTPRedirectHandler):
-    """Turns every redirect into an HTTPError: requests go to the configured URL only."""
+#: Schema keywords OpenAI's strict mode refuses (or some servers do): the tools check
+#: lengths and ranges themselves, and their descriptions say the bounds.
+_NOT_STRICT: Final = frozenset({
+    "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "multipleOf", "minItems", "maxItems", "pattern", "format", "default",
+})
 
-    def redirect_request(
-        self,
-        req: urllib.request.Request,
-        fp: Any,
-        code: int,
-        msg: str,
-        headers: email.message.Message,
-        newurl: str,
-    ) -> urllib.request.Request | None:
-        return None
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        schema["type"] = [kind, "null"]
+    elif isinstance(kind, list) and "null" not in kind:
+        schema["type"] = [*kind, "null"]
+    if isinstance(schema.get("enum"), list) and None not in schema["enum"]:
+        schema["enum"] = [*schema["enum"], None]
+    return schema
+
+
+def strict_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool's JSON Schema rewritten for OpenAI's strict mode.
+
+    Every object lists all its properties as required and refuses others; a property
+    that was optional accepts ``null`` (which the tools read as "left out"); keywords
+    strict mode refuses are dropped (see :data:`_NOT_STRICT`).
+
+    Args:
+        schema: a schema as :class:`ToolSpec` holds it.
+
+    Returns:
+        A new schema (plain dicts and lists).
+    """
+    out: dict[str, Any] = {k: v for k, v in schema.items() if k not in _NOT_STRICT}
+    if "items" in out and isinstance(out["items"], Mapping):
+        out["items"] = strict_schema(out["items"])
+    if isinstance(out.get("enum"), list | tuple):
+        out["enum"] = list(out["enum"])
+    properties = out.get("properties")
+    if isinstance(properties, Mapping):
+        required = set(out.get("required") or ())
+        out["properties"] = {
+            name: strict_schema(sub) if name in required else _nullable(strict_schema(sub))
+            for name, sub in properties.items()
+        }
+        out["required"] = list(properties)
+        out["additionalProperties"] = False
+    return out
+
+
+def openai_tools(specs: Iterable[ToolSpec], *, strict: bool = True) -> list[dict[str, Any]]:
+    """The ``tools`` field of a request.
+
+    Args:
+        specs: the tools.
+        strict: write them for OpenAI's strict mode (``strict: true``, see
+            :func:`strict_schema`); else as :func:`~porter_mesh.tools.schemas.to_openai`
+            writes them.
+
+    Returns:
+        ``[{"type": "function", "function": {...}}]``.
+    """
+    tools = to_openai(specs)
+    if strict:
+        for tool in tools:
+            function = tool["function"]
+            function["parameters"] = strict_schema(function["parameters"])
+            function["strict"] = True
+    return tools
 
 
 def _message_size(message: Mapping[str, Any]) -> int:
@@ -293,14 +388,37 @@ def _body_excerpt(data: bytes) -> str:
     return _clip(text, 300) if text else "(empty body)"
 
 
-def _retry_after(headers: email.message.Message | None) -> float | None:
-    value = headers.get("Retry-After") if headers is not None else None
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
     if value is None:
         return None
     try:
         return max(0.0, float(value))
     except ValueError:
-        return None  # an HTTP date; the backoff applies instead
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None  # unreadable: the backoff applies
+    return max(0.0, when.timestamp() - time.time())
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One answer of the endpoint.
+
+    Attributes:
+        message: the assistant message of the first choice.
+        finish_reason: why the model stopped (``stop``, ``length``, ``tool_calls``,
+            ``content_filter``...), or ``None`` when the server did not say.
+        tokens_in: ``usage.prompt_tokens`` (0 when not reported).
+        tokens_out: ``usage.completion_tokens`` (0 when not reported).
+    """
+
+    message: Mapping[str, Any]
+    finish_reason: str | None
+    tokens_in: int
+    tokens_out: int
 
 
 class LLMBrain:
@@ -319,7 +437,11 @@ class LLMBrain:
         max_failed_turns: turns given up in a row before the brain stops.
         retry_backoff: the first retry's delay (seconds); it doubles with each retry.
         max_context_chars: the conversation is trimmed to about this size.
-        temperature: sent when given; the server's default otherwise.
+        temperature: sent when given (0 to 2); the server's default otherwise.
+        max_tokens: the most tokens one answer may have (sent as ``max_tokens``);
+            ``None`` sends none (the server's default).
+        strict_tools: write the tools for OpenAI's strict mode (see
+            :func:`openai_tools`).
 
     Raises:
         ConfigError: a bad URL or a setting out of range.
@@ -339,6 +461,8 @@ class LLMBrain:
         retry_backoff: float = 1.0,
         max_context_chars: int = 200_000,
         temperature: float | None = None,
+        max_tokens: int | None = 4096,
+        strict_tools: bool = True,
     ) -> None:
         self.url = chat_completions_url(url)
         if not model.strip():
@@ -351,6 +475,8 @@ class LLMBrain:
             ("max_failed_turns", max_failed_turns >= 1),
             ("retry_backoff", retry_backoff >= 0),
             ("max_context_chars", max_context_chars >= 1000),
+            ("temperature", temperature is None or 0 <= temperature <= 2),
+            ("max_tokens", max_tokens is None or max_tokens >= 1),
         )
         for name, ok in checks:
             if not ok:
@@ -365,14 +491,26 @@ class LLMBrain:
         self.retry_backoff = retry_backoff
         self.max_context_chars = max_context_chars
         self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.strict_tools = strict_tools
         #: Counters: ``model_calls``, ``model_errors``, ``retries``, ``failed_turns``,
-        #: ``tool_calls``, ``tool_errors``, ``malformed_calls``, ``tokens``.
+        #: ``tool_calls``, ``tool_errors``, ``malformed_calls``, ``tokens_in``,
+        #: ``tokens_out``, ``cut_answers`` (finish_reason ``length``).
         self.stats: Counter[str] = Counter()
         self.messages: list[Mapping[str, Any]] = []
         self._pinned = 1
-        self._opener = urllib.request.build_opener(
-            urllib.request.ProxyHandler({}), _RefuseRedirect()
-        )
+        self._client: httpx.Client | None = None
+
+    def metrics(self) -> dict[str, Any]:
+        """What the agent's node reports about its brain (plain values).
+
+        Safe to call from another thread while the brain runs: it reads fixed keys and
+        never iterates the counters.
+        """
+        stats = self.stats
+        counts = {key: stats[key] for key in _METRICS}
+        counts["errors"] = sum(stats[key] for key in _ERROR_COUNTERS)
+        return {"brain": "llm", "model": self.model, **counts}
 
     # -- the run ---------------------------------------------------------------------
 
@@ -385,6 +523,12 @@ class LLMBrain:
         Returns:
             :data:`EXIT_DONE`, :data:`EXIT_MODEL_FAILED` or :data:`EXIT_STEP_LIMIT`.
         """
+        try:
+            return self._run(ctx)
+        finally:
+            self.close()
+
+    def _run(self, ctx: AgentContext) -> int:
         self.messages = [{"role": "system", "content": self._system_prompt(ctx)}]
         self._pinned = 1
         pending = False
@@ -482,7 +626,12 @@ class LLMBrain:
         return True
 
     def _system_prompt(self, ctx: AgentContext) -> str:
-        role = ROLE_PROMPTS.get(ctx.role, f"You are {ctx.name}, a {ctx.role} in a team of agents.")
+        custom = ctx.options.get("system_prompt")
+        if isinstance(custom, str) and custom.strip():
+            role = custom.strip()
+        else:
+            role = ROLE_PROMPTS.get(
+                ctx.role, f"You are {ctx.name}, a {ctx.role} in a team of agents.")
         return f"{role}\n{_COMMON_PROMPT}\n\n{ctx.toolbox.system_prompt()}"
 
     # -- one turn --------------------------------------------------------------------
@@ -495,16 +644,35 @@ class LLMBrain:
             _StepLimit: ``max_steps`` was reached mid-turn.
         """
         self.messages[0] = {"role": "system", "content": self._system_prompt(ctx)}
-        tools = to_openai(ctx.toolbox.specs())
+        tools = openai_tools(ctx.toolbox.specs(), strict=self.strict_tools)
+        cut_in_row = 0
+        nudged = False
         while not ctx.stop.is_set():
             if self.stats["model_calls"] >= self.max_steps:
                 raise _StepLimit
             self.messages = trim_conversation(
                 self.messages, max_chars=self.max_context_chars, pinned=self._pinned
             )
-            reply = self._complete(ctx, tools)
+            completion = self._complete(ctx, tools)
+            reply = completion.message
             calls = self._normalise_calls(reply.get("tool_calls"))
             content = _content_text(reply.get("content"))
+            if completion.finish_reason == "length":
+                # Cut at max_tokens: the calls' arguments may be cut too, so none is run
+                # (and none goes back: a call needs its result). The model hears why.
+                self.stats["cut_answers"] += 1
+                cut_in_row += 1
+                self.messages.append({"role": "assistant", "content": content})
+                if cut_in_row >= 2:
+                    ctx.say(f"model's answer was cut at max_tokens ({self.max_tokens}) "
+                            "twice in a row; turn ended (raise --max-tokens?)")
+                    return
+                ctx.say(f"model's answer was cut at max_tokens ({self.max_tokens}); "
+                        f"{len(calls)} tool call(s) not run; asking for a shorter one")
+                self.messages.append({"role": "user", "content": _CUT_NOTE.format(
+                    limit=self.max_tokens, calls=len(calls))})
+                continue
+            cut_in_row = 0
             # Null content is only valid beside tool calls; some servers refuse it alone.
             assistant: dict[str, Any] = {
                 "role": "assistant", "content": content or (None if calls else ""),
@@ -514,6 +682,17 @@ class LLMBrain:
             self.messages.append(assistant)
             if content.strip():
                 ctx.say(f"model: {_clip(content, 300)}")
+            if completion.finish_reason == "content_filter":
+                ctx.say("the endpoint's content filter stopped the answer; turn ended")
+                return
+            if not calls and completion.finish_reason == "tool_calls" and not nudged:
+                # It meant to call a tool, but the call got lost (a server's parser):
+                # say so once, rather than end the turn on an empty answer.
+                nudged = True
+                self.stats["malformed_calls"] += 1
+                ctx.say("model's answer ended for tool calls but carried none; telling it")
+                self.messages.append({"role": "user", "content": _NO_CALLS_NOTE})
+                continue
             if not calls:
                 return
             for call in calls:
@@ -604,11 +783,11 @@ class LLMBrain:
     def _backoff(self, attempt: int) -> float:
         return min(MAX_BACKOFF, self.retry_backoff * 2.0 ** max(0, attempt - 1))
 
-    def _complete(self, ctx: AgentContext, tools: list[dict[str, Any]]) -> Mapping[str, Any]:
+    def _complete(self, ctx: AgentContext, tools: list[dict[str, Any]]) -> Completion:
         """One model call with retries.
 
         Returns:
-            The assistant message of the first choice.
+            The first choice's answer.
 
         Raises:
             ModelError: failed without retry, or still failing after the retries.
@@ -619,6 +798,8 @@ class LLMBrain:
             "tools": tools,
             "tool_choice": "auto",
         }
+        if self.max_tokens is not None:
+            payload["max_tokens"] = self.max_tokens
         if self.temperature is not None:
             payload["temperature"] = self.temperature
         body = orjson.dumps(payload)
@@ -626,7 +807,7 @@ class LLMBrain:
         self.stats["model_calls"] += 1
         while True:
             try:
-                return self._post(body)
+                completion = self._post(body)
             except ModelError as exc:
                 self.stats["model_errors"] += 1
                 if not exc.retryable or attempt >= self.max_retries:
@@ -640,36 +821,53 @@ class LLMBrain:
                 self.stats["retries"] += 1
                 if ctx.stop.wait(delay):
                     raise ModelError("stopped while waiting to retry") from exc
+                continue
+            self.stats["tokens_in"] += completion.tokens_in
+            self.stats["tokens_out"] += completion.tokens_out
+            return completion
 
-    def _post(self, body: bytes) -> Mapping[str, Any]:
-        """One HTTP request; the assistant message, or a :class:`ModelError`."""
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+    def _http(self) -> httpx.Client:
+        if self._client is None:
+            # trust_env=False: no proxy, netrc or certificate settings from the
+            # environment; requests go to the configured URL only, unredirected.
+            self._client = httpx.Client(
+                follow_redirects=False, trust_env=False,
+                timeout=httpx.Timeout(self.request_timeout),
+                headers={"Content-Type": "application/json", "Accept": "application/json"},
+            )
+        return self._client
+
+    def close(self) -> None:
+        """Close the HTTP connections (:meth:`run` does it when it returns)."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def _post(self, body: bytes) -> Completion:
+        """One HTTP request; the answer, or a :class:`ModelError`."""
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         deadline = time.monotonic() + self.request_timeout
         try:
-            with self._opener.open(request, timeout=self.request_timeout) as response:
+            with self._http().stream("POST", self.url, content=body,
+                                     headers=headers) as response:
+                if response.status_code != 200:
+                    raise self._status_error(response)
                 data = self._read(response, deadline)
-        except urllib.error.HTTPError as exc:
-            raise self._status_error(exc) from None
-        except urllib.error.URLError as exc:
-            raise ModelError(f"cannot reach {self.url}: {exc.reason}", retryable=True) from None
-        except (TimeoutError, http.client.HTTPException, OSError) as exc:
-            what = "timed out" if isinstance(exc, TimeoutError) else (
-                f"failed ({type(exc).__name__}: {exc})")
-            raise ModelError(f"request to {self.url} {what}", retryable=True) from None
+        except httpx.ConnectError as exc:
+            raise ModelError(f"cannot reach {self.url}: {exc}", retryable=True) from None
+        except httpx.TimeoutException:
+            raise ModelError(f"request to {self.url} timed out", retryable=True) from None
+        except httpx.HTTPError as exc:
+            raise ModelError(f"request to {self.url} failed ({type(exc).__name__}: {exc})",
+                             retryable=True) from None
         return self._parse(data)
 
-    def _read(self, response: http.client.HTTPResponse, deadline: float) -> bytes:
+    def _read(self, response: httpx.Response, deadline: float) -> bytes:
         chunks: list[bytes] = []
         size = 0
-        while True:
+        for chunk in response.iter_bytes(65536):
             if time.monotonic() > deadline:
-                raise TimeoutError
-            chunk = response.read(65536)
-            if not chunk:
-                return b"".join(chunks)
+                raise ModelError(f"request to {self.url} timed out", retryable=True)
             size += len(chunk)
             if size > MAX_RESPONSE_BYTES:
                 raise ModelError(
@@ -677,32 +875,37 @@ class LLMBrain:
                     retryable=True,
                 )
             chunks.append(chunk)
+        return b"".join(chunks)
 
-    def _status_error(self, exc: urllib.error.HTTPError) -> ModelError:
-        status = exc.code
-        try:
-            excerpt = _body_excerpt(exc.read(2048))
-        except (OSError, http.client.HTTPException):
-            excerpt = "(body unreadable)"
-        finally:
-            exc.close()
-        if 300 <= status < 400:
-            target = exc.headers.get("Location", "?") if exc.headers else "?"
+    def _status_error(self, response: httpx.Response) -> ModelError:
+        status = response.status_code
+        if response.is_redirect or 300 <= status < 400:
+            target = response.headers.get("Location", "?")
             return ModelError(
                 f"HTTP {status} from {self.url}: redirects are not followed; configure "
                 f"the final URL ({target}) instead",
                 status=status, fatal=True,
             )
+        excerpt = "(body unreadable)"
+        try:
+            head = b""
+            for chunk in response.iter_bytes(2048):
+                head += chunk
+                if len(head) >= 2048:
+                    break
+            excerpt = _body_excerpt(head[:2048])
+        except httpx.HTTPError:
+            pass
         retryable = status >= 500 or status in _RETRY_STATUS
         return ModelError(
             f"HTTP {status} from {self.url}: {excerpt}",
             status=status,
             retryable=retryable,
             fatal=status in _FATAL_STATUS,
-            retry_after=_retry_after(exc.headers),
+            retry_after=_retry_after(response.headers.get("Retry-After")),
         )
 
-    def _parse(self, data: bytes) -> Mapping[str, Any]:
+    def _parse(self, data: bytes) -> Completion:
         try:
             document = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -710,20 +913,30 @@ class LLMBrain:
                 f"response from {self.url} is not JSON: {_body_excerpt(data)}", retryable=True
             ) from None
         message = None
+        finish: str | None = None
+        tokens_in = tokens_out = 0
         if isinstance(document, dict):
             choices = document.get("choices")
             if isinstance(choices, list) and choices and isinstance(choices[0], dict):
                 message = choices[0].get("message")
+                reason = choices[0].get("finish_reason")
+                finish = reason if isinstance(reason, str) else None
             usage = document.get("usage")
-            if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
-                self.stats["tokens"] += usage["total_tokens"]
+            if isinstance(usage, dict):
+                tokens_in = _count(usage.get("prompt_tokens"))
+                tokens_out = _count(usage.get("completion_tokens"))
         if not isinstance(message, dict):
             error = document.get("error") if isinstance(document, dict) else None
             detail = f" (error: {_clip(str(error), 200)})" if error else ""
             raise ModelError(
                 f"response from {self.url} has no choices[0].message{detail}", retryable=True
             )
-        return message
+        return Completion(message, finish, tokens_in, tokens_out)
+
+
+def _count(value: Any) -> int:
+    """A token count from ``usage`` (anything else counts as 0)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 class _StepLimit(Exception):

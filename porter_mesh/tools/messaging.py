@@ -28,7 +28,9 @@ Incoming (:func:`render_inbox`)
     One line per message, ``[channel] actor: summary -- details (Type; task <id>)``,
     where the details are the object's text (a command and its output for Invoke, file
     paths for Create/Update, the finding for Remember...), cut to
-    :data:`DETAIL_LIMIT` characters with line breaks shown as `` | ``. Messages from
+    :data:`DETAIL_LIMIT` characters with line breaks shown as `` | ``. Details whose
+    first line is the summary (a sender that keeps the whole text there, as
+    ``porter-mesh send`` does) lose that line, so each line is read once. Messages from
     ``porter-ui`` are marked as the human's.
 """
 
@@ -312,6 +314,22 @@ def _sender_label(name: str) -> str:
     return name + _HUMAN_MARK if name == HUMAN_AGENT else name
 
 
+def _after_summary(details: str, summary: str) -> str:
+    """The details without a first line that repeats the summary.
+
+    Senders that keep a message whole (``porter-mesh send``, the dashboard, other
+    implementations) put its first line in ``summary`` and the full text in the details;
+    a reader should see that line once.
+    """
+    text = details.strip()
+    head = summary.strip()
+    if head and text.startswith(head):
+        rest = text[len(head):]
+        if not rest or rest[0] == "\n":
+            return rest.strip()
+    return text
+
+
 def render_item(item: InboxItem) -> str:
     """One inbox message as one line of text.
 
@@ -326,8 +344,8 @@ def render_item(item: InboxItem) -> str:
         return f"[{item.channel}] {_sender_label(item.sender)}: {_flat(activity.content or '')}"
     actor = activity.actor or item.sender
     line = f"[{item.channel}] {_sender_label(actor)}: {_flat(activity.summary, SUMMARY_LIMIT)}"
-    details = describe(activity)
-    if details and details != activity.summary:
+    details = _after_summary(describe(activity), activity.summary)
+    if details:
         line += f" -- {_flat(details)}"
     notes = [activity.type]
     if activity.context:

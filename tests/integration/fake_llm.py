@@ -3,7 +3,8 @@
 It listens on 127.0.0.1 (an OS-chosen port) and answers each POST with the next entry of
 its script, in order:
 
-* a ``dict``: a full response when it has ``choices``, otherwise the assistant message
+* a ``dict``: a full response when it has ``choices`` (build one with
+  :func:`completion` to choose its ``finish_reason``), otherwise the assistant message
   (build one with :func:`reply` and :func:`tool_call`);
 * :class:`Status`: an HTTP error status with a body;
 * :class:`Raw`: any body with status 200 (not JSON, or JSON without ``choices``);
@@ -39,6 +40,7 @@ __all__ = [
     "Raw",
     "Received",
     "Status",
+    "completion",
     "reply",
     "tool_call",
 ]
@@ -87,6 +89,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: Any  # the decoded JSON, or None when it was not JSON
+    at: float = field(default_factory=time.monotonic)  # when it arrived
 
 
 def tool_call(name: str, arguments: dict[str, Any] | str, call_id: str | None = None
@@ -105,12 +108,17 @@ def reply(content: str | None = None, *calls: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
-def _completion(message: dict[str, Any]) -> dict[str, Any]:
-    finish = "tool_calls" if message.get("tool_calls") else "stop"
+def completion(message: dict[str, Any], finish_reason: str | None = None,
+               usage: tuple[int, int] = (1, 1)) -> dict[str, Any]:
+    """A full response; ``finish_reason`` defaults to what the message implies, and
+    ``usage`` is ``(prompt_tokens, completion_tokens)``."""
+    finish = finish_reason or ("tool_calls" if message.get("tool_calls") else "stop")
+    prompt, answer = usage
     return {"id": f"chatcmpl-{next(_ids)}", "object": "chat.completion",
             "created": int(time.time()), "model": "fake",
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+            "usage": {"prompt_tokens": prompt, "completion_tokens": answer,
+                      "total_tokens": prompt + answer}}
 
 
 class _Server(ThreadingHTTPServer):
@@ -146,7 +154,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif isinstance(entry, Raw):
             self._send(200, entry.body)
         else:
-            document = entry if "choices" in entry else _completion(entry)
+            document = entry if "choices" in entry else completion(entry)
             self._send(200, orjson.dumps(document))
 
     def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:

@@ -28,15 +28,21 @@ from agents.llm import (
     ROLE_PROMPTS,
     LLMBrain,
     chat_completions_url,
+    openai_tools,
+    strict_schema,
     trim_conversation,
 )
+from porter_mesh.cli.cmd_send import build_activity
 from porter_mesh.core import as2
 from porter_mesh.errors import ConfigError, OperationTimeout
 from porter_mesh.node.node import Message
 from porter_mesh.node.port import NodePort
 from porter_mesh.node.sync import SyncNode
 from porter_mesh.tools import MESSAGING_SECTION, Toolbox
-from porter_mesh.tools.schemas import to_openai
+from porter_mesh.tools.messaging import render_item
+from porter_mesh.tools.port import InboxItem
+from porter_mesh.tools.schemas import TOOL_SPECS, check_arguments, to_openai
+from tests.integration.cli_proc import cli
 from tests.integration.fake_llm import (
     Drop,
     FakeLLM,
@@ -44,6 +50,7 @@ from tests.integration.fake_llm import (
     Raw,
     Received,
     Status,
+    completion,
     reply,
     tool_call,
 )
@@ -197,8 +204,25 @@ def test_request_carries_tools_and_system_prompt(team: Team) -> None:
     assert request.headers["Authorization"] == "Bearer sk-test-key"
     body = request.body
     assert body["model"] == "fake-model" and body["tool_choice"] == "auto"
-    assert body["tools"] == to_openai(ctx.toolbox.specs())
+    assert body["max_tokens"] == 4096 and "temperature" not in body
+    assert body["tools"] == openai_tools(ctx.toolbox.specs())
     assert {t["function"]["name"] for t in body["tools"]} >= {"send_message", "write_file"}
+    # Strict mode: every property required, the optional ones nullable, nothing extra.
+    for tool in body["tools"]:
+        function = tool["function"]
+        params = function["parameters"]
+        assert function["strict"] is True, function["name"]
+        assert params["required"] == list(params["properties"]), function["name"]
+        assert params["additionalProperties"] is False
+        assert "minLength" not in str(params) and "maximum" not in str(params)
+    send = next(t["function"]["parameters"] for t in body["tools"]
+                if t["function"]["name"] == "send_message")
+    assert send["properties"]["channel"]["type"] == "string"
+    assert send["properties"]["type"]["type"] == ["string", "null"]
+    assert send["properties"]["type"]["enum"][-1] is None
+    assert send["properties"]["tag"] == {
+        "type": ["array", "null"], "items": {"type": "string"},
+        "description": "Optional labels: priority, language, framework."}
     system = body["messages"][0]
     assert system["role"] == "system"
     assert system["content"].startswith(ROLE_PROMPTS["worker"])
@@ -270,6 +294,109 @@ def test_architect_starts_from_its_goal(team: Team) -> None:
     assert offer.activity.type == "Offer" and offer.activity.context is not None
 
 
+@pytest.mark.network
+def test_an_answer_cut_at_max_tokens_runs_no_call_and_the_model_hears_why(
+        team: Team, capfd: pytest.CaptureFixture[str]) -> None:
+    cut = reply("Writing the file", tool_call("write_file", '{"path": "cut.txt", "cont', "c1"))
+    # Strict mode sends every optional argument, as null: it counts as left out.
+    nulls = tool_call("send_message", {"channel": "log", "message": "short now",
+                                       "type": None, "context": None, "tag": None}, "c2")
+    script = [completion(cut, "length"), reply(None, nulls), reply("Done.")]
+    with FakeLLM(script) as fake:
+        offer_task(team)
+        b = brain(fake, max_tokens=64, temperature=0.2)
+        status, _ = run_brain(b, context(team))
+        requests = fake.wait_for_requests(3, 5)
+    assert status == EXIT_DONE
+    assert not (team.workspace / "cut.txt").exists()
+    assert requests[0].body["max_tokens"] == 64 and requests[0].body["temperature"] == 0.2
+    second = requests[1].body["messages"]
+    assert second[-2] == {"role": "assistant", "content": "Writing the file"}
+    assert second[-1]["role"] == "user"
+    assert "cut off at the limit of 64 tokens" in second[-1]["content"]
+    assert "none of its 1 tool call(s) was run" in second[-1]["content"]
+    assert tool_results(requests[2]) == {"c2": f"Sent Announce on log about task {TASK}."}
+    assert b.stats["cut_answers"] == 1 and b.stats["tool_calls"] == 1
+    assert "cut at max_tokens (64); 1 tool call(s) not run" in capfd.readouterr().err
+
+
+@pytest.mark.network
+def test_two_cut_answers_in_a_row_end_the_turn(team: Team,
+                                                capfd: pytest.CaptureFixture[str]) -> None:
+    cut = completion(reply("a very long"), "length")
+    with FakeLLM([cut, cut]) as fake:
+        offer_task(team)
+        b = brain(fake, max_tokens=16)
+        status, _ = run_brain(b, context(team))
+        assert len(fake.requests) == 2
+    assert status == EXIT_DONE and b.stats["failed_turns"] == 0
+    assert "cut at max_tokens (16) twice in a row; turn ended" in capfd.readouterr().err
+
+
+@pytest.mark.network
+def test_tool_calls_finish_without_calls_is_answered_once(team: Team) -> None:
+    lost = completion(reply("calling"), "tool_calls")
+    with FakeLLM([lost, lost]) as fake:
+        offer_task(team)
+        b = brain(fake)
+        status, _ = run_brain(b, context(team))
+        requests = fake.wait_for_requests(2, 5)
+        assert len(fake.requests) == 2  # the second lost call ends the turn
+    assert status == EXIT_DONE
+    assert "contained no tool call that could be read" in (
+        requests[1].body["messages"][-1]["content"])
+    assert b.stats["malformed_calls"] == 1
+
+
+@pytest.mark.network
+def test_metrics_count_calls_tokens_tools_errors_and_retries(team: Team) -> None:
+    script = [
+        Status(503, b"busy"),
+        completion(reply(None, tool_call("read_file", {"path": "nope.txt"})), usage=(120, 7)),
+        completion(reply("Done."), usage=(150, 3)),
+    ]
+    with FakeLLM(script) as fake:
+        offer_task(team)
+        b = brain(fake)
+        assert b.metrics()["model_calls"] == 0
+        status, _ = run_brain(b, context(team))
+    assert status == EXIT_DONE
+    metrics = b.metrics()
+    assert metrics["brain"] == "llm" and metrics["model"] == "fake-model"
+    assert {k: metrics[k] for k in ("model_calls", "tokens_in", "tokens_out", "tool_calls",
+                                    "retries", "model_errors", "tool_errors", "errors")} == {
+        "model_calls": 2, "tokens_in": 270, "tokens_out": 10, "tool_calls": 1, "retries": 1,
+        "model_errors": 1, "tool_errors": 1, "errors": 2}
+
+
+@pytest.mark.network
+def test_a_two_line_message_from_send_reaches_the_model_once(team: Team) -> None:
+    text = "Fix the login form\nIt fails on empty passwords."
+    sent = cli("send", "task:w1", text, "--mesh", team.agent.node.config.mesh,
+               "--no-discovery", "--peer", f"127.0.0.1:{team.agent.node.router_port}")
+    assert sent.returncode == 0, sent.stderr
+    with FakeLLM([reply("On it.")]) as fake:
+        status, _ = run_brain(brain(fake), context(team))
+        (request,) = fake.wait_for_requests(1, 5)
+    assert status == EXIT_DONE
+    seen = request.body["messages"][-1]["content"]
+    assert seen.count("Fix the login form") == 1, seen
+    assert seen.count("It fails on empty passwords.") == 1, seen
+    assert "porter-ui (the human user): Fix the login form -- It fails on empty passwords." in (
+        seen), seen
+
+
+def test_details_that_only_start_like_the_summary_are_kept() -> None:
+    one_line = build_activity("log", "Fixed", "Announce", None)
+    assert one_line.object is None
+    note = as2.announce("w2", "Fix", "Fixed the bug in login.py")
+    line = render_item(InboxItem("log", "w2", note, 0.0))
+    assert line.startswith("[log] w2: Fix -- Fixed the bug in login.py (Announce")
+    whole = build_activity("log", "Done\nall tests pass", "Announce", None)
+    assert render_item(InboxItem("log", "porter-ui", whole, 0.0)).startswith(
+        "[log] porter-ui (the human user): Done -- all tests pass (Announce")
+
+
 # -- endpoint failures ---------------------------------------------------------------------
 
 
@@ -296,7 +423,7 @@ def test_transient_failures_are_retried(team: Team, capfd: pytest.CaptureFixture
     assert b.stats["failed_turns"] == 0
     err = capfd.readouterr().err
     for text in ("HTTP 500", ": boom", "HTTP 503", "is not JSON: <html>gateway</html>",
-                 "has no choices[0].message", "RemoteDisconnected", "model: Recovered."):
+                 "has no choices[0].message", "RemoteProtocolError", "model: Recovered."):
         assert text in err, text
 
 
@@ -344,15 +471,51 @@ def test_a_refused_connection_stops_the_brain(team: Team,
 
 
 @pytest.mark.network
-def test_bad_credentials_stop_at_once(team: Team, capfd: pytest.CaptureFixture[str]) -> None:
-    with FakeLLM([Status(401, b'{"error": "invalid api key"}')]) as fake:
+@pytest.mark.parametrize("code", [401, 403, 404])
+def test_bad_credentials_or_url_stop_at_once(team: Team, code: int,
+                                             capfd: pytest.CaptureFixture[str]) -> None:
+    with FakeLLM([Status(code, b'{"error": "invalid api key"}')]) as fake:
         offer_task(team)
         b = brain(fake, max_retries=3)
         status, _ = run_brain(b, context(team))
         assert len(fake.requests) == 1
     assert status == EXIT_MODEL_FAILED
+    assert b.stats["retries"] == 0
     err = capfd.readouterr().err
-    assert "HTTP 401" in err and "invalid api key" in err and "check --llm-url" in err
+    assert f"HTTP {code}" in err and "invalid api key" in err and "check --llm-url" in err
+
+
+@pytest.mark.network
+def test_retry_after_is_honoured(team: Team) -> None:
+    with FakeLLM([Status(429, b"slow down", {"Retry-After": "1"}), reply("Done.")]) as fake:
+        offer_task(team)
+        b = brain(fake, retry_backoff=0.01)
+        status, _ = run_brain(b, context(team))
+        first, second = fake.wait_for_requests(2, 5)
+    assert status == EXIT_DONE and b.stats["retries"] == 1
+    # The backoff alone would have waited 0.01 s; the server asked for 1 s.
+    assert second.at - first.at >= 0.95
+
+
+@pytest.mark.network
+def test_proxy_settings_from_the_environment_are_ignored(
+        team: Team, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as proxy:  # a proxy that would record every connection
+        proxy.bind(("127.0.0.1", 0))
+        proxy.listen(8)
+        proxy.setblocking(False)
+        address = f"http://127.0.0.1:{proxy.getsockname()[1]}"
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "all_proxy"):
+            monkeypatch.setenv(name, address)
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        with FakeLLM([reply("Direct.")]) as fake:
+            offer_task(team)
+            status, _ = run_brain(brain(fake), context(team))
+            assert len(fake.requests) == 1
+        with pytest.raises(BlockingIOError):
+            proxy.accept()
+    assert status == EXIT_DONE
 
 
 @pytest.mark.network
@@ -445,6 +608,34 @@ def test_bad_urls_are_refused(url: str, message: str) -> None:
 def test_bad_settings_are_refused(settings: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         LLMBrain(**{"url": "http://127.0.0.1:1/v1", "model": "m", **settings})
+
+
+def test_strict_schemas_require_everything_and_null_means_left_out() -> None:
+    for spec in TOOL_SPECS.values():
+        schema = strict_schema(spec.parameters)
+        assert schema["required"] == list(spec.parameters["properties"])
+        optional = set(schema["properties"]) - set(spec.parameters["required"])
+        for name in optional:
+            assert "null" in schema["properties"][name]["type"], (spec.name, name)
+            # What strict mode lets a model send for an optional argument is accepted.
+            args = {k: None for k in optional}
+            args.update({k: "x" for k in spec.parameters["required"]})
+            assert set(check_arguments(spec, args)) == set(spec.parameters["required"])
+    bash = strict_schema(TOOL_SPECS["bash"].parameters)
+    assert bash["properties"]["timeout"] == {
+        "type": ["number", "null"],
+        "description": TOOL_SPECS["bash"].parameters["properties"]["timeout"]["description"]}
+    assert strict_schema(TOOL_SPECS["bash"].parameters) is not strict_schema(
+        TOOL_SPECS["bash"].parameters)
+    assert TOOL_SPECS["bash"].parameters["required"] == ["command"]  # the spec is unchanged
+    plain = openai_tools(TOOL_SPECS.values(), strict=False)
+    assert plain == to_openai(TOOL_SPECS.values())
+
+
+@pytest.mark.parametrize("settings", [{"temperature": 2.5}, {"max_tokens": 0}])
+def test_bad_sampling_settings_are_refused(settings: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match=next(iter(settings))):
+        LLMBrain(url="http://127.0.0.1:1/v1", model="m", **settings)
 
 
 def test_trimming_keeps_pinned_messages_and_whole_exchanges() -> None:
