@@ -8,6 +8,10 @@ command at once and ends the agent.
 Every agent keeps a knowledge shard (``--no-knowledge`` to run without one) and its
 delivery journal in its data directory: ``--data-dir``, else ``<data root>/<mesh>/<name>``
 (see :func:`porter_mesh.node.config.data_root`), locked while the agent runs.
+
+What the brain did is part of the node's view (section ``agent``: for an LLM brain its
+model calls, tokens in and out, tool calls, errors and retries), so ``porter-mesh stats
+AGENT`` shows it.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ import pathlib
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from agents.context import AgentContext, Brain, TappedPort
-from porter_mesh.cli.common import add_data_options, data_dir_of
+from porter_mesh.cli.common import add_data_options, data_dir_of, report_error
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
-from porter_mesh.errors import OperationTimeout, PorterError
+from porter_mesh.errors import ConfigError, OperationTimeout, PorterError
 from porter_mesh.node.config import knowledge_dir
 from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
 from porter_mesh.node.port import NodePort
@@ -33,6 +38,43 @@ from porter_mesh.node.sync import SyncNode
 from porter_mesh.tools.toolbox import Toolbox
 
 ROLES = ("architect", "worker", "reviewer")
+#: Channels an agent may subscribe to (``--subscribe``); ``control`` and its own inbox
+#: are always subscribed.
+CHANNELS = (C.CHANNEL_LOG, C.CHANNEL_TASK, C.CHANNEL_REVIEW)
+#: Where an LLM agent reads its API key unless ``--api-key-env`` names another variable.
+DEFAULT_API_KEY_ENV = "PORTER_MESH_LLM_API_KEY"
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 2:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a temperature from 0 to 2")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
+
+
+def _tool_names(text: str) -> tuple[str, ...]:
+    from porter_mesh.tools.schemas import ALL_TOOLS
+
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in ALL_TOOLS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown tool(s) {', '.join(unknown) or '(none given)'}; known tools: "
+            f"{', '.join(ALL_TOOLS)}")
+    return names
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +93,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "http://127.0.0.1:8000/v1")
     parser.add_argument("--model", default="default", help="model name for --brain llm")
     parser.add_argument("--goal", help="for --brain llm: the first instruction (e.g. the "
-                        "architect's task); the key is read from $PORTER_MESH_LLM_API_KEY")
+                        "architect's task)")
+    parser.add_argument("--api-key-env", default=DEFAULT_API_KEY_ENV, metavar="VAR",
+                        help="for --brain llm: the environment variable holding the API "
+                        "key (default %(default)s; unset: no key is sent)")
+    parser.add_argument("--temperature", type=_temperature, metavar="T",
+                        help="for --brain llm: sampling temperature, 0 to 2 (default: "
+                        "the server's)")
+    parser.add_argument("--max-tokens", type=_positive, default=4096, metavar="N",
+                        help="for --brain llm: the most tokens of one answer (default "
+                        "%(default)s)")
+    parser.add_argument("--max-steps", type=_positive, default=50, metavar="N",
+                        help="for --brain llm: model calls in all before the agent stops "
+                        "(default %(default)s)")
+    parser.add_argument("--idle-timeout", type=float, default=300.0, metavar="SECONDS",
+                        help="for --brain llm: stop after this long with nothing to do "
+                        "(default %(default)s; 0: never)")
+    prompt = parser.add_mutually_exclusive_group()
+    prompt.add_argument("--system-prompt", metavar="TEXT",
+                        help="for --brain llm: what the agent is for, instead of its "
+                        "role's description")
+    prompt.add_argument("--system-prompt-file", type=pathlib.Path, metavar="FILE",
+                        help="the same, read from FILE")
+    parser.add_argument("--tools", type=_tool_names, metavar="NAME[,NAME]",
+                        help="the agent's tools (default: its role's)")
+    parser.add_argument("--subscribe", action="append", choices=CHANNELS,
+                        metavar="CHANNEL", help="a channel to hear (repeatable; default: "
+                        f"{', '.join(CHANNELS)})")
     parser.add_argument("--slots", type=int, default=1, help="tasks a worker holds at once")
     parser.add_argument("--workers", type=int, default=2,
                         help="architect: workers to wait for before offering")
@@ -77,17 +145,37 @@ def _knowledge(node: SyncNode, data_dir: pathlib.Path | None) -> SyncKnowledge |
     return attach_knowledge(node, knowledge_dir(data_dir))
 
 
+def system_prompt(args: argparse.Namespace) -> str | None:
+    """The agent's own system prompt, if the options give one.
+
+    Raises:
+        ConfigError: the prompt file cannot be read.
+    """
+    if args.system_prompt_file is None:
+        text: str | None = args.system_prompt
+        return text
+    try:
+        return pathlib.Path(args.system_prompt_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read --system-prompt-file {args.system_prompt_file}: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
+
+
 def make_brain(args: argparse.Namespace) -> Brain:
     """The brain the options ask for."""
     if args.brain == "llm":
         if not args.llm_url:
-            raise PorterError("--brain llm needs --llm-url (an OpenAI-compatible endpoint)")
+            raise ConfigError("--brain llm needs --llm-url (an OpenAI-compatible endpoint, "
+                              "e.g. http://127.0.0.1:8000/v1)")
         from agents.llm import LLMBrain
 
         # The key comes from the environment only when asked for an LLM brain, and only
         # goes to the endpoint the operator named.
         return LLMBrain(url=args.llm_url, model=args.model,
-                        api_key=os.environ.get("PORTER_MESH_LLM_API_KEY"))
+                        api_key=os.environ.get(args.api_key_env) or None,
+                        temperature=args.temperature, max_tokens=args.max_tokens,
+                        max_steps=args.max_steps,
+                        idle_timeout=args.idle_timeout or None)
     from agents.scripted import BRAINS
 
     brain: Brain = BRAINS[args.role]()
@@ -101,6 +189,10 @@ def run(args: argparse.Namespace) -> int:
     tools = {"architect": (), "worker": ("bash", "files"), "reviewer": ("bash", "read_file")}
     extra: dict[str, Any] = {"insecure": True} if args.insecure else {}
     data_dir = data_dir_of(args)
+    prompt = system_prompt(args)
+    brain = make_brain(args)  # a bad setting fails here, before the agent joins
+    if args.subscribe:
+        extra["channels"] = tuple(dict.fromkeys(args.subscribe))
     node = SyncNode(
         name=args.name, role=args.role, mesh=args.mesh,
         interfaces=tuple(args.interfaces or ("127.0.0.1",)), seeds=tuple(args.peers),
@@ -135,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
         port = NodePort(node, knowledge)
         tapped = TappedPort(port)
         toolbox = Toolbox(tapped, workspace if args.role != "architect" else None,
-                          role=args.role)
+                          role=args.role, tools=args.tools)
         toolbox_ref.append(toolbox)
         if stop.is_set():
             toolbox.halt("halted while starting")
@@ -143,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
             "workers": args.workers, "reviewer": args.reviewer, "slots": args.slots,
             "offer_timeout": args.offer_timeout, "task_timeout": args.task_timeout,
             "fail_after": args.fail_after, "go": go, "goal": args.goal,
+            "system_prompt": prompt,
         }
         ctx = AgentContext(args.name, args.role, toolbox, tapped, stop, options)
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -157,17 +250,27 @@ def run(args: argparse.Namespace) -> int:
         node.publish(C.CHANNEL_LOG, Activity.from_dict({
             "type": "Announce", "actor": args.name,
             "summary": f"{args.name} online as {args.role}{slots}"}))
-        return make_brain(args).run(ctx)
+        node.node.view_sections["agent"] = _metrics_of(brain)
+        return brain.run(ctx)
     finally:
         if knowledge is not None:
             knowledge.close()
         node.close()
 
 
+def _metrics_of(brain: Brain) -> Callable[[], dict[str, Any]]:
+    """The ``agent`` section of the node's view: the brain's own metrics when it keeps
+    them (called on the node's loop thread)."""
+    metrics = getattr(brain, "metrics", None)
+    if callable(metrics):
+        return lambda: dict(metrics())
+    return lambda: {"brain": "scripted"}
+
+
 def main(args: argparse.Namespace) -> int:
-    """Entry point used by ``porter-mesh agent``."""
+    """Entry point used by ``porter-mesh agent``: a bad setting is exit status 2, what
+    the mesh did is 1 (see :func:`~porter_mesh.cli.common.report_error`)."""
     try:
         return run(args)
-    except PorterError as exc:
-        print(f"porter-mesh agent: {exc}", file=sys.stderr)
-        return 1
+    except (PorterError, OSError) as exc:
+        return report_error("agent", exc)

@@ -5,7 +5,9 @@ The command joins as an observer (on no roster), finds the agent, and sends it a
 :meth:`~porter_mesh.node.node.Node.view`: its roster with states, per-peer lost
 (broadcast sequence gaps) and dropped counts, queue depths, knowledge size and digest,
 uptime and version. Without AGENT, every agent found within ``--wait`` is asked.
-``--json`` prints each view as one JSON object per line.
+``--json`` prints each view as one JSON object per line. An agent adds what its brain
+did (section ``agent``): for an LLM brain, its model calls, tokens in and out, tool
+calls, errors and retries.
 """
 
 from __future__ import annotations
@@ -140,6 +142,16 @@ async def find_agents(node: Node, agent: str | None, wait: float) -> list[str]:
     return names
 
 
+def format_brain(brain: dict[str, Any]) -> str:
+    """The ``agent`` section of a view as one line."""
+    if brain.get("brain") != "llm":
+        return f"brain      {brain.get('brain', '?')}"
+    return (f"brain      llm, model {brain.get('model')!r}: {brain.get('model_calls', 0)} "
+            f"model call(s), tokens {brain.get('tokens_in', 0)} in / "
+            f"{brain.get('tokens_out', 0)} out, {brain.get('tool_calls', 0)} tool call(s), "
+            f"{brain.get('errors', 0)} error(s), {brain.get('retries', 0)} retry(ies)")
+
+
 def format_view(view: dict[str, Any]) -> str:
     """A view as lines for people."""
     kg = view.get("knowledge")
@@ -158,6 +170,9 @@ def format_view(view: dict[str, Any]) -> str:
         f"loss       {view.get('lost')} broadcast(s) lost, {view.get('dropped')} "
         "message(s) dropped",
     ]
+    brain = view.get("agent")
+    if isinstance(brain, dict):
+        lines.append(format_brain(brain))
     peers = view.get("peers") or []
     if not peers:
         lines.append("peers      none")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from agents.context import AgentContext, TappedPort
@@ -42,7 +43,7 @@ from porter_mesh.tools import MESSAGING_SECTION, Toolbox
 from porter_mesh.tools.messaging import render_item
 from porter_mesh.tools.port import InboxItem
 from porter_mesh.tools.schemas import TOOL_SPECS, check_arguments, to_openai
-from tests.integration.cli_proc import cli
+from tests.integration.cli_proc import Running, cli
 from tests.integration.fake_llm import (
     Drop,
     FakeLLM,
@@ -658,3 +659,108 @@ def test_trimming_keeps_pinned_messages_and_whole_exchanges() -> None:
     # The newest exchange stays even when it alone is over the size.
     assert trim_conversation(messages, max_chars=10, pinned=2) == [system, goal, newest]
     assert trim_conversation(messages[:4], max_chars=10, pinned=2) == messages[:4]
+
+
+# -- the agent command (real processes) ----------------------------------------------------
+
+
+def _mesh() -> str:
+    return f"llmcli{os.getpid()}-{time.monotonic_ns() % 10**9}"
+
+
+def _llm_agent(fake: FakeLLM, mesh: str, workspace: Path, *options: str) -> Running:
+    return Running("agent", "worker", "--name", "lw1", "--mesh", mesh, "--workspace",
+                   str(workspace), "--brain", "llm", "--llm-url", fake.url, *options)
+
+
+@pytest.mark.network
+def test_agent_options_reach_the_model_and_stats_show_the_metrics(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEAM_TEST_KEY", "sk-from-env")
+    prompt = tmp_path / "prompt.md"
+    prompt.write_text("You are the greeter. Be brief.\n")
+    mesh = _mesh()
+    script = [
+        completion(reply(None, tool_call("read_file", {"path": "missing.txt"})),
+                   usage=(100, 10)),
+        completion(reply("There is no such file."), usage=(120, 5)),
+    ]
+    with FakeLLM(script) as fake:
+        agent = _llm_agent(fake, mesh, tmp_path / "ws", "--model", "m-7b", "--temperature",
+                           "0.3", "--max-tokens", "200", "--max-steps", "5", "--idle-timeout",
+                           "0", "--system-prompt-file", str(prompt), "--tools",
+                           "read_file,send_message,read_messages", "--api-key-env",
+                           "TEAM_TEST_KEY")
+        try:
+            agent.wait_until(lambda: any("up on mesh" in line for line in agent.err), 30,
+                             "the agent up")
+            sent = cli("send", "task:lw1", "Read missing.txt\nand say what is in it",
+                       "--mesh", mesh, "--wait", "10")
+            assert sent.returncode == 0, sent.stderr
+            first, _second = fake.wait_for_requests(2, 30)
+            deadline = time.monotonic() + 30
+            metrics: dict[str, Any] = {}
+            while metrics.get("model_calls") != 2:
+                assert time.monotonic() < deadline, f"metrics never showed 2 calls: {metrics}"
+                stats = cli("stats", "lw1", "--mesh", mesh, "--json", "--wait", "10")
+                assert stats.returncode == 0, stats.stderr
+                metrics = orjson.loads(stats.stdout)["agent"]
+            text = cli("stats", "lw1", "--mesh", mesh, "--wait", "10")
+        finally:
+            agent.stop()
+    assert agent.proc.returncode == 0, agent.err[-10:]
+    body = first.body
+    assert first.headers["Authorization"] == "Bearer sk-from-env"
+    assert body["model"] == "m-7b" and body["temperature"] == 0.3
+    assert body["max_tokens"] == 200
+    assert body["messages"][0]["content"].startswith("You are the greeter. Be brief.\n")
+    assert ROLE_PROMPTS["worker"] not in body["messages"][0]["content"]
+    assert [t["function"]["name"] for t in body["tools"]] == [
+        "send_message", "read_messages", "read_file"]
+    assert {k: metrics[k] for k in ("brain", "model", "model_calls", "tokens_in",
+                                    "tokens_out", "tool_calls", "errors", "retries")} == {
+        "brain": "llm", "model": "m-7b", "model_calls": 2, "tokens_in": 220, "tokens_out": 15,
+        "tool_calls": 1, "errors": 1, "retries": 0}
+    assert ("brain      llm, model 'm-7b': 2 model call(s), tokens 220 in / 15 out, "
+            "1 tool call(s), 1 error(s), 0 retry(ies)") in text.stdout
+
+
+@pytest.mark.network
+def test_agent_max_steps_and_idle_timeout(tmp_path: Path) -> None:
+    mesh = _mesh()
+    with FakeLLM(when_done=reply(None, tool_call("read_messages", {}))) as fake:
+        idle = _llm_agent(fake, mesh, tmp_path / "ws", "--idle-timeout", "0.5")
+        try:
+            idle.proc.wait(60)
+        finally:
+            idle.stop()
+        assert idle.proc.returncode == EXIT_DONE and not fake.requests
+        assert any("no new messages for 0.5s; done" in line for line in idle.err)
+        busy = _llm_agent(fake, mesh, tmp_path / "ws", "--max-steps", "2",
+                          "--goal", "Keep reading")
+        try:
+            busy.proc.wait(60)
+        finally:
+            busy.stop()
+    assert busy.proc.returncode == EXIT_STEP_LIMIT, busy.err[-10:]
+    assert len(fake.requests) == 2
+    assert any("step budget spent (2 model calls)" in line for line in busy.err)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--temperature", "3"], "'3' is not a temperature from 0 to 2"),
+    (["--max-steps", "0"], "'0' is not a whole number >= 1"),
+    (["--tools", "read_file,fly"], "unknown tool(s) fly; known tools:"),
+    (["--subscribe", "control"], "invalid choice: 'control'"),
+    (["--system-prompt-file", "/nonexistent/prompt.md"],
+     "cannot read --system-prompt-file /nonexistent/prompt.md: No such file"),
+    (["--llm-url", "ftp://h/v1"], "must start with http:// or https://"),
+])
+def test_agent_bad_llm_options_are_one_line_and_status_2(
+        tmp_path: Path, options: list[str], message: str) -> None:
+    proc = cli("agent", "worker", "--name", "bad1", "--mesh", _mesh(), "--workspace",
+               str(tmp_path), "--brain", "llm", "--llm-url", "http://127.0.0.1:9/v1",
+               *options)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
