@@ -1,5 +1,11 @@
 """The demo mesh: an architect, two workers and a reviewer play the profile's story.
 
+The team is a file, ``examples/demo-team.toml`` (see :mod:`agents.team`; ``porter-mesh
+demo --team FILE`` takes another). Its agents run with the options the file gives them
+(as ``porter-mesh up`` runs them), plus the demo's own: quick heartbeats, one mesh per
+run, one workspace and data directory under the output directory, and an architect
+that waits for the demo's "go". A file with ``security = "curve"`` runs the demo secured.
+
 The demo process is itself a node (``porter-ui``, the human's seat): it starts the four
 agents as separate OS processes on loopback, waits until every one of them is connected
 both ways (it has heard each agent's heartbeat, and each agent subscribes to it), then
@@ -35,12 +41,13 @@ from typing import IO, Any
 
 import orjson
 
+from agents.team import Team, TeamError, agent_argv, load_team
 from porter_mesh.cli.cmd_tail import message_json
 from porter_mesh.core import constants as C
 from porter_mesh.node.node import Message, Node
 
-TEAM = (("architect", "architect"), ("worker", "worker-1"), ("worker", "worker-2"),
-        ("reviewer", "reviewer"))
+#: The demo's team file.
+DEMO_TEAM = Path(__file__).resolve().parent.parent / "examples" / "demo-team.toml"
 GO = "go"
 #: The demo's own node when the dashboard process holds the name ``porter-ui``.
 DEMO_SEAT = "demo"
@@ -66,7 +73,9 @@ class DemoError(Exception):
 class Timeline:
     """Prints activities as they arrive and appends them to the message log."""
 
-    def __init__(self, log_path: Path, *, stream: IO[str]) -> None:
+    def __init__(self, log_path: Path, *, stream: IO[str], architect: str = "architect"
+                 ) -> None:
+        self.architect = architect
         self.online: set[str] = set()
         self.start = time.monotonic()
         self.log = open(log_path, "wb")  # noqa: SIM115 - closed by close()
@@ -82,7 +91,7 @@ class Timeline:
             self.online.add(msg.sender)
         self.log.write(message_json(msg).encode() + b"\n")
         act = msg.activity
-        self.offered = self.offered or (act.type == "Offer" and msg.sender == "architect")
+        self.offered = self.offered or (act.type == "Offer" and msg.sender == self.architect)
         to = ""
         if msg.direct:
             to = f" -> {msg.channel[len(C.DIRECT_PREFIX):]}"
@@ -93,7 +102,7 @@ class Timeline:
         who = f"{msg.sender}{to}"
         line = f"{when:6.2f}s  {msg.channel:<15} {who:<24} {act.type:<9} {act.summary}{context}"
         print(line, file=self.stream, flush=True)
-        if act.type == "Announce" and msg.sender == "architect" and act.summary.startswith(
+        if act.type == "Announce" and msg.sender == self.architect and act.summary.startswith(
                 "Task done"):
             content = act.content or ""
             obj = act.object
@@ -105,12 +114,20 @@ class Timeline:
         self.log.close()
 
 
-def _spawn(role: str, name: str, *, mesh: str, out: Path, extra: list[str],
-           env_extra: dict[str, str] | None = None) -> Agent:
-    return _start(role, name, [
-        "agent", role, "--name", name, "--mesh", mesh, "--workspace", str(out / "workspace"),
-        "--data-dir", str(out / "data" / name), *extra,
-    ], out=out, env_extra=env_extra)
+def demo_team(path: Path | None = None) -> Team:
+    """The demo's team (``examples/demo-team.toml`` unless ``path`` names another).
+
+    Raises:
+        DemoError: the file is missing or wrong, or has no architect.
+    """
+    try:
+        team = load_team(path or DEMO_TEAM)
+    except TeamError as exc:
+        raise DemoError(str(exc)) from None
+    if not any(spec.role == "architect" for spec in team.agents):
+        raise DemoError(f"{path or DEMO_TEAM}: the demo needs an agent with role "
+                        '"architect"')
+    return team
 
 
 def _start(role: str, name: str, args: list[str], *, out: Path,
@@ -237,11 +254,12 @@ def _secure_mesh(out: Path, names: list[str]) -> dict[str, dict[str, str]]:
 
 async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[str]] | None
                    = None, stream: IO[str] = sys.stdout, secure: bool = False,
-                   ui: bool = False, ui_port: int = 0) -> int:
+                   ui: bool = False, ui_port: int = 0, team_file: Path | None = None) -> int:
     """Run the demo; returns the exit status.
 
     Args:
         out: output directory (made fresh).
+        team_file: the team (default :data:`DEMO_TEAM`).
         timeout: seconds for the whole story.
         extra: additional command-line options per agent name (tests use this for fault
             injection).
@@ -252,11 +270,19 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
         ui_port: the dashboard's HTTP port (0: a free one).
     """
     started = time.monotonic()
+    try:
+        team = demo_team(team_file)
+    except DemoError as exc:
+        print(f"porter-mesh demo FAILED: {exc}", file=stream, flush=True)
+        return 2
+    secure = secure or team.mesh.security == "curve"
+    architect_name = next(s.name for s in team.agents if s.role == "architect")
+    names = [spec.name for spec in team.agents]
     if out.exists():
         shutil.rmtree(out)
     (out / "workspace").mkdir(parents=True)
-    mesh = f"demo-{os.getpid()}"
-    timeline = Timeline(out / "messages.jsonl", stream=stream)
+    mesh = f"{team.mesh.name}-{os.getpid()}"
+    timeline = Timeline(out / "messages.jsonl", stream=stream, architect=architect_name)
     agents: list[Agent] = []
     print(f"porter-mesh demo: mesh {mesh!r} on 127.0.0.1, output in {out}", file=stream)
     envs: dict[str, dict[str, str]] = {}
@@ -264,7 +290,7 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
     seat_name = DEMO_SEAT if ui else C.HUMAN_AGENT
     if secure:
         ui_seat = [C.HUMAN_AGENT] if ui else []
-        envs = _secure_mesh(out, [seat_name, *ui_seat, *(name for _, name in TEAM)])
+        envs = _secure_mesh(out, [seat_name, *ui_seat, *names])
         seat = envs.pop(seat_name)
         keys = {"secret_key_file": Path(seat["PORTER_MESH_KEY"]),
                 "trusted_dir": Path(seat["PORTER_MESH_TRUSTED"])}
@@ -292,24 +318,25 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
             agents.append(dashboard)
             url = await _ui_address(dashboard, timeout=max(10.0, timeout / 2))
             print(f"dashboard: open {url}", file=stream, flush=True)
-        for role, name in TEAM:
-            options = ["--heartbeat", "0.25", "--evasive-after", "2", "--expire-after", "6",
+        for spec in team.agents:
+            options = [*agent_argv(team, spec, mesh=mesh, workspace=out / "workspace"),
+                       "--data-dir", str(out / "data" / spec.name),
+                       "--heartbeat", "0.25", "--evasive-after", "2", "--expire-after", "6",
                        "--offer-timeout", "10", "--task-timeout", str(timeout)]
-            if role == "architect":
+            if spec.role == "architect":
                 options += ["--wait-go"]
-            options += (extra or {}).get(name, [])
-            agents.append(_spawn(role, name, mesh=mesh, out=out, extra=options,
-                                 env_extra=envs.get(name)))
-        names = [name for _, name in TEAM]
+            options += (extra or {}).get(spec.name, [])
+            agents.append(_start(spec.role, spec.name, options, out=out,
+                                 env_extra=envs.get(spec.name)))
         await _wait_connected(node, timeline, names, agents, timeout=max(5.0, timeout / 2),
                               need_online=not secure)
         if dashboard is not None:
             await _wait_ui_hears(dashboard, url, names, timeout=max(5.0, timeout / 2))
         print(f"{time.monotonic() - timeline.start:6.2f}s  team connected: "
               f"{', '.join(names)}; the architect begins", file=stream, flush=True)
-        node.async_control(GO, target="architect")
+        node.async_control(GO, target=architect_name)
         last_go = time.monotonic()
-        architect = next(agent for agent in agents if agent.name == "architect")
+        architect = next(agent for agent in agents if agent.name == architect_name)
         while architect.proc.poll() is None:
             if stop.is_set():
                 print("\ninterrupted: stopping every process the demo started", file=stream)
@@ -322,7 +349,7 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
             if secure and not timeline.offered and time.monotonic() - last_go > 1.0:
                 # Without its "online" announcement the architect may not have been
                 # listening yet; "go" is idempotent, so say it again until it offers.
-                node.async_control(GO, target="architect")
+                node.async_control(GO, target=architect_name)
                 last_go = time.monotonic()
             await asyncio.sleep(0.05)
         if architect.proc.returncode != 0:

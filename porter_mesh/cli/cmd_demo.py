@@ -27,16 +27,23 @@ def register(sub: Any) -> None:
                         "and keep the mesh running after the story until Ctrl-C")
     parser.add_argument("--ui-port", type=int, default=0, metavar="PORT",
                         help="the dashboard's HTTP port with --ui (default: a free one)")
+    parser.add_argument("--team", type=pathlib.Path, metavar="TEAM.toml",
+                        help="the team to run (default: examples/demo-team.toml)")
     parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    from agents.demo import run_demo
+    from agents.demo import DemoError, demo_team, run_demo
 
+    try:
+        demo_team(args.team)  # a wrong team file is the user's to fix: one line, status 2
+    except DemoError as exc:
+        print(f"porter-mesh demo: {exc}", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(run_demo(args.out.resolve(), timeout=args.timeout,
                                     secure=args.secure, ui=args.ui,
-                                    ui_port=args.ui_port))
+                                    ui_port=args.ui_port, team_file=args.team))
     except KeyboardInterrupt:
         return 130
     except PorterError as exc:

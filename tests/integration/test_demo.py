@@ -79,3 +79,50 @@ def test_killed_worker_task_is_reoffered_and_done_once(tmp_path: Path) -> None:
     assert task_acts.count(("worker-2", "Announce")) == 1
     assert task_acts.count(("reviewer", "Accept")) == 1
     assert ("worker-1", "Create") not in task_acts
+
+
+def test_the_demo_plays_the_team_its_file_names(tmp_path: Path) -> None:
+    team = tmp_path / "renamed.toml"
+    team.write_text("""
+[mesh]
+name = "renamed"
+
+[[agents]]
+name = "lead"
+role = "architect"
+
+[[agents]]
+name = "builder"
+role = "worker"
+
+[[agents]]
+name = "checker"
+role = "reviewer"
+""")
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "porter_mesh.cli.main", "demo", "--out", str(out),
+         "--timeout", "60", "--team", str(team)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "mesh 'renamed-" in proc.stdout
+    assert "team connected: lead, builder, checker" in proc.stdout
+    expected = [("lead", "Offer"), ("builder", "Accept"), ("builder", "Offer"),
+                ("checker", "Reject"), ("builder", "Offer"), ("checker", "Accept"),
+                ("lead", "Announce")]
+    log = summary_of(out / "messages.jsonl")
+    assert is_subsequence(expected, story(log)), story(log)
+    assert (out / "workspace/src/routes/users.py").exists()
+
+
+def test_a_wrong_team_file_is_one_line_and_status_2(tmp_path: Path) -> None:
+    team = tmp_path / "bad.toml"
+    team.write_text('[mesh]\nname = "x"\n[[agents]]\nname = "w"\nrole = "worker"\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "porter_mesh.cli.main", "demo", "--out", str(tmp_path / "o"),
+         "--team", str(team)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f'porter-mesh demo: {team}: the demo needs an agent with '
+                                   'role "architect"')
+    assert not (tmp_path / "o").exists()

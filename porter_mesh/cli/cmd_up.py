@@ -1,0 +1,43 @@
+"""``porter-mesh up TEAM.toml``: start a team defined in a file and keep it running."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import pathlib
+import sys
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "up", help="start every agent of a team file and keep them running",
+        description="Check TEAM.toml, start each of its agents as its own process, show "
+        "their states as they change (starting, up, alive on the mesh, crashed, "
+        "restarting, gave up), restart a crashed agent with capped backoff, and stop "
+        "them all on Ctrl-C. The format: examples/demo-team.toml, examples/llm-team.toml.")
+    parser.add_argument("team", metavar="TEAM.toml", type=pathlib.Path,
+                        help="the team file")
+    parser.add_argument("--logs", type=pathlib.Path, metavar="DIR",
+                        help="directory of the agents' logs, NAME.log (default: logs/ "
+                        "beside the team file)")
+    parser.add_argument("--check", action="store_true",
+                        help="only check the file, print the agents' command lines, exit")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from agents.supervisor import Supervisor
+    from agents.team import TeamError, agent_argv, load_team
+
+    try:
+        team = load_team(args.team)
+    except TeamError as exc:
+        print(f"porter-mesh up: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        for spec in team.agents:
+            print(" ".join(["porter-mesh", *agent_argv(team, spec)]))
+        return 0
+    logs = args.logs if args.logs is not None else team.path.parent / "logs"
+    return asyncio.run(Supervisor(team, logs=logs.resolve()).run())
