@@ -13,8 +13,11 @@ its script, in order:
 * :class:`Drop`: the connection is closed without an answer.
 
 When the script is spent, ``when_done`` answers every further request (by default a
-plain reply without tool calls). Every request is recorded (:attr:`FakeLLM.requests`)
-so a test can check what the client sent, e.g. the tool results.
+plain reply without tool calls). Several agents can share one fake: ``by_agent`` gives
+each agent its own script, chosen by the system prompt's ``You are NAME (`` line; the
+requests of other agents take the common script. Every request is recorded
+(:attr:`FakeLLM.requests`) so a test can check what the client sent, e.g. the tool
+results.
 
 Used as a context manager; on exit, hanging answers are cut short and every thread is
 joined.
@@ -179,8 +182,10 @@ class FakeLLM:
     """
 
     def __init__(self, script: Iterable[Entry] = (), *,
-                 when_done: Entry | None = None) -> None:
+                 when_done: Entry | None = None,
+                 by_agent: dict[str, Iterable[Entry]] | None = None) -> None:
         self._script = list(script)
+        self._by_agent = {name: list(entries) for name, entries in (by_agent or {}).items()}
         self._when_done: Entry = when_done if when_done is not None else reply("Nothing to do.")
         self.requests: list[Received] = []
         self._cond = threading.Condition()
@@ -201,10 +206,23 @@ class FakeLLM:
         """The base URL, as an OpenAI client takes it."""
         return f"http://127.0.0.1:{self.port}/v1"
 
+    def agent_of(self, received: Received) -> str | None:
+        """The agent a request came from (by its system prompt), if it names one."""
+        try:
+            system = str(received.body["messages"][0]["content"])
+        except (TypeError, KeyError, IndexError):
+            return None
+        for name in self._by_agent:
+            if f"You are {name} (" in system:
+                return name
+        return None
+
     def _record(self, received: Received) -> Entry:
         with self._cond:
             self.requests.append(received)
-            entry = self._script.pop(0) if self._script else self._when_done
+            agent = self.agent_of(received)
+            script = self._by_agent[agent] if agent is not None else self._script
+            entry = script.pop(0) if script else self._when_done
             self._cond.notify_all()
             return entry
 

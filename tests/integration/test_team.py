@@ -17,7 +17,7 @@ import pytest
 
 from agents.team import RestartPolicy, agent_argv, load_team, parse_team
 from tests.integration.cli_proc import Running, cli
-from tests.integration.fake_llm import FakeLLM, Status
+from tests.integration.fake_llm import FakeLLM, Status, reply, tool_call
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -297,3 +297,80 @@ def test_up_gives_up_on_an_agent_that_keeps_failing(tmp_path: Path) -> None:
     assert requests == 3  # one refused request per start: 401 stops an agent at once
     log = (tmp_path / "logs" / "planner.log").read_text()
     assert log.count("HTTP 401") == 3
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+def test_an_llm_team_from_a_file_does_its_work_on_the_mesh(tmp_path: Path) -> None:
+    mesh = _mesh()
+    (tmp_path / "prompts").mkdir()
+    (tmp_path / "prompts" / "lead.md").write_text("You lead. Offer work to builder.\n")
+    lead = [
+        reply(None, tool_call("send_message", {
+            "channel": "task:builder", "message": "Write hello.txt\nPut hello in it.",
+            "type": "Offer", "context": None, "tag": None})),
+        reply("Offered."),
+    ]
+    builder = [
+        reply(None, tool_call("send_message", {"channel": "task:lead", "message":
+                                               "Taking it", "type": "Accept"})),
+        reply(None, tool_call("write_file", {"path": "hello.txt", "content": "hello\n"})),
+        reply(None, tool_call("send_message", {"channel": "log",
+                                               "message": "hello.txt is written"})),
+        reply("Done."),
+    ]
+    with FakeLLM(when_done=reply("Nothing more."),
+                 by_agent={"lead": lead, "builder": builder}) as fake:
+        path = _write(tmp_path, f"""
+            [mesh]
+            name = "{mesh}"
+            [[agents]]
+            name = "lead"
+            role = "architect"
+            brain = "llm"
+            endpoint = "{fake.url}"
+            model = "team-model"
+            system_prompt_file = "prompts/lead.md"
+            goal = "Get hello.txt written"
+            [[agents]]
+            name = "builder"
+            role = "worker"
+            brain = "llm"
+            endpoint = "{fake.url}"
+            model = "team-model"
+            workspace = "ws"
+            max_tokens = 512
+            subscriptions = ["task"]  # its first request is the offer, not lead's "online"
+            """)
+        up = Running("up", str(path))
+        try:
+            pids = [_pid(up, "lead", "alive on the mesh"),
+                    _pid(up, "builder", "alive on the mesh")]
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "ws" / "hello.txt").exists():
+                assert time.monotonic() < deadline, "builder never wrote hello.txt"
+                assert up.proc.poll() is None, up.out
+                time.sleep(0.1)
+            metrics: dict[str, int] = {}
+            while metrics.get("tool_calls", 0) < 3:
+                assert time.monotonic() < deadline, f"builder's metrics: {metrics}"
+                stats = cli("stats", "builder", "--mesh", mesh, "--json", "--wait", "10",
+                            timeout=30)
+                assert stats.returncode == 0, stats.stderr
+                metrics = orjson.loads(stats.stdout)["agent"]
+            up.proc.send_signal(signal.SIGINT)
+            assert up.proc.wait(30) == 0
+        finally:
+            up.stop()
+        requests = list(fake.requests)
+    assert (tmp_path / "ws" / "hello.txt").read_text() == "hello\n"
+    assert _gone(pids) == []
+    assert metrics["model_calls"] >= 4 and metrics["errors"] == 0
+    first_lead = next(r for r in requests if fake.agent_of(r) == "lead")
+    assert first_lead.body["model"] == "team-model"
+    assert first_lead.body["messages"][0]["content"].startswith("You lead. Offer work")
+    assert first_lead.body["messages"][1]["content"] == "Your goal:\nGet hello.txt written"
+    first_builder = next(r for r in requests if fake.agent_of(r) == "builder")
+    assert first_builder.body["max_tokens"] == 512
+    assert "[task:builder] lead: Write hello.txt -- Put hello in it. (Offer; task " in (
+        first_builder.body["messages"][-1]["content"])
