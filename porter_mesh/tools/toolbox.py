@@ -37,9 +37,9 @@ Drain and halt
 --------------
 The agent program forwards the node's control messages: :meth:`Toolbox.drain` makes
 accepting a new task fail (the agent is told to reject offers and finish what it
-holds); :meth:`Toolbox.halt` stops a running ``bash`` command at once (its process
-group gets SIGTERM, then SIGKILL after the grace period) and refuses every later call
-until :meth:`Toolbox.resume`.
+holds); :meth:`Toolbox.halt` stops a running ``bash`` command at once (every process
+it started gets SIGTERM, then SIGKILL after the grace period; see
+:mod:`porter_mesh.tools.shell`) and refuses every later call until :meth:`Toolbox.resume`.
 """
 
 from __future__ import annotations
@@ -81,7 +81,12 @@ from porter_mesh.tools.schemas import (
     check_arguments,
     specs_for,
 )
-from porter_mesh.tools.shell import DEFAULT_GRACE, DEFAULT_TAIL_BYTES, run_command, stop_group
+from porter_mesh.tools.shell import (
+    DEFAULT_GRACE,
+    DEFAULT_TAIL_BYTES,
+    CommandHandle,
+    run_command,
+)
 from porter_mesh.tools.workspace import Workspace
 
 __all__ = ["Toolbox"]
@@ -161,7 +166,7 @@ class Toolbox:
         self._accepted: set[str] = set()  # tasks this agent took (Accept sent)
         self.draining = False
         self._halted: str | None = None
-        self._running: int | None = None  # process group of the command running now
+        self._running: CommandHandle | None = None  # the command running now
 
     # -- the loop's interface -------------------------------------------------------------
 
@@ -235,9 +240,9 @@ class Toolbox:
             reason: shown to the agent in the refusal.
         """
         self._halted = reason
-        pgid = self._running
-        if pgid is not None:
-            stop_group(pgid)
+        running = self._running
+        if running is not None:
+            running.stop(f"halted: {reason}")
 
     def resume(self) -> None:
         """Undo :meth:`drain` and :meth:`halt`."""
@@ -444,10 +449,10 @@ class Toolbox:
         """
         ws = self._require_workspace()
 
-        def started(pgid: int) -> None:
-            self._running = pgid
+        def started(handle: CommandHandle) -> None:
+            self._running = handle
             if self._halted is not None:  # halted between the check and the start
-                stop_group(pgid)
+                handle.stop(f"halted: {self._halted}")
 
         try:
             result = run_command(
