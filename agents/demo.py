@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -167,7 +168,8 @@ def _secure_mesh(out: Path, names: list[str]) -> dict[str, dict[str, str]]:
 
 
 async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[str]] | None
-                   = None, stream: IO[str] = sys.stdout, secure: bool = False) -> int:
+                   = None, stream: IO[str] = sys.stdout, secure: bool = False,
+                   on_start: Callable[[dict[str, int]], None] | None = None) -> int:
     """Run the demo; returns the exit status.
 
     Args:
@@ -177,6 +179,8 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
             injection).
         stream: where the timeline goes.
         secure: run every node with CurveZMQ (keys made in ``out/keys``, all trusted).
+        on_start: called with each agent's pid once all are started (tests use this to
+            pause or kill one).
     """
     started = time.monotonic()
     if out.exists():
@@ -210,6 +214,8 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
             agents.append(_spawn(role, name, mesh=mesh, out=out, extra=options,
                                  env_extra=envs.get(name)))
         names = [name for _, name in TEAM]
+        if on_start is not None:
+            on_start({agent.name: agent.proc.pid for agent in agents})
         await _wait_connected(node, timeline, names, agents, timeout=max(5.0, timeout / 2),
                               need_online=not secure)
         print(f"{time.monotonic() - timeline.start:6.2f}s  team connected: "

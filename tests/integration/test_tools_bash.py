@@ -364,3 +364,53 @@ def test_command_cgroup_is_removed(tmp_path: Path) -> None:
 def test_unknown_containment_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="containment 'jail' is unknown"):
         run_command("true", cwd=tmp_path, timeout=1, containment="jail")
+
+
+def test_withdrawal_stops_the_running_command(tmp_path: Path, containment: str) -> None:
+    """A withdrawal seen while the task's command runs stops all of it at once, and the
+    call reports nothing of the attempt."""
+    import threading
+
+    from porter_mesh.core import as2
+    from porter_mesh.core.tasks import ATTEMPT_FIELD, cancel_activity
+    from porter_mesh.errors import TaskWithdrawn
+    from porter_mesh.tools import Toolbox
+    from tests.integration.test_tools_messaging import MemoryPort
+
+    ctx = "urn:porter:task:t1"
+    port = MemoryPort("w1")
+    box = Toolbox(port, tmp_path, grace=GRACE)
+    port.deliver("task:w1", as2.offer("architect", "Build it", target="w1", context=ctx,
+                                      extra={ATTEMPT_FIELD: 1}))
+    box.read_messages()
+    os.mkfifo(tmp_path / "running")
+    command = ("echo $$ >> pids; "
+               "setsid sh -c 'echo $$ >> pids; echo > running; exec sleep 1000' & wait")
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            box.call("bash", {"command": command, "timeout": 60})
+        except BaseException as exc:
+            errors.append(exc)
+
+    runner = threading.Thread(target=work)
+    started = time.monotonic()
+    runner.start()
+    try:
+        wait_for_line(tmp_path / "running", 20.0)
+        withdrawn = cancel_activity("architect", ctx, "Withdrawn: holder w1 expired",
+                                    attempt=1)
+        assert box.observe("task:w1", "architect", withdrawn)
+        runner.join(timeout=20)
+    finally:
+        box.halt("test over")
+        runner.join(timeout=20)
+    assert time.monotonic() - started < GRACE + SLACK + 2
+    pids = recorded(tmp_path)
+    assert len(pids) == 2
+    assert_all_gone(pids)
+    (error,) = errors
+    assert isinstance(error, TaskWithdrawn) and error.context == ctx and error.attempt == 1
+    assert "Its command was stopped" in str(error) and "had left its process group" in str(error)
+    assert port.sent == []  # no Invoke record of the void attempt
