@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from porter_mesh.cli.common import add_mesh_options, ephemeral_name, node_config, run
-from porter_mesh.core.peers import PeerInfo
+from porter_mesh.core.peers import PeerInfo, PeerState
 from porter_mesh.node.node import Node
 
 
@@ -33,6 +33,9 @@ def peer_row(info: PeerInfo, now: float) -> dict[str, Any]:
         "pub_port": a.pub_port, "router_port": a.router_port,
         "last_heard": round(now - info.last_heard, 2),
         "incarnation": f"{a.incarnation:x}", "draining": info.draining,
+        # How far its clock is from ours, while beyond the node's max_clock_skew.
+        "clock_skew": (round(info.clock_skew_ms / 1000, 1)
+                       if info.state is PeerState.CLOCK_SKEW else None),
     }
 
 
@@ -52,10 +55,11 @@ def main(args: argparse.Namespace) -> int:
         if not rows:
             print(f"no agents seen on mesh {args.mesh!r} within {args.wait}s")
             return 0
-        print(f"{'NAME':20} {'ROLE':12} {'STATE':8} {'ADDRESS':22} {'HEARD':>7} INCARNATION")
+        print(f"{'NAME':20} {'ROLE':12} {'STATE':10} {'ADDRESS':22} {'HEARD':>7} INCARNATION")
         for r in rows:
-            print(f"{r['name']:20} {r['role']:12} {r['state']:8} {r['address']:22} "
-                  f"{r['last_heard']:>6.1f}s {r['incarnation']}")
+            skew = f"  clock {r['clock_skew']:+.0f}s" if r["clock_skew"] is not None else ""
+            print(f"{r['name']:20} {r['role']:12} {r['state']:10} {r['address']:22} "
+                  f"{r['last_heard']:>6.1f}s {r['incarnation']}{skew}")
         return 0
 
     return run(body)
