@@ -1582,7 +1582,8 @@ class Node:
             self._drop("bad-ack", env.sender, "malformed ack from %s", env.sender)
             return
         now = time.monotonic()
-        _, events = self._peers.heard(env.sender, env.incarnation, now)
+        skew = self._clock.receive(env.hlc, _wall_ms())
+        _, events = self._peers.heard(env.sender, env.incarnation, now, skew)
         if events:
             self._apply_peer_events(events)
         for first in seqs:
