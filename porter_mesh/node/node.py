@@ -48,10 +48,10 @@ deliver them all at once. A ``welcome`` (or any other way back onto the roster) 
 the attempts; the peer rejoins as usual, the knowledge replica catches up. Losing and
 regaining a peer is logged once each.
 
-Clocks. Every message's hybrid timestamp is merged into this node's clock within
-``max_clock_skew`` (:mod:`porter_mesh.core.hlc`); a peer beyond it is still heard and
-its messages handled, but its time is not adopted and its roster state is CLOCK_SKEW
-(one WARNING per peer). Nothing is dropped for its clock.
+Clocks. The hybrid timestamp of every broadcast, direct message and acknowledgement is
+merged into this node's clock within ``max_clock_skew`` (:mod:`porter_mesh.core.hlc`); a
+peer beyond it is still heard and its messages handled, but its time is not adopted and
+its roster state is CLOCK_SKEW (one WARNING per peer). Nothing is dropped for its clock.
 
 Security. A node with a secret key (``NodeConfig.secret_key_file``) runs CurveZMQ on
 every socket (:mod:`porter_mesh.adapters.security` explains keys, the trusted directory
