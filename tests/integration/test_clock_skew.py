@@ -22,7 +22,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -51,16 +50,12 @@ def faked(offset: str) -> list[str]:
             "FAKETIME_DONT_FAKE_MONOTONIC=1"]
 
 
-@pytest.fixture
-def nodes() -> Iterator[list[NodeProcess]]:
+@pytest.fixture(autouse=True)
+def faketime_installed() -> None:
     reason = skip_reason()
     if reason is not None:
         print(f"skipping clock-skew test: {reason}")
         pytest.skip(reason)
-    started: list[NodeProcess] = []
-    yield started
-    for node in started:
-        node.stop()
 
 
 def pair(nodes: list[NodeProcess], tmp_path: Path, offset: str, mesh: str, *,

@@ -49,14 +49,6 @@ def lab() -> Iterator[Lab]:
         yield built
 
 
-@pytest.fixture
-def nodes() -> Iterator[list[NodeProcess]]:
-    started: list[NodeProcess] = []
-    yield started
-    for node in started:
-        node.stop()
-
-
 def set_link(lab: Lab, state: str) -> None:
     """Bring host a's port on the bridge ``up`` or ``down`` (inside the lab only)."""
     subprocess.run([IP, "-n", lab.bridge_netns, "link", "set", "v-a", state], check=True,

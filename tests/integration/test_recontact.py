@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
 
 import pytest
 
@@ -21,14 +20,6 @@ pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 TIMINGS = ("--heartbeat", "0.2", "--evasive-after", "1", "--expire-after", "3",
            "--recontact-max", "1")
 _ids = itertools.count()
-
-
-@pytest.fixture
-def nodes() -> Iterator[list[NodeProcess]]:
-    started: list[NodeProcess] = []
-    yield started
-    for node in started:
-        node.stop()
 
 
 @pytest.mark.parametrize("how", ["goodbye", "killed"])
