@@ -27,9 +27,10 @@ remote timestamp's physical part with the local wall clock:
   minutes or hours (a lab machine without NTP, a clock set in the wrong time zone);
 * beyond it, the clock is left untouched and ``receive`` returns the offset instead.
   One peer with a wild clock (a dead RTC battery in 1970, a year typed wrong) cannot
-  drag the whole mesh into the future. The caller still handles the message (refusing
-  it would leave a peer that looks alive but cannot deliver anything: the clock-skew bug
-  of the older IACP protocol, which trusted sender seconds) and flags the peer instead.
+  drag the whole mesh into the future. The caller still handles the message and flags
+  the peer instead: refusing it would leave a peer that looks alive but cannot deliver
+  anything, a new form of the clock-skew bug of the older IACP protocol (whose messages
+  carry the sender's clock in seconds).
 
 Why 24 hours: the skews seen in practice are minutes (no NTP) and whole hours (a
 hardware clock kept in local time, up to 14 hours off); a clock more than a day off is
