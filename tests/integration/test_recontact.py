@@ -35,9 +35,11 @@ def test_seed_that_comes_back_is_found_again(nodes: list[NodeProcess], how: str)
         a.stop()
     else:
         a.kill()
-    reason = "goodbye" if how == "goodbye" else "expired"
+    # A goodbye is best effort (one broadcast on the way out; a loaded machine can close
+    # the socket first): then b expires a instead.
+    reasons = {"goodbye", "expired"} if how == "goodbye" else {"expired"}
     left = b.wait_for(lambda e: e["ev"] == "peer" and e["kind"] == "left", 20, "a leaves")
-    assert left["reason"] == reason
+    assert left["reason"] in reasons
     # Away for longer than expiry, while b keeps knocking on a closed port.
     b.watch(4.0, lambda e: e["ev"] == "peer" and e["kind"] == "joined" and e["peer"] == "a",
             "a was found while it was not running")
