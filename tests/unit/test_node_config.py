@@ -12,6 +12,8 @@ def test_defaults_are_loopback_and_valid() -> None:
     cfg = NodeConfig(name="worker-1")
     assert cfg.interfaces == ("127.0.0.1",) and cfg.loopback_only
     assert cfg.pub_port == 0 and cfg.router_port == 0
+    # Lab clocks off by minutes or hours are adopted; a partition heals within 5 s.
+    assert cfg.max_clock_skew == 86_400.0 and cfg.recontact_max == 5.0
 
 
 @pytest.mark.parametrize(("settings", "needle"), [
@@ -23,6 +25,10 @@ def test_defaults_are_loopback_and_valid() -> None:
     ({"name": "w", "heartbeat_interval": 5.0}, "timings"),
     ({"name": "w", "batch_max": 0}, "batch_max"),
     ({"name": "w", "inbox_size": -1}, "inbox_size"),
+    ({"name": "w", "recontact_max": 0.5}, "recontact_max"),
+    ({"name": "w", "max_clock_skew": -1.0}, "max_clock_skew"),
+    ({"name": "w", "max_clock_skew": 400 * 86_400.0}, "a year"),
+    ({"name": "w", "max_clock_skew": float("nan")}, "max_clock_skew"),
 ])
 def test_bad_settings_are_refused_clearly(settings: dict[str, object], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
