@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import logging
 import pathlib
-import resource
 import sys
 import time
 from typing import Any
@@ -38,6 +37,16 @@ from porter_mesh.node.node import Message, Node
 def emit(**fields: Any) -> None:
     sys.stdout.write(orjson.dumps(fields).decode() + "\n")
     sys.stdout.flush()
+
+
+def peak_rss() -> int:
+    """This process's peak resident set in bytes (VmHWM). Not ``ru_maxrss``: that one is
+    kept across exec, so a child of a large test runner would report the runner's peak."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def activity(actor: str, text: str) -> Activity:
@@ -162,14 +171,14 @@ async def main() -> None:
             for i in range(cmd.get("n", 1)):
                 node.async_publish(cmd["channel"], activity(node.name, f"{cmd['text']}{i}"))
         elif op == "burst":
-            emit(ev="burst-start", maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+            emit(ev="burst-start", maxrss=peak_rss())
             chunk = cmd.get("chunk", 512)
             for first in range(0, cmd["n"], chunk):
                 for i in range(first, min(first + chunk, cmd["n"])):
                     node.async_publish(cmd["channel"], activity(node.name, f"{cmd['text']}{i}"))
                 await asyncio.sleep(0)  # one flush per chunk, as a busy agent's loop does
             await asyncio.sleep(0)
-            emit(ev="burst-done", maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            emit(ev="burst-done", maxrss=peak_rss(),
                  stats=node.stats())
         elif op == "send":
             task = asyncio.ensure_future(send_many(cmd["to"], cmd.get("start", 0), cmd["n"]))
