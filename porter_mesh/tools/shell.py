@@ -11,7 +11,8 @@ One thread does everything: a selector waits on the output pipe and, where the k
 offers it, on a pidfd of the shell, so exit is noticed at once without polling. Output
 goes into a bounded tail buffer: only the last ``tail_bytes`` are kept, and the result
 says how many earlier bytes were dropped (the end of a build log or a test run is where
-the verdict is).
+the verdict is). A caller whose verdict comes first (``git diff``) keeps the head
+instead (``keep_head``).
 
 The command ends in one of three ways:
 
@@ -98,6 +99,8 @@ class CommandResult:
         duration: wall time of the call in seconds (monotonic clock).
         timeout: the timeout the command ran under, in seconds.
         pgid: the process group the command ran in (all of it is gone by now).
+        kept_head: ``output`` is the beginning of the output, and ``dropped_bytes``
+            came after it.
     """
 
     command: str
@@ -110,6 +113,7 @@ class CommandResult:
     duration: float
     timeout: float
     pgid: int
+    kept_head: bool = False
 
     @property
     def ok(self) -> bool:
@@ -132,13 +136,18 @@ class CommandResult:
     def render(self) -> str:
         """The result as the agent sees it: output tail, truncation mark, status line."""
         parts: list[str] = []
-        if self.dropped_bytes:
+        if self.dropped_bytes and not self.kept_head:
             parts.append(
                 f"[... {self.dropped_bytes} earlier bytes of output dropped; "
                 f"the last {len(self.output.encode())} bytes follow ...]"
             )
         if self.output:
             parts.append(self.output.rstrip("\n"))
+        if self.dropped_bytes and self.kept_head:
+            parts.append(
+                f"[... the first {len(self.output.encode())} bytes are shown; "
+                f"{self.dropped_bytes} later bytes of output dropped ...]"
+            )
         parts.append(self.status_line())
         return "\n".join(parts)
 
@@ -151,14 +160,21 @@ def _signal_name(number: int) -> str:
 
 
 class _Tail:
-    """A byte buffer that keeps only the last ``limit`` bytes and counts the rest."""
+    """A byte buffer that keeps only the last ``limit`` bytes (or the first, ``head``)
+    and counts the rest."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, head: bool = False) -> None:
         self.limit = limit
+        self.head = head
         self.buf = bytearray()
         self.dropped = 0
 
     def add(self, chunk: bytes) -> None:
+        if self.head:
+            room = max(0, self.limit - len(self.buf))
+            self.buf += chunk[:room]
+            self.dropped += len(chunk) - min(room, len(chunk))
+            return
         self.buf += chunk
         excess = len(self.buf) - self.limit
         if excess > 0:
@@ -228,13 +244,14 @@ def _wait_group_gone(pgid: int, deadline: float) -> bool:
 class _Runner:
     """State of one running command; see the module docstring for the phases."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], tail_bytes: int) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], tail_bytes: int, *,
+                 keep_head: bool = False) -> None:
         assert proc.stdout is not None
         self.proc = proc
         self.pgid = proc.pid  # a session leader's pid is its group id
         self.fd = proc.stdout.fileno()
         os.set_blocking(self.fd, False)
-        self.tail = _Tail(tail_bytes)
+        self.tail = _Tail(tail_bytes, head=keep_head)
         self.eof = False
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.fd, selectors.EVENT_READ, "out")
@@ -318,6 +335,7 @@ def run_command(
     tail_bytes: int = DEFAULT_TAIL_BYTES,
     env: Mapping[str, str] | None = None,
     on_start: Callable[[int], None] | None = None,
+    keep_head: bool = False,
 ) -> CommandResult:
     """Run ``command`` with ``bash -c`` in ``cwd`` and return what it did.
 
@@ -331,6 +349,7 @@ def run_command(
             pagers and prompts out of the way are added either way.
         on_start: called with the command's process group id once it runs, so that
             another thread can stop it early (see :func:`stop_group`).
+        keep_head: keep the first ``tail_bytes`` of the output instead of the last.
 
     Returns:
         A :class:`CommandResult`. When it returns, no process of the command's group is
@@ -364,7 +383,7 @@ def run_command(
         )
     except OSError as exc:
         raise ToolError(f"bash: could not start the shell: {exc}") from exc
-    runner = _Runner(proc, tail_bytes)
+    runner = _Runner(proc, tail_bytes, keep_head=keep_head)
     timed_out = killed = leftovers = False
     try:
         if on_start is not None:
@@ -400,4 +419,5 @@ def run_command(
         duration=time.monotonic() - start,
         timeout=timeout,
         pgid=runner.pgid,
+        kept_head=keep_head,
     )
