@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import re
 import shlex
@@ -38,6 +39,8 @@ from porter_mesh.tools.schemas import ToolSpec
 
 if TYPE_CHECKING:
     from mcp import ClientSession
+
+_log = logging.getLogger("porter_mesh.tools")
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT",
@@ -55,6 +58,8 @@ DEFAULT_CALL_TIMEOUT: Final = 120.0
 RESULT_LIMIT: Final = 64 * 1024
 
 _SEPARATOR: Final = "__"
+#: Seconds a cancelled server task has to stop its process.
+_CANCEL_WAIT: Final = 10.0
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9_-]+")
 _NAME_LIMIT: Final = 64
 
@@ -89,7 +94,8 @@ def external_server(entry: str | Sequence[str] | Mapping[str, Any] | ExternalSer
         entry: a command line (``"python srv.py --flag"``, split as a shell would), an
             argument list, a mapping ``{"name", "command", "env", "cwd"}`` (``command`` a
             string or a list), or an :class:`ExternalServer`. Without a name, the
-            program's file name (without extension) is used.
+            program's file name is used (for ``python``, ``node``, ``npx``, ``uvx``...,
+            the file name of what they run, without its extension).
 
     Raises:
         ConfigError: the entry has no command or is of the wrong shape.
@@ -128,10 +134,31 @@ def external_server(entry: str | Sequence[str] | Mapping[str, Any] | ExternalSer
     if not argv:
         raise ConfigError("an MCP server's command is empty; give the program to run")
     if name is None:
-        name = os.path.splitext(os.path.basename(argv[0]))[0]
+        name = _default_name(argv)
     if not isinstance(name, str) or not name.strip():
         raise ConfigError("MCP server entry: 'name' must be a non-empty string")
     return ExternalServer(_safe(name), argv, dict(env), None if cwd is None else os.fspath(cwd))
+
+
+#: Programs that run another one: the server's name comes from what they run.
+_LAUNCHERS: Final = frozenset({
+    "python", "python3", "node", "npx", "uv", "uvx", "pipx", "deno", "bun", "bunx", "sh",
+    "bash", "docker", "podman",
+})
+_LAUNCHER_VERBS: Final = frozenset({"run", "x", "exec", "tool", "dlx"})
+
+
+def _default_name(argv: Sequence[str]) -> str:
+    """``srv`` for ``srv --x``, ``my_server`` for ``python my_server.py``,
+    ``server-github`` for ``npx -y @modelcontextprotocol/server-github``."""
+    program = os.path.basename(argv[0])
+    if program.rstrip("0123456789.") in _LAUNCHERS or program in _LAUNCHERS:
+        for arg in argv[1:]:
+            if not arg.startswith("-") and arg not in _LAUNCHER_VERBS:
+                program = arg.rstrip("/").rsplit("/", 1)[-1]
+                break
+    stem, ext = os.path.splitext(program)
+    return stem if ext in (".py", ".js", ".mjs", ".ts", ".sh", ".exe") else program
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +210,8 @@ class ExternalTools:
                                         daemon=True)
         self._thread.start()
         self._stop: asyncio.Event | None = None
-        self._tasks: list[concurrent.futures.Future[None]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._starting: dict[str, asyncio.Task[None]] = {}
         self._sessions: dict[str, ClientSession] = {}
         self._specs: dict[str, ToolSpec] = {}
         self._routes: dict[str, _Route] = {}
@@ -279,15 +307,28 @@ class ExternalTools:
         if self._closed:
             return
         self._closed = True
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        for task in self._tasks:
+        if self._tasks:
+            done = asyncio.run_coroutine_threadsafe(self._shutdown(timeout), self._loop)
             try:
-                task.result(timeout)
-            except BaseException:  # a failing server was reported when it failed
-                continue
+                done.result(timeout + _CANCEL_WAIT + 1.0)
+            except concurrent.futures.TimeoutError:
+                _log.warning("MCP servers still stopping after %.0fs", timeout + _CANCEL_WAIT)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout)
+
+    async def _shutdown(self, timeout: float) -> None:
+        """Let each session end (which stops its server); cancel the ones that do not
+        within ``timeout`` (a server still starting), and wait for them too."""
+        if self._stop is not None:
+            self._stop.set()
+        for name, task in self._starting.items():
+            if name not in self._sessions:  # still starting: nothing to end gracefully
+                task.cancel()
+        _, pending = await asyncio.wait(self._tasks, timeout=timeout)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=_CANCEL_WAIT)
 
     def __enter__(self) -> ExternalTools:
         return self
@@ -302,8 +343,15 @@ class ExternalTools:
 
     def _start_one(self, entry: ExternalServer, timeout: float) -> None:
         ready: concurrent.futures.Future[list[Any]] = concurrent.futures.Future()
-        task = asyncio.run_coroutine_threadsafe(self._serve(entry, ready), self._loop)
-        self._tasks.append(task)
+
+        async def spawn() -> None:
+            if self._stop is None:
+                self._stop = asyncio.Event()
+            task = asyncio.ensure_future(self._serve(entry, ready, self._stop))
+            self._tasks.append(task)
+            self._starting[entry.name] = task
+
+        asyncio.run_coroutine_threadsafe(spawn(), self._loop).result(timeout)
         shown = shlex.join(entry.command)
         try:
             listed = ready.result(timeout)
@@ -337,14 +385,11 @@ class ExternalTools:
         self._routes[name] = _Route(server, tool.name)
 
     async def _serve(self, entry: ExternalServer,
-                     ready: concurrent.futures.Future[list[Any]]) -> None:
+                     ready: concurrent.futures.Future[list[Any]], stop: asyncio.Event) -> None:
         """Run one server's session until :meth:`close` (a task of its own, since the
         SDK's contexts must be left by the task that entered them)."""
         from mcp import ClientSession, StdioServerParameters, stdio_client
 
-        if self._stop is None:
-            self._stop = asyncio.Event()
-        stop = self._stop
         params = StdioServerParameters(command=entry.command[0], args=list(entry.command[1:]),
                                        env=dict(entry.env) or None, cwd=entry.cwd)
         try:
