@@ -17,8 +17,9 @@ What git may see is fenced in:
   a repository above it;
 * configuration comes only from the repository itself: ``GIT_CONFIG_NOSYSTEM=1``,
   ``GIT_CONFIG_GLOBAL`` pointing at the null device, and every ``GIT_*`` variable of
-  the caller's environment removed; no pager, no colour, no external diff or textconv
-  driver, no commit signing, no editor, no prompt;
+  the caller's environment removed, and the ignore and attributes files git would read
+  from the user's home by default replaced by the null device; no pager, no colour, no
+  external diff or textconv driver, no commit signing, no editor, no prompt;
 * the author and committer are the agent (``<name>@porter-mesh.invalid``), so a commit
   needs no identity from outside.
 
@@ -51,6 +52,9 @@ _BASE: Final = (
     "-c", "core.quotepath=off",
     "-c", "core.pager=cat",
     "-c", "commit.gpgsign=false",
+    # Read from the user's home even without a global config file: not here.
+    "-c", f"core.excludesFile={os.devnull}",
+    "-c", f"core.attributesFile={os.devnull}",
 )
 
 _NOT_A_REPO: Final = "not a git repository"
