@@ -40,8 +40,6 @@ from porter_mesh.tools.schemas import ToolSpec
 if TYPE_CHECKING:
     from mcp import ClientSession
 
-_log = logging.getLogger("porter_mesh.tools")
-
 __all__ = [
     "DEFAULT_CALL_TIMEOUT",
     "DEFAULT_START_TIMEOUT",
@@ -49,6 +47,8 @@ __all__ = [
     "ExternalTools",
     "external_server",
 ]
+
+_log = logging.getLogger("porter_mesh.tools")
 
 #: Seconds a server has to start and list its tools.
 DEFAULT_START_TIMEOUT: Final = 30.0
