@@ -35,7 +35,8 @@ One thread does everything: a selector waits on the output pipe, on the shell's 
 thread asks the command to stop (:meth:`CommandHandle.stop`). Output goes into a bounded
 tail buffer: only the last ``tail_bytes`` are kept, and the result says how many
 earlier bytes were dropped (the end of a build log or a test run is where the verdict
-is).
+is). A caller whose verdict comes first (``git diff``) keeps the head instead
+(``keep_head``).
 
 The command ends in one of four ways:
 
@@ -157,6 +158,8 @@ class CommandResult:
         outside_group: how many of the stopped processes had left the shell's process
             group (``set -m`` jobs, ``setsid``, daemons): what a group kill would miss.
         stop_reason: why another thread stopped the command (``None`` if none did).
+        kept_head: ``output`` is the beginning of the output, and ``dropped_bytes``
+            came after it.
     """
 
     command: str
@@ -174,6 +177,7 @@ class CommandResult:
     sigkilled: tuple[int, ...] = ()
     outside_group: int = 0
     stop_reason: str | None = None
+    kept_head: bool = False
 
     @property
     def ok(self) -> bool:
@@ -209,13 +213,18 @@ class CommandResult:
     def render(self) -> str:
         """The result as the agent sees it: output tail, truncation mark, status line."""
         parts: list[str] = []
-        if self.dropped_bytes:
+        if self.dropped_bytes and not self.kept_head:
             parts.append(
                 f"[... {self.dropped_bytes} earlier bytes of output dropped; "
                 f"the last {len(self.output.encode())} bytes follow ...]"
             )
         if self.output:
             parts.append(self.output.rstrip("\n"))
+        if self.dropped_bytes and self.kept_head:
+            parts.append(
+                f"[... the first {len(self.output.encode())} bytes are shown; "
+                f"{self.dropped_bytes} later bytes of output dropped ...]"
+            )
         parts.append(self.status_line())
         return "\n".join(parts)
 
@@ -228,14 +237,21 @@ def _signal_name(number: int) -> str:
 
 
 class _Tail:
-    """A byte buffer that keeps only the last ``limit`` bytes and counts the rest."""
+    """A byte buffer that keeps only the last ``limit`` bytes (or the first, ``head``)
+    and counts the rest."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, head: bool = False) -> None:
         self.limit = limit
+        self.head = head
         self.buf = bytearray()
         self.dropped = 0
 
     def add(self, chunk: bytes) -> None:
+        if self.head:
+            room = max(0, self.limit - len(self.buf))
+            self.buf += chunk[:room]
+            self.dropped += len(chunk) - min(room, len(chunk))
+            return
         self.buf += chunk
         excess = len(self.buf) - self.limit
         if excess > 0:
@@ -681,13 +697,14 @@ class CommandHandle:
 class _Runner:
     """State of one running command; see the module docstring for the phases."""
 
-    def __init__(self, tree: _Contained, handle: CommandHandle, tail_bytes: int) -> None:
+    def __init__(self, tree: _Contained, handle: CommandHandle, tail_bytes: int, *,
+                 keep_head: bool = False) -> None:
         assert tree.proc.stdout is not None
         self.tree = tree
         self.handle = handle
         self.fd = tree.proc.stdout.fileno()
         os.set_blocking(self.fd, False)
-        self.tail = _Tail(tail_bytes)
+        self.tail = _Tail(tail_bytes, head=keep_head)
         self.eof = False
         self.stop_requested = False
         self.stopped: dict[int, None] = {}
@@ -786,6 +803,7 @@ def run_command(
     env: Mapping[str, str] | None = None,
     on_start: Callable[[CommandHandle], None] | None = None,
     containment: str | None = None,
+    keep_head: bool = False,
 ) -> CommandResult:
     """Run ``command`` with ``bash -c`` in ``cwd`` and return what it did.
 
@@ -801,6 +819,7 @@ def run_command(
             another thread can stop it early.
         containment: ``auto``, ``cgroup`` or ``subreaper`` (see the module docstring);
             by default from ``$PORTER_MESH_CONTAINMENT``, else ``auto``.
+        keep_head: keep the first ``tail_bytes`` of the output instead of the last.
 
     Returns:
         A :class:`CommandResult`. When it returns, no process the command started is
@@ -830,7 +849,7 @@ def run_command(
     start = time.monotonic()
     tree = _start(command, os.fspath(cwd), full_env, mode)
     handle = CommandHandle(tree.shell_pid, tree.mode)
-    runner = _Runner(tree, handle, tail_bytes)
+    runner = _Runner(tree, handle, tail_bytes, keep_head=keep_head)
     timed_out = leftovers = False
     try:
         if on_start is not None:
@@ -875,4 +894,5 @@ def run_command(
         sigkilled=tuple(runner.sigkilled),
         outside_group=runner.outside_group,
         stop_reason=handle.reason if runner.stop_requested else None,
+        kept_head=keep_head,
     )

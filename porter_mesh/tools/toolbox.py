@@ -41,8 +41,10 @@ Records
 -------
 ``bash`` records an ``Invoke`` (command and the end of its output) on ``log``;
 ``write_file`` records a ``Create`` (new file) or ``Update`` (replaced file) and
-``edit_file`` an ``Update``, each with the file as a ``Document``; ``memory_query``
+``edit_file`` an ``Update``, each with the file as a ``Document``; ``git`` records an
+``Invoke`` for ``add`` and ``commit`` (what changes the repository); ``memory_query``
 records a ``Recall`` with its rows; ``memory_write`` hands a ``Remember`` to the node.
+``list_dir``, ``glob``, ``grep``, ``read_file`` and ``peers`` only look.
 A record that cannot be sent is logged and does not fail the tool call: the work it
 describes has already happened. An ``Invoke`` is only ever such a record of what this
 agent ran; ``send_message`` cannot send one, and nothing here runs a command because a
@@ -52,15 +54,24 @@ Drain and halt
 --------------
 The agent program forwards the node's control messages: :meth:`Toolbox.drain` makes
 accepting a new task fail (the agent is told to reject offers and finish what it
-holds); :meth:`Toolbox.halt` stops a running ``bash`` command at once (every process
-it started gets SIGTERM, then SIGKILL after the grace period; see
+holds); :meth:`Toolbox.halt` stops a running ``bash`` or ``git`` command at once (every
+process it started gets SIGTERM, then SIGKILL after the grace period; see
 :mod:`porter_mesh.tools.shell`) and refuses every later call until :meth:`Toolbox.resume`.
+:meth:`Toolbox.interrupt` stops the running command only (a caller gave up waiting for
+it).
+
+External tools
+--------------
+``external=`` adds the tools of external MCP servers
+(:class:`~porter_mesh.tools.external.ExternalTools`), named ``<server>__<tool>``; a
+call is forwarded to the server and its arguments are checked there.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -88,9 +99,11 @@ from porter_mesh.errors import (
     ToolError,
     UnknownPeerError,
 )
-from porter_mesh.tools import memory, messaging
+from porter_mesh.tools import memory, messaging, search
+from porter_mesh.tools.external import ExternalTools
+from porter_mesh.tools.git import git_argv, run_git
 from porter_mesh.tools.port import InboxItem, MeshPort
-from porter_mesh.tools.prompt import system_prompt_sections
+from porter_mesh.tools.prompt import roster_section, system_prompt_sections
 from porter_mesh.tools.schemas import (
     DEFAULT_BASH_TIMEOUT,
     MAX_BASH_TIMEOUT,
@@ -102,6 +115,7 @@ from porter_mesh.tools.shell import (
     DEFAULT_GRACE,
     DEFAULT_TAIL_BYTES,
     CommandHandle,
+    CommandResult,
     run_command,
 )
 from porter_mesh.tools.workspace import Workspace
@@ -143,9 +157,11 @@ class Toolbox:
         grace: seconds between SIGTERM and SIGKILL when a command is stopped.
         tail_bytes: bytes of the end of a command's output returned to the agent.
         inbox_limit: messages one ``read_messages`` call takes.
+        external: tools of external MCP servers to add (the caller owns and closes it).
 
     Raises:
-        ConfigError: unknown role or tool, or a file/shell tool without a workspace.
+        ConfigError: unknown role or tool, a file/shell/git tool without a workspace,
+            or an external tool whose name is taken.
         ToolError: the workspace is not an existing directory.
     """
 
@@ -160,11 +176,18 @@ class Toolbox:
         grace: float = DEFAULT_GRACE,
         tail_bytes: int = DEFAULT_TAIL_BYTES,
         inbox_limit: int = DEFAULT_INBOX_LIMIT,
+        external: ExternalTools | None = None,
     ) -> None:
         self.port = port
         self.role = role
         self._specs = {s.name: s for s in specs_for(role, tools)}
-        needs_workspace = [n for n, s in self._specs.items() if s.group in ("files", "shell")]
+        self.external = external
+        if external is not None:
+            taken = sorted(set(self._specs) & set(external.names()))
+            if taken:
+                raise ConfigError(f"external tool name(s) {', '.join(taken)} are taken by "
+                                  "the agent's own tools; rename the server")
+        needs_workspace = [n for n, s in self._specs.items() if s.needs_workspace]
         if workspace is None:
             if needs_workspace:
                 raise ConfigError(
@@ -206,8 +229,9 @@ class Toolbox:
         return self.port.agent_name
 
     def specs(self) -> list[ToolSpec]:
-        """The tools this agent may call."""
-        return list(self._specs.values())
+        """The tools this agent may call (its own, then the external ones)."""
+        own = list(self._specs.values())
+        return own + (self.external.specs() if self.external is not None else [])
 
     def system_prompt(self) -> str:
         """The messaging and live team sections for the agent's system prompt."""
@@ -237,9 +261,10 @@ class Toolbox:
             )
         spec = self._specs.get(name)
         if spec is None:
-            raise ToolError(
-                f"unknown tool {name!r}; your tools are: {', '.join(self._specs)}"
-            )
+            if self.external is not None and name in self.external.names():
+                return self.external.call(name, arguments)
+            known = ", ".join(s.name for s in self.specs())
+            raise ToolError(f"unknown tool {name!r}; your tools are: {known}")
         args = dict(arguments) if arguments is not None else {}
         if name == "memory_query" and "sparql" in args and "query" not in args:
             args["query"] = args.pop("sparql")  # the profile's own name for it
@@ -278,6 +303,30 @@ class Toolbox:
         """Undo :meth:`drain` and :meth:`halt`."""
         self.draining = False
         self._halted = None
+
+    def interrupt(self) -> None:
+        """Stop the command running now, if any (later calls are not refused).
+
+        Safe to call from another thread, as :meth:`halt` is.
+        """
+        running = self._running
+        if running is not None:
+            running.stop("interrupted: the caller stopped waiting")
+
+    def _command_started(self, task: str | None) -> Callable[[CommandHandle], None]:
+        """What a command of this toolbox, run for ``task``, calls once it runs."""
+
+        def started(handle: CommandHandle) -> None:
+            with self._lock:
+                self._running, self._running_for = handle, task
+            # Halted or withdrawn between the checks and the start:
+            if self._halted is not None:
+                handle.stop(f"halted: {self._halted}")
+            entry = self._withdrawn.get(task) if task is not None else None
+            if entry is not None:
+                handle.stop(f"withdrawn: {entry[1]}")
+
+        return started
 
     # -- messaging ----------------------------------------------------------------------------
 
@@ -570,17 +619,6 @@ class Toolbox:
         ws = self._require_workspace()
         task = self.context
         self._acting_for(task)
-
-        def started(handle: CommandHandle) -> None:
-            with self._lock:
-                self._running, self._running_for = handle, task
-            # Halted or withdrawn between the checks and the start:
-            if self._halted is not None:
-                handle.stop(f"halted: {self._halted}")
-            entry = self._withdrawn.get(task) if task is not None else None
-            if entry is not None:
-                handle.stop(f"withdrawn: {entry[1]}")
-
         try:
             result = run_command(
                 command,
@@ -588,7 +626,7 @@ class Toolbox:
                 timeout=float(timeout if timeout is not None else self.bash_timeout),
                 grace=self.grace,
                 tail_bytes=self.tail_bytes,
-                on_start=started,
+                on_start=self._command_started(task),
             )
         finally:
             with self._lock:
@@ -600,6 +638,10 @@ class Toolbox:
             self._refuse_withdrawn(task, entry, f" Its command was stopped: "
                                    f"{result.status_line()}.")
         text = result.render()
+        self._record_invoke(command, result, text)
+        return text
+
+    def _record_invoke(self, command: str, result: CommandResult, text: str) -> None:
         first = messaging.split_text(command)[0]
         self._record(
             lambda: as2.invoke(
@@ -611,7 +653,56 @@ class Toolbox:
                 extra=self._attempt_extra(),
             )
         )
+
+    def list_dir(self, path: str | None = None) -> str:
+        """List a workspace directory (see :func:`.search.list_dir`)."""
+        return search.list_dir(self._require_workspace(), path)
+
+    def glob(self, pattern: str, path: str | None = None) -> str:
+        """Find workspace paths by glob pattern (see :func:`.search.glob`)."""
+        return search.glob(self._require_workspace(), pattern, path)
+
+    def grep(self, pattern: str, path: str | None = None, glob: str | None = None,
+             ignore_case: bool | None = None) -> str:
+        """Search workspace files for a regular expression (see :func:`.search.grep`)."""
+        return search.grep(self._require_workspace(), pattern, path, glob=glob,
+                           ignore_case=bool(ignore_case))
+
+    def git(self, command: str, paths: list[str] | None = None, message: str | None = None,
+            staged: bool | None = None, limit: int | None = None) -> str:
+        """Run git status, diff, log, add or commit in the workspace (see :mod:`.git`).
+
+        ``add`` and ``commit`` are recorded as an ``Invoke`` on ``log``.
+
+        Raises:
+            WorkspaceError: a path leaves the workspace.
+            ToolError: bad arguments, not a repository, or git failed (with its output).
+        """
+        ws = self._require_workspace()
+        argv = git_argv(ws, command, paths=paths, message=message, staged=bool(staged),
+                        limit=limit)
+        task = self.context
+        self._acting_for(task)
+        try:
+            text, result = run_git(ws, argv, author=self.agent_name,
+                                   timeout=float(self.bash_timeout), grace=self.grace,
+                                   output_bytes=self.tail_bytes,
+                                   on_start=self._command_started(task))
+        finally:
+            with self._lock:
+                self._running = self._running_for = None
+        if command in ("add", "commit"):
+            shown = shlex.join(["git", *argv[argv.index(command):]])
+            self._record_invoke(shown, result, text)
         return text
+
+    def peers(self) -> str:
+        """The agents on the mesh now, as text."""
+        try:
+            roster = self.port.roster()
+        except NodeClosedError as exc:
+            raise ToolError(f"peers: the mesh node is closed ({exc})") from exc
+        return roster_section(roster, me=self.agent_name, role=self.role)
 
     def read_file(self, path: str) -> str:
         """Read a workspace file.
