@@ -37,3 +37,18 @@ def test_bad_settings_are_refused_clearly(settings: dict[str, object], needle: s
 
 def test_non_loopback_is_noticed() -> None:
     assert not NodeConfig(name="w", interfaces=("10.0.0.5",)).loopback_only
+
+
+@pytest.mark.parametrize("field", ["data_dir", "secret_key_file", "trusted_dir"])
+def test_paths_given_as_strings_become_paths(field: str) -> None:
+    import pathlib
+
+    config = NodeConfig(name="a", **{field: "some/str"})  # type: ignore[arg-type]
+    assert getattr(config, field) == pathlib.Path("some/str")
+    assert isinstance(getattr(config, field), pathlib.Path)
+
+
+@pytest.mark.parametrize("value", [5, b"bytes", "", ["a"]])
+def test_a_data_dir_that_is_no_path_is_refused_at_once(value: object) -> None:
+    with pytest.raises(ConfigError, match="data_dir must be a path"):
+        NodeConfig(name="a", data_dir=value)  # type: ignore[arg-type]
