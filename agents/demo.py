@@ -35,6 +35,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -254,7 +255,8 @@ def _secure_mesh(out: Path, names: list[str]) -> dict[str, dict[str, str]]:
 
 async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[str]] | None
                    = None, stream: IO[str] = sys.stdout, secure: bool = False,
-                   ui: bool = False, ui_port: int = 0, team_file: Path | None = None) -> int:
+                   ui: bool = False, ui_port: int = 0, team_file: Path | None = None,
+                   on_start: Callable[[dict[str, int]], None] | None = None) -> int:
     """Run the demo; returns the exit status.
 
     Args:
@@ -268,6 +270,8 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
         ui: also run the dashboard (``porter-mesh ui``), print its address, and keep the
             mesh running after the story until SIGINT or SIGTERM.
         ui_port: the dashboard's HTTP port (0: a free one).
+        on_start: called with each agent's pid once all are started (tests use this to
+            pause or kill one).
     """
     started = time.monotonic()
     try:
@@ -328,6 +332,8 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
             options += (extra or {}).get(spec.name, [])
             agents.append(_start(spec.role, spec.name, options, out=out,
                                  env_extra=envs.get(spec.name)))
+        if on_start is not None:
+            on_start({agent.name: agent.proc.pid for agent in agents})
         await _wait_connected(node, timeline, names, agents, timeout=max(5.0, timeout / 2),
                               need_online=not secure)
         if dashboard is not None:

@@ -21,9 +21,10 @@ Requests
 --------
 Each request carries the conversation, the role's tools and ``tool_choice: auto``;
 ``max_tokens`` and ``temperature`` when set. The tools are written for OpenAI's strict
-mode (:func:`openai_tools`): ``strict: true``, every property required, the optional
-ones nullable (``null`` means "left out"), and no length or range keywords (which strict
-mode refuses; the tools check those themselves and say so to the model).
+mode (:func:`openai_tools`, by :mod:`porter_mesh.tools.schemas`): ``strict: true``,
+every property required, the optional ones nullable (``null`` means "left out"), and no
+length or range keywords (which strict mode refuses; the tools check those themselves
+and say so to the model).
 
 Theory of operation
 -------------------
@@ -114,7 +115,6 @@ __all__ = [
     "ModelError",
     "chat_completions_url",
     "openai_tools",
-    "strict_schema",
     "trim_conversation",
 ]
 
@@ -249,74 +249,11 @@ def chat_completions_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
-#: Schema keywords OpenAI's strict mode refuses (or some servers do): the tools check
-#: lengths and ranges themselves, and their descriptions say the bounds.
-_NOT_STRICT: Final = frozenset({
-    "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "multipleOf", "minItems", "maxItems", "pattern", "format", "default",
-})
-
-
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    kind = schema.get("type")
-    if isinstance(kind, str):
-        schema["type"] = [kind, "null"]
-    elif isinstance(kind, list) and "null" not in kind:
-        schema["type"] = [*kind, "null"]
-    if isinstance(schema.get("enum"), list) and None not in schema["enum"]:
-        schema["enum"] = [*schema["enum"], None]
-    return schema
-
-
-def strict_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """A tool's JSON Schema rewritten for OpenAI's strict mode.
-
-    Every object lists all its properties as required and refuses others; a property
-    that was optional accepts ``null`` (which the tools read as "left out"); keywords
-    strict mode refuses are dropped (see :data:`_NOT_STRICT`).
-
-    Args:
-        schema: a schema as :class:`ToolSpec` holds it.
-
-    Returns:
-        A new schema (plain dicts and lists).
-    """
-    out: dict[str, Any] = {k: v for k, v in schema.items() if k not in _NOT_STRICT}
-    if "items" in out and isinstance(out["items"], Mapping):
-        out["items"] = strict_schema(out["items"])
-    if isinstance(out.get("enum"), list | tuple):
-        out["enum"] = list(out["enum"])
-    properties = out.get("properties")
-    if isinstance(properties, Mapping):
-        required = set(out.get("required") or ())
-        out["properties"] = {
-            name: strict_schema(sub) if name in required else _nullable(strict_schema(sub))
-            for name, sub in properties.items()
-        }
-        out["required"] = list(properties)
-        out["additionalProperties"] = False
-    return out
-
-
 def openai_tools(specs: Iterable[ToolSpec], *, strict: bool = True) -> list[dict[str, Any]]:
-    """The ``tools`` field of a request.
-
-    Args:
-        specs: the tools.
-        strict: write them for OpenAI's strict mode (``strict: true``, see
-            :func:`strict_schema`); else as :func:`~porter_mesh.tools.schemas.to_openai`
-            writes them.
-
-    Returns:
-        ``[{"type": "function", "function": {...}}]``.
-    """
-    tools = to_openai(specs)
-    if strict:
-        for tool in tools:
-            function = tool["function"]
-            function["parameters"] = strict_schema(function["parameters"])
-            function["strict"] = True
-    return tools
+    """The ``tools`` field of a request: :func:`~porter_mesh.tools.schemas.to_openai`,
+    by default in OpenAI's strict mode (``strict: true``, every property required, the
+    optional ones nullable)."""
+    return to_openai(specs, strict=strict)
 
 
 def _message_size(message: Mapping[str, Any]) -> int:

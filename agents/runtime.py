@@ -3,7 +3,9 @@
 ``porter-mesh agent ROLE --name N`` runs :func:`main`. The process joins the mesh,
 works until its brain finishes, a ``halt`` arrives, or SIGINT/SIGTERM, then leaves the
 mesh gracefully. ``drain`` makes the tools refuse new tasks; ``halt`` stops a running
-command at once and ends the agent.
+command at once and ends the agent. Every delivered message is also shown to the tools
+as it arrives, so that a withdrawal of the task being worked on (the architect re-offered
+it elsewhere) stops that attempt at once, even in the middle of a command.
 
 Every agent keeps a knowledge shard (``--no-knowledge`` to run without one) and its
 delivery journal in its data directory: ``--data-dir``, else ``<data root>/<mesh>/<name>``
@@ -33,6 +35,7 @@ from porter_mesh.core.as2 import Activity
 from porter_mesh.errors import ConfigError, OperationTimeout, PorterError
 from porter_mesh.node.config import knowledge_dir
 from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
+from porter_mesh.node.node import Message
 from porter_mesh.node.port import NodePort
 from porter_mesh.node.sync import SyncNode
 from porter_mesh.tools.toolbox import Toolbox
@@ -137,6 +140,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-after", choices=("accept",),
                         help="fault injection for tests: a worker kills itself (SIGKILL) "
                         "right after accepting a task")
+    parser.add_argument("--work-command", metavar="CMD",
+                        help="for tests: a shell command a worker runs (bash tool) first "
+                        "on every task it accepts, e.g. a long one to pause it in")
+    parser.add_argument("--withdraw-timeout", type=float, default=600.0,
+                        help="architect: seconds a withdrawal sent to a paused or gone "
+                        "worker keeps being retried")
 
 
 def _knowledge(node: SyncNode, data_dir: pathlib.Path | None) -> SyncKnowledge | None:
@@ -159,6 +168,18 @@ def system_prompt(args: argparse.Namespace) -> str | None:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read --system-prompt-file {args.system_prompt_file}: "
                           f"{getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _watch_withdrawals(node: SyncNode, toolbox: Toolbox, name: str) -> None:
+    """Show the toolbox every message as it arrives (on the node's thread), so that a
+    withdrawal stops the withdrawn attempt while a tool is still running for it."""
+
+    def on_message(msg: Message) -> None:
+        if toolbox.observe(msg.channel, msg.sender, msg.activity):
+            print(f"[{name}] task {msg.activity.context} withdrawn by {msg.sender}: "
+                  f"{msg.activity.summary}", file=sys.stderr, flush=True)
+
+    node.call_in_loop(lambda: node.node.add_handler(on_message))
 
 
 def make_brain(args: argparse.Namespace) -> Brain:
@@ -231,11 +252,13 @@ def run(args: argparse.Namespace) -> int:
         toolbox_ref.append(toolbox)
         if stop.is_set():
             toolbox.halt("halted while starting")
+        _watch_withdrawals(node, toolbox, args.name)
         options: dict[str, Any] = {
             "workers": args.workers, "reviewer": args.reviewer, "slots": args.slots,
             "offer_timeout": args.offer_timeout, "task_timeout": args.task_timeout,
             "fail_after": args.fail_after, "go": go, "goal": args.goal,
             "system_prompt": prompt,
+            "work_command": args.work_command, "withdraw_timeout": args.withdraw_timeout,
         }
         ctx = AgentContext(args.name, args.role, toolbox, tapped, stop, options)
         for sig in (signal.SIGINT, signal.SIGTERM):

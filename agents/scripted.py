@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agents.context import AgentContext
@@ -29,7 +30,7 @@ from porter_mesh.core.tasks import (
     attempt_of,
     is_task_delete,
 )
-from porter_mesh.errors import PorterError
+from porter_mesh.errors import PorterError, TaskWithdrawn
 from porter_mesh.tools.port import InboxItem
 
 #: The profile's example query: what has the team learned?
@@ -147,6 +148,21 @@ class ArchitectBrain:
             ctx.port.inner.drain_inbox()  # chatter before the task is not ours
         return False
 
+    def _withdraw(self, ctx: AgentContext, out: Send) -> None:
+        """Send a withdrawal without waiting for it: its recipient may be paused, and the
+        node keeps it in flight until it is acknowledged (see TaskBoard.worker_up)."""
+        who = out.channel[len(C.DIRECT_PREFIX):]
+        what = f"withdrawal of {out.activity.context} (attempt {attempt_of(out.activity)})"
+
+        def done(error: BaseException | None) -> None:
+            ctx.say(f"{what} {'acknowledged by ' + who if error is None else 'lost: '}"
+                    f"{error or ''}")
+
+        ctx.port.inner.node.send_nowait(
+            who, out.activity, timeout=float(ctx.options.get("withdraw_timeout", 600.0)),
+            on_done=done)
+        ctx.say(f"sent {what} to {who}")
+
     def _sync_roster(self, ctx: AgentContext, board: TaskBoard, now: float) -> None:
         live = {r.name: r for r in ctx.port.roster() if r.role == "worker"}
         known = board.workers()
@@ -164,7 +180,10 @@ class ArchitectBrain:
         for out in outs:
             if isinstance(out, Send):
                 try:
-                    ctx.port.send(out.channel, out.activity)
+                    if is_task_delete(out.activity) and out.channel.startswith(C.DIRECT_PREFIX):
+                        self._withdraw(ctx, out)
+                    else:
+                        ctx.port.send(out.channel, out.activity)
                 except PorterError as exc:
                     ctx.say(f"could not send {out.activity.type} on {out.channel}: {exc}")
             elif isinstance(out, TaskChanged):
@@ -297,6 +316,10 @@ class WorkerBrain:
     Options: ``slots`` (tasks held at once), ``reviewer`` (the reviewer's agent name),
     ``fail_after`` (fault injection for tests: ``"accept"`` makes the process SIGKILL
     itself right after accepting a task).
+    ``work_command`` (for tests: a shell command run first on every accepted task).
+
+    A task withdrawn from it (the tools raise :class:`TaskWithdrawn`) is dropped at once:
+    the attempt stops where it is and reports nothing.
     """
 
     held: dict[str, Held] = field(default_factory=dict)  # by context
@@ -348,9 +371,10 @@ class WorkerBrain:
                 ctx.say("fault injection: dying right after accepting")
                 os.kill(os.getpid(), signal.SIGKILL)
             if task.story:
-                self._first_pass(ctx, ctx_id, task)
+                self._attempt(ctx, ctx_id, lambda: self._first_pass(ctx, ctx_id, task))
             else:
-                self._write_brief(ctx, ctx_id, task, revision=None)
+                self._attempt(ctx, ctx_id,
+                              lambda: self._write_brief(ctx, ctx_id, task, revision=None))
         elif is_task_delete(act) and mine:
             ctx.say(f"task {ctx_id} withdrawn: {act.summary}")
             self.held.pop(ctx_id, None)
@@ -358,10 +382,11 @@ class WorkerBrain:
               and (item.channel == C.CHANNEL_REVIEW or mine)):
             if act.type == "Reject":
                 if task.story:
-                    self._fix(ctx, ctx_id, task)
+                    self._attempt(ctx, ctx_id, lambda: self._fix(ctx, ctx_id, task))
                 else:
-                    self._write_brief(ctx, ctx_id, task, revision=_content_of(act)
-                                      or act.summary)
+                    revision = _content_of(act) or act.summary
+                    self._attempt(ctx, ctx_id, lambda: self._write_brief(
+                        ctx, ctx_id, task, revision=revision))
             elif act.type == "Accept":
                 done = ("All tests passing\n6 tests passing, 0 failures." if task.story
                         else f"Done: {task.summary}\nApproved by {item.sender}.")
@@ -369,7 +394,19 @@ class WorkerBrain:
                       type="Announce", context=ctx_id)
                 self.held.pop(ctx_id, None)
 
+    def _attempt(self, ctx: AgentContext, ctx_id: str, step: Callable[[], None]) -> None:
+        """Work on a task; a withdrawal stops the work where it is."""
+        try:
+            step()
+        except TaskWithdrawn as exc:
+            ctx.say(f"stopped attempt {exc.attempt} of task {exc.context}, withdrawn: "
+                    f"{exc.reason}; reporting nothing")
+            self.held.pop(ctx_id, None)
+
     def _first_pass(self, ctx: AgentContext, ctx_id: str, task: Held) -> None:
+        work = ctx.options.get("work_command")
+        if work:
+            _call(ctx, "bash", command=str(work))
         _call(ctx, "bash", command="mkdir -p src/routes src/models tests && "
               "touch src/__init__.py src/routes/__init__.py src/models/__init__.py && "
               "echo 'project layout ready'")

@@ -20,7 +20,8 @@ the network did" (``Remote*``), in the way h11 separates local and remote protoc
     │   │   └── QueryTimeout        (also TimeoutError) the query passed its deadline
     │   └── SyncError               a knowledge sync message is refused
     ├── ToolError                   an agent tool call cannot be carried out
-    │   └── WorkspaceError          a path escapes the agent's workspace
+    │   ├── WorkspaceError          a path escapes the agent's workspace
+    │   └── TaskWithdrawn           the task (attempt) being worked on was withdrawn
     ├── TaskError                   a task lifecycle transition is not allowed
     └── SecurityError               keys, authentication, identity binding
 
@@ -47,6 +48,7 @@ __all__ = [
     "SecurityError",
     "SyncError",
     "TaskError",
+    "TaskWithdrawn",
     "ToolError",
     "UnknownPeerError",
     "WorkspaceError",
@@ -166,6 +168,24 @@ class ToolError(PorterError):
 
 class WorkspaceError(ToolError):
     """A path is outside the agent's workspace (after resolving links and ``..``)."""
+
+
+class TaskWithdrawn(ToolError):
+    """The task this call acts for was withdrawn from this agent: stop working on it.
+
+    Attributes:
+        context: the task URN.
+        attempt: the withdrawn claim's attempt number (``None`` if the withdrawal named
+            none).
+        reason: the withdrawal's summary.
+    """
+
+    def __init__(self, message: str, *, context: str, attempt: int | None,
+                 reason: str) -> None:
+        super().__init__(message)
+        self.context = context
+        self.attempt = attempt
+        self.reason = reason
 
 
 class TaskError(PorterError):

@@ -17,7 +17,7 @@ import orjson
 
 from porter_mesh.cli.cmd_stats import ViewClient, observer_config
 from porter_mesh.cli.common import add_mesh_options, refuse_negative, run
-from porter_mesh.core.peers import PeerInfo
+from porter_mesh.core.peers import PeerInfo, PeerState
 from porter_mesh.node.node import Node
 
 #: Seconds each agent may take to answer for its loss counts.
@@ -44,6 +44,9 @@ def peer_row(info: PeerInfo, now: float) -> dict[str, Any]:
         "last_heard": round(now - info.last_heard, 2),
         "incarnation": f"{a.incarnation:x}", "draining": info.draining,
         "lost": None, "dropped": None,
+        # How far its clock is from ours, while beyond the node's max_clock_skew.
+        "clock_skew": (round(info.clock_skew_ms / 1000, 1)
+                       if info.state is PeerState.CLOCK_SKEW else None),
     }
 
 
@@ -75,13 +78,14 @@ def main(args: argparse.Namespace) -> int:
         if not rows:
             print(f"no agents seen on mesh {args.mesh!r} within {args.wait}s")
             return 0
-        print(f"{'NAME':20} {'ROLE':12} {'STATE':8} {'DRAIN':5} {'ADDRESS':22} {'HEARD':>7} "
+        print(f"{'NAME':20} {'ROLE':12} {'STATE':10} {'DRAIN':5} {'ADDRESS':22} {'HEARD':>7} "
               f"{'LOST':>6} {'DROPPED':>7} INCARNATION")
         for r in rows:
-            print(f"{r['name']:20} {r['role']:12} {r['state']:8} "
+            skew = f"  clock {r['clock_skew']:+.0f}s" if r["clock_skew"] is not None else ""
+            print(f"{r['name']:20} {r['role']:12} {r['state']:10} "
                   f"{'yes' if r['draining'] else 'no':5} {r['address']:22} "
                   f"{r['last_heard']:>6.1f}s {_count(r['lost']):>6} {_count(r['dropped']):>7} "
-                  f"{r['incarnation']}")
+                  f"{r['incarnation']}{skew}")
         return 0
 
     return run(body)

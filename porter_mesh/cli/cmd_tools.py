@@ -1,8 +1,10 @@
 """``porter-mesh tools``: print the agent tool descriptions as JSON.
 
-``--format openai`` prints the list for an OpenAI-style ``tools`` request field;
-``--format mcp`` prints an MCP ``tools/list`` result. ``--role`` limits the list to
-one role's tools (``architect``, ``worker``, ``reviewer``).
+``--format openai`` prints the list for an OpenAI-style ``tools`` request field
+(``--strict``: in the form OpenAI's strict mode takes, every property required and the
+optional ones nullable); ``--format mcp`` prints an MCP ``tools/list`` result.
+``--role`` limits the list to one role's tools (``architect``, ``worker``,
+``reviewer``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--role", choices=sorted(ROLE_TOOLS), default=None, help="only this role's tools"
     )
+    parser.add_argument(
+        "--strict", action="store_true",
+        help="openai: the strict-mode form (every property required, optional ones "
+        "nullable, \"strict\": true)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -41,7 +48,12 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"porter-mesh tools: {exc}", file=sys.stderr)
         return 2
-    document = to_openai(specs) if args.format == "openai" else to_mcp(specs)
+    if args.strict and args.format != "openai":
+        print("porter-mesh tools: --strict is for --format openai; MCP has no strict "
+              "mode", file=sys.stderr)
+        return 2
+    document = to_openai(specs, strict=args.strict) if args.format == "openai" else to_mcp(
+        specs)
     try:
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
         sys.stdout.flush()

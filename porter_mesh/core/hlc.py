@@ -18,10 +18,25 @@ physical part: the clock then runs at most one millisecond ahead of the fastest 
 has seen, and stays strictly monotonic. ``wall << 16`` resets the counter as soon as the
 wall clock passes the last physical time.
 
-A remote timestamp more than ``max_ahead_ms`` ahead of the local wall clock is refused
-(:class:`~porter_mesh.errors.ClockError` with ``reason="clock-ahead"``) and leaves the
-clock untouched: one peer with a wild clock must not drag the whole mesh into the
-future (the clock-skew bug of the older IACP protocol, which trusted sender seconds).
+Remote time is adopted only within a bound, ``max_skew_ms`` (the node's
+``max_clock_skew``, default 24 hours). :meth:`HybridClock.receive` compares the
+remote timestamp's physical part with the local wall clock:
+
+* within the bound (either direction), the receive rule above applies: the clock adopts
+  the remote time, so ordering across machines holds while their clocks differ by
+  minutes or hours (a lab machine without NTP, a clock set in the wrong time zone);
+* beyond it, the clock is left untouched and ``receive`` returns the offset instead.
+  One peer with a wild clock (a dead RTC battery in 1970, a year typed wrong) cannot
+  drag the whole mesh into the future. The caller still handles the message and flags
+  the peer instead: refusing it would leave a peer that looks alive but cannot deliver
+  anything, a new form of the clock-skew bug of the older IACP protocol (whose messages
+  carry the sender's clock in seconds).
+
+Why 24 hours: the skews seen in practice are minutes (no NTP) and whole hours (a
+hardware clock kept in local time, up to 14 hours off); a clock more than a day off is
+broken rather than skewed. The bound applies to the sender's hybrid timestamp, which is
+at least its wall clock and at least every timestamp it has adopted, so a mesh whose
+clocks span more than the bound flags the outliers on both sides.
 
 The clock is pure: callers pass the wall time in, so tests drive it with any sequence.
 """
@@ -33,9 +48,11 @@ from typing import Final
 from porter_mesh.errors import ClockError
 
 __all__ = [
+    "DEFAULT_MAX_SKEW_MS",
     "HLC_MAX",
     "LOGICAL_BITS",
     "LOGICAL_MAX",
+    "MAX_SKEW_LIMIT_MS",
     "PHYSICAL_MAX",
     "HybridClock",
     "hlc_pack",
@@ -51,6 +68,11 @@ LOGICAL_MAX: Final = (1 << LOGICAL_BITS) - 1
 PHYSICAL_MAX: Final = (1 << 48) - 1
 #: Largest timestamp.
 HLC_MAX: Final = (1 << 64) - 1
+#: Default bound on adopting remote time: 24 hours (see the module docstring).
+DEFAULT_MAX_SKEW_MS: Final = 24 * 3600 * 1000
+#: Largest bound a clock accepts: a year. Past it, a timestamp near the end of the 48-bit
+#: physical range could be adopted and exhaust the clock.
+MAX_SKEW_LIMIT_MS: Final = 366 * 24 * 3600 * 1000
 
 
 def hlc_pack(physical_ms: int, logical: int) -> int:
@@ -132,22 +154,24 @@ class HybridClock:
     Not thread-safe: one clock belongs to one event loop.
 
     Args:
-        max_ahead_ms: how far (milliseconds) a remote timestamp's physical time may be
-            ahead of the local wall clock before :meth:`update` refuses it.
+        max_skew_ms: how far (milliseconds) a remote timestamp's physical time may be from
+            the local wall clock, ahead or behind, for :meth:`receive` to adopt it.
 
     Raises:
-        ClockError: ``reason="bad-config"`` when ``max_ahead_ms`` is negative.
+        ClockError: ``reason="bad-config"`` when ``max_skew_ms`` is negative or past
+            :data:`MAX_SKEW_LIMIT_MS`.
     """
 
-    __slots__ = ("_last", "_max_ahead_ms")
+    __slots__ = ("_last", "_max_skew_ms")
 
-    def __init__(self, *, max_ahead_ms: int = 60_000) -> None:
-        if type(max_ahead_ms) is not int or max_ahead_ms < 0:
+    def __init__(self, *, max_skew_ms: int = DEFAULT_MAX_SKEW_MS) -> None:
+        if type(max_skew_ms) is not int or not 0 <= max_skew_ms <= MAX_SKEW_LIMIT_MS:
             raise ClockError(
-                f"max_ahead_ms must be a non-negative integer, got {max_ahead_ms!r}",
+                f"max_skew_ms must be an integer in [0, {MAX_SKEW_LIMIT_MS}] (a year), got "
+                f"{max_skew_ms!r}",
                 reason="bad-config",
             )
-        self._max_ahead_ms = max_ahead_ms
+        self._max_skew_ms = max_skew_ms
         self._last = 0
 
     @property
@@ -156,9 +180,9 @@ class HybridClock:
         return self._last
 
     @property
-    def max_ahead_ms(self) -> int:
-        """How far ahead of the local wall clock a remote timestamp may be."""
-        return self._max_ahead_ms
+    def max_skew_ms(self) -> int:
+        """How far from the local wall clock a remote timestamp may be to be adopted."""
+        return self._max_skew_ms
 
     def now(self, wall_ms: int) -> int:
         """Timestamp a local or send event.
@@ -183,38 +207,33 @@ class HybridClock:
         self._last = ts
         return ts
 
-    def update(self, remote: int, wall_ms: int) -> int:
-        """Merge a timestamp received from a peer (a receive event).
+    def receive(self, remote: int, wall_ms: int) -> int | None:
+        """Merge a timestamp received from a peer (a receive event), within the bound.
 
         Args:
             remote: the peer's timestamp, as carried in its envelope.
             wall_ms: the local wall clock, milliseconds since the Unix epoch.
 
         Returns:
-            A timestamp strictly greater than both :attr:`last` (before the call) and
-            ``remote``.
+            ``None`` when ``remote`` is within ``max_skew_ms`` of ``wall_ms``: the clock
+            adopted it and :attr:`last` is now greater than both its earlier value and
+            ``remote``. Otherwise the offset in milliseconds (``remote``'s physical time
+            minus ``wall_ms``; positive: the peer is ahead), and the clock is unchanged.
 
         Raises:
-            ClockError: ``reason="clock-ahead"`` when ``remote`` is more than
-                ``max_ahead_ms`` ahead of ``wall_ms`` (the clock is left unchanged; the
-                caller should drop or quarantine the message and check the peer's clock);
-                ``reason="out-of-range"`` / ``"bad-wall-clock"`` for malformed values;
-                ``reason="exhausted"`` when the 64-bit space is used up.
+            ClockError: ``reason="out-of-range"`` / ``"bad-wall-clock"`` for malformed
+                values; ``reason="exhausted"`` when the 64-bit space is used up.
         """
         # Checks inline: this runs for every message received.
         if type(remote) is not int or not 0 <= remote <= HLC_MAX:
             _check_ts(remote, "remote timestamp")  # raises with the explanation
         if type(wall_ms) is not int or not 0 <= wall_ms <= PHYSICAL_MAX:
             raise _bad_wall(wall_ms)
-        remote_ms = remote >> LOGICAL_BITS
-        if remote_ms - wall_ms > self._max_ahead_ms:
-            raise ClockError(
-                f"remote timestamp is {remote_ms - wall_ms} ms ahead of the local clock "
-                f"(limit {self._max_ahead_ms} ms); check the sender's clock (NTP)",
-                reason="clock-ahead",
-            )
+        offset = (remote >> LOGICAL_BITS) - wall_ms
+        if not -self._max_skew_ms <= offset <= self._max_skew_ms:
+            return offset
         ts = max(wall_ms << LOGICAL_BITS, self._last + 1, remote + 1)
         if ts > HLC_MAX:
             raise ClockError("hybrid clock exhausted the 64-bit range", reason="exhausted")
         self._last = ts
-        return ts
+        return None

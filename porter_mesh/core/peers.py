@@ -8,14 +8,31 @@ process sends no goodbye. Liveness comes from hearing the peer (heartbeats or an
 message) on the monotonic clock:
 
     (unknown) --found--> ALIVE --quiet > evasive_after--> EVASIVE --quiet > expire_after--> gone
-                           ^                                 |
-                           +------------- heard -------------+
+                          ^  |  ^                              |
+               heard in   |  |  +----------- heard ------------+
+               bound      |  | heard beyond the clock bound
+                          |  v
+                        CLOCK_SKEW --quiet > evasive_after--> EVASIVE
+
+CLOCK_SKEW is a live peer whose hybrid-clock timestamps are further from our wall clock
+than the node's ``max_clock_skew`` (see :mod:`porter_mesh.core.hlc`). Its messages are
+handled like anyone's; only its clock is not adopted. The state is there to be seen
+(``porter-mesh peers``) and is left as soon as a timestamp within the bound arrives.
 
 A peer is identified by its agent name *and* its incarnation (random per process start).
 A new incarnation under a known name is a restart: the old peer leaves (reason
 ``"restarted"``) and a new one joins, so nothing of the old process is attributed to the
 new one. A message from an incarnation older than the one we hold is stale and ignored.
 A graceful leave removes the peer at once (reason ``"goodbye"``).
+
+Re-contact. A peer that expired may only be on the other side of a partition, and a
+static seed may be down for a while; neither must be given up, however long it lasts.
+:class:`Recontact` is the schedule for trying them again: capped exponential backoff
+with jitter (``initial``, doubling, at most ``cap`` seconds apart), per target, until
+the caller reports the target reached. It holds a bounded number of targets (the oldest
+unpinned one goes first; seeds are pinned) and costs nothing between attempts: the
+caller asks for :meth:`Recontact.due` targets only when :attr:`Recontact.next_due` has
+passed.
 
 This module is pure: every method takes ``now`` (monotonic seconds) and returns the
 events it caused; the node turns them into socket connects/disconnects and callbacks.
@@ -24,12 +41,18 @@ events it caused; the node turns them into socket connects/disconnects and callb
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+import random
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from porter_mesh.core.advert import PeerAdvert
 
-__all__ = ["PeerEvent", "PeerEventKind", "PeerInfo", "PeerState", "PeerTable"]
+__all__ = ["MAX_RECONTACTS", "PeerEvent", "PeerEventKind", "PeerInfo", "PeerState",
+           "PeerTable", "Recontact"]
+
+#: Most targets a :class:`Recontact` schedule holds besides its pinned ones.
+MAX_RECONTACTS = 256
 
 
 class PeerState(enum.Enum):
@@ -38,6 +61,8 @@ class PeerState(enum.Enum):
     ALIVE = "alive"
     EVASIVE = "evasive"
     EXPIRED = "expired"
+    #: Alive, but its clock is beyond the bound the node adopts (see the module docstring).
+    CLOCK_SKEW = "clock-skew"
 
 
 class PeerEventKind(enum.Enum):
@@ -45,8 +70,9 @@ class PeerEventKind(enum.Enum):
 
     JOINED = "joined"
     EVASIVE = "evasive"
-    ALIVE = "alive"  # back from evasive
+    ALIVE = "alive"  # back from evasive or from clock-skew
     LEFT = "left"
+    CLOCK_SKEW = "clock-skew"  # its clock went beyond the bound
     UPDATED = "updated"  # same incarnation, new advert details
 
 
@@ -61,6 +87,8 @@ class PeerInfo:
     draining: bool = False
     #: Last sequence per channel the peer said it sent (from heartbeats).
     last_seqs: dict[str, int] = field(default_factory=dict)
+    #: While CLOCK_SKEW: how far (ms) its last timestamp was from our wall clock.
+    clock_skew_ms: int = 0
 
     @property
     def name(self) -> str:
@@ -74,7 +102,7 @@ class PeerInfo:
         """An independent copy, safe to hand to other threads."""
         return PeerInfo(
             self.advert, self.state, self.joined_at, self.last_heard, self.draining,
-            dict(self.last_seqs),
+            dict(self.last_seqs), self.clock_skew_ms,
         )
 
 
@@ -148,8 +176,14 @@ class PeerTable:
             PeerEvent(PeerEventKind.JOINED, info),
         ]
 
-    def heard(self, name: str, incarnation: int, now: float) -> tuple[bool, list[PeerEvent]]:
+    def heard(self, name: str, incarnation: int, now: float,
+              skew_ms: int | None = None) -> tuple[bool, list[PeerEvent]]:
         """Traffic arrived from ``name``/``incarnation``.
+
+        Args:
+            skew_ms: ``None`` when the message's timestamp was within the clock bound;
+                else its offset from our wall clock (:meth:`HybridClock.receive
+                <porter_mesh.core.hlc.HybridClock.receive>` returns exactly this).
 
         Returns ``(known, events)``: ``known`` is False when the name or incarnation is
         not in the roster (the caller should ask that peer for a hello, not trust it).
@@ -158,10 +192,17 @@ class PeerTable:
         if info is None or info.incarnation != incarnation:
             return False, []
         info.last_heard = now
-        if info.state is PeerState.EVASIVE:
+        if skew_ms is None:
+            if info.state is PeerState.ALIVE:
+                return True, []
             info.state = PeerState.ALIVE
+            info.clock_skew_ms = 0
             return True, [PeerEvent(PeerEventKind.ALIVE, info)]
-        return True, []
+        info.clock_skew_ms = skew_ms
+        if info.state is PeerState.CLOCK_SKEW:
+            return True, []
+        info.state = PeerState.CLOCK_SKEW
+        return True, [PeerEvent(PeerEventKind.CLOCK_SKEW, info)]
 
     def left(self, name: str, incarnation: int, reason: str = "goodbye") -> list[PeerEvent]:
         """The peer said goodbye (or was removed for ``reason``)."""
@@ -181,7 +222,7 @@ class PeerTable:
                 del self._peers[name]
                 info.state = PeerState.EXPIRED
                 events.append(PeerEvent(PeerEventKind.LEFT, info, "expired"))
-            elif quiet >= self.evasive_after and info.state is PeerState.ALIVE:
+            elif quiet >= self.evasive_after and info.state is not PeerState.EVASIVE:
                 info.state = PeerState.EVASIVE
                 events.append(PeerEvent(PeerEventKind.EVASIVE, info))
         return events
@@ -194,3 +235,118 @@ class PeerTable:
         """
         for info in self._peers.values():
             info.last_heard += delta
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+@dataclass(slots=True)
+class _Attempts(Generic[V]):
+    value: V
+    since: float
+    due: float
+    delay: float
+    attempts: int = 0
+    pinned: bool = False
+
+
+class Recontact(Generic[K, V]):
+    """When to try lost targets again (see "Re-contact" in the module docstring).
+
+    A target is a key (what the caller tries: a seed, a peer's name) with a value the
+    caller keeps with it (the peer's last advert). The first attempt is due when
+    :meth:`start` says; after it the gaps are ``initial``, ``2 * initial``, ``4 *
+    initial``... up to ``cap``, each less up to ``jitter`` of itself at random (so nodes
+    that lost each other at once do not knock in step, and no gap exceeds ``cap``).
+
+    Args:
+        initial: seconds before the second attempt (the node uses its heartbeat interval).
+        cap: most seconds between attempts.
+        limit: most unpinned targets; starting one more forgets the oldest.
+        jitter: fraction of each delay taken off at random, in ``[0, 1)``.
+        rand: the random source (``random.random`` by default; tests pass their own).
+    """
+
+    def __init__(self, *, initial: float, cap: float, limit: int = MAX_RECONTACTS,
+                 jitter: float = 0.25, rand: Callable[[], float] = random.random) -> None:
+        if not 0 < initial <= cap:
+            raise ValueError("need 0 < initial <= cap")
+        if not 0 <= jitter < 1 or limit < 0:
+            raise ValueError("need 0 <= jitter < 1 and limit >= 0")
+        self.initial = initial
+        self.cap = cap
+        self.limit = limit
+        self.jitter = jitter
+        self._rand = rand
+        self._targets: dict[K, _Attempts[V]] = {}
+        #: No attempt is due before this (monotonic seconds); ``inf`` when none waits.
+        self.next_due = float("inf")
+
+    def __len__(self) -> int:
+        return len(self._targets)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._targets
+
+    def start(self, key: K, value: V, now: float, *, delay: float | None = None,
+              pinned: bool = False) -> list[K]:
+        """Begin trying ``key`` (first attempt ``delay`` seconds from now, default
+        ``initial``). A target already being tried keeps its schedule; its value is
+        replaced.
+
+        Returns:
+            The targets forgotten to stay within ``limit`` (oldest unpinned first).
+        """
+        current = self._targets.get(key)
+        if current is not None:
+            current.value = value
+            current.pinned = current.pinned or pinned
+            return []
+        due = now + (self.initial if delay is None else delay)
+        self._targets[key] = _Attempts(value, now, due, self.initial, pinned=pinned)
+        self.next_due = min(self.next_due, due)
+        forgotten: list[K] = []
+        unpinned = [k for k, a in self._targets.items() if not a.pinned]
+        for old in unpinned[:max(0, len(unpinned) - self.limit)]:
+            del self._targets[old]
+            forgotten.append(old)
+        return forgotten
+
+    def stop(self, key: K) -> tuple[float, int] | None:
+        """``key`` was reached (or is no longer wanted): stop trying it.
+
+        Returns:
+            ``(since, attempts)``: when trying began and how many attempts were due; or
+            ``None`` when ``key`` was not being tried.
+        """
+        gone = self._targets.pop(key, None)
+        return None if gone is None else (gone.since, gone.attempts)
+
+    def restart(self, now: float) -> None:
+        """Make every target due now, with its backoff reset (e.g. the trusted keys
+        changed, so an attempt refused before may succeed)."""
+        for attempts in self._targets.values():
+            attempts.due = now
+            attempts.delay = self.initial
+        if self._targets:
+            self.next_due = now
+
+    def due(self, now: float) -> list[tuple[K, V]]:
+        """The targets whose attempt is due; each is rescheduled with a longer delay.
+
+        Cheap when nothing is due: callers may ask on every timer tick.
+        """
+        if now < self.next_due:
+            return []
+        out = []
+        next_due = float("inf")
+        for key, attempts in self._targets.items():
+            if attempts.due <= now:
+                out.append((key, attempts.value))
+                attempts.attempts += 1
+                attempts.due = now + attempts.delay * (1 - self.jitter * self._rand())
+                attempts.delay = min(self.cap, attempts.delay * 2)
+            next_due = min(next_due, attempts.due)
+        self.next_due = next_due
+        return out

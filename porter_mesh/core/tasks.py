@@ -27,11 +27,21 @@ ends without the work being finished (the worker rejects it, the offer is not ac
 within ``offer_timeout``, the worker expires, restarts or is halted), the claim is
 *fenced* and the task is offered again with the next attempt number. From then on
 nothing from the fenced claim counts: an Accept, a progress report or a review request
-carrying it is refused and reported (:class:`ResultRefused`), the task is left as it
-was, and the fenced worker is told once, by a ``Delete`` of the task sent to its inbox,
-to stop. This is where the mesh departs from IACP, whose reissue after
-``assign_timeout`` let two foragers both deliver a result: here two workers may both
-*run* for a while, but at most one claim's results are ever accepted.
+carrying it is refused and reported (:class:`ResultRefused`), and the task is left as it
+was. This is where the mesh departs from IACP, whose reissue after ``assign_timeout``
+let two foragers both deliver a result: here at most one claim's results are ever
+accepted.
+
+**Withdrawal.** The fenced worker is also told, once, to stop: a *withdrawal*, a
+``Delete`` of the task carrying the fenced attempt (:func:`cancel_activity`), sent to its
+direct channel, which it must obey by stopping that attempt at once (the tools stop a
+running command and refuse to act for the attempt any further). A worker that is still
+there (its offer timed out, it was halted, it sent a late report) is told at once. A
+worker that expired or left cannot be told then; the withdrawal is *owed*, and sent when
+the worker appears on the roster again (:meth:`TaskBoard.worker_up`), which is what a
+paused (SIGSTOP) worker does when it resumes: it stops the stale attempt instead of
+running it to the end. So two workers may both *run* a task for a while, but the old
+one stops as soon as it can hear about it.
 
 A report without an ``attempt`` field (a worker whose tools do not echo it) is judged by
 its sender: it counts when the sender is the current holder and never held an earlier,
@@ -614,6 +624,9 @@ class TaskBoard:
         # said once, however many late reports a stale worker keeps sending.
         self._told: set[tuple[str, Claim]] = set()
         self._reported: set[tuple[str, Claim]] = set()
+        # Withdrawals of claims lost by workers that were gone, sent when they return:
+        # worker -> [(task, claim, reason)].
+        self._owed: dict[str, list[tuple[str, Claim, str]]] = {}
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -632,6 +645,10 @@ class TaskBoard:
     def workers(self) -> dict[str, int]:
         """Known workers and their slots."""
         return {w.name: w.slots for w in self._workers.values()}
+
+    def owed_withdrawals(self, worker: str) -> list[Claim]:
+        """Claims of ``worker`` fenced while it was gone, not yet withdrawn."""
+        return [c for ctx, c, _ in self._owed.get(worker, ()) if (ctx, c) not in self._told]
 
     def next_deadline(self) -> float | None:
         """The earliest time :meth:`tick` has something to do, or ``None``."""
@@ -785,6 +802,9 @@ class TaskBoard:
     ) -> list[BoardOutput]:
         """A worker joined, came back, or changed its advert.
 
+        A worker that comes back after it expired is first sent the withdrawals of the
+        claims it lost meanwhile (see the module docstring).
+
         Args:
             name: the worker's agent name.
             slots: how many tasks it may hold at once (its advertised capacity).
@@ -792,13 +812,18 @@ class TaskBoard:
             now: monotonic seconds.
 
         Returns:
-            The outputs (offers of pending tasks it can now take).
+            The outputs: owed withdrawals, then offers of pending tasks it can take.
 
         Raises:
             ConfigError: ``slots`` is below 1.
         """
         if slots < 1:
             raise ConfigError(f"worker {name}: slots must be >= 1, got {slots}")
+        out: list[BoardOutput] = [
+            self._withdraw(self._tasks[ctx], claim, f"Withdrawn: {reason}")
+            for ctx, claim, reason in self._owed.pop(name, ())
+            if (ctx, claim) not in self._told
+        ]
         worker = self._workers.get(name)
         if worker is None:
             self._workers[name] = _Worker(name, slots, advertised_draining=draining)
@@ -806,7 +831,7 @@ class TaskBoard:
             worker.slots = slots
             worker.alive = True
             worker.advertised_draining = draining
-        return self._dispatch(now)
+        return out + self._dispatch(now)
 
     def worker_evasive(self, name: str, *, now: float) -> list[BoardOutput]:
         """A worker went quiet: it keeps its tasks but is offered nothing new.
@@ -825,6 +850,9 @@ class TaskBoard:
 
     def worker_gone(self, name: str, *, reason: str, now: float) -> list[BoardOutput]:
         """A worker expired, left or restarted: fence its claims and re-offer them.
+
+        It cannot be told now; the withdrawals are owed until it comes back
+        (:meth:`worker_up`).
 
         Args:
             name: the worker.
@@ -1027,6 +1055,8 @@ class TaskBoard:
         out = self._store(task, new, f"fenced {claim.worker} attempt {claim.attempt}: {reason}")
         if tell:
             out.append(self._withdraw(task, claim, f"Withdrawn: {reason}"))
+        else:
+            self._owed.setdefault(claim.worker, []).append((task.context, claim, reason))
         return out + self._after_claim_ended(new, now)
 
     def _after_claim_ended(self, task: Task, now: float) -> list[BoardOutput]:

@@ -5,6 +5,8 @@ translates at its edge and owns no rule of the mesh (``DESIGN.md``, "Layers").
 
 * :mod:`porter_mesh.gateways.ui` -- the human's dashboard (``porter-ui``): an HTTP API,
   a live event stream and the page, served by ``porter-mesh ui``.
+* :mod:`porter_mesh.gateways.mcp` -- an MCP host as an agent: the agent's tools, the
+  roster and recent messages over MCP's stdio transport, served by ``porter-mesh mcp``.
 """
 
 from __future__ import annotations

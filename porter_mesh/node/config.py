@@ -127,6 +127,15 @@ class NodeConfig:
             secured node writes them ``NAME@HOST:PORT`` (it must know whose key to expect).
         heartbeat_interval: seconds between heartbeats on ``control``.
         evasive_after / expire_after: silence (seconds) before a peer is EVASIVE / gone.
+        recontact_max: most seconds between attempts to reach a seed or an expired peer
+            again (capped exponential backoff from ``heartbeat_interval``, with jitter):
+            a partition of any length heals within about this long of the link coming
+            back. See docs/faults.md, "Partitions".
+        max_clock_skew: how far (seconds) a peer's clock may be from ours, ahead or
+            behind, for this node's hybrid clock to adopt its time. Beyond it the peer's
+            messages are still handled, its time is not adopted, and it shows as
+            ``clock-skew`` in the roster. Default 24 hours, at most 366 days. See
+            docs/faults.md, "Clock skew".
         send_timeout: default deadline (seconds) for a direct send to be acknowledged.
         retry_initial / retry_max: direct resend backoff (seconds).
         max_message_bytes: ZeroMQ ZMQ_MAXMSGSIZE on every receiving socket.
@@ -181,6 +190,8 @@ class NodeConfig:
     heartbeat_interval: float = 1.0
     evasive_after: float = 3.0
     expire_after: float = 10.0
+    recontact_max: float = 5.0
+    max_clock_skew: float = 86_400.0
     send_timeout: float = 10.0
     retry_initial: float = 0.2
     retry_max: float = 2.0
@@ -234,6 +245,14 @@ class NodeConfig:
                 "timings must satisfy 0 < heartbeat_interval < evasive_after < expire_after "
                 f"(got {self.heartbeat_interval}, {self.evasive_after}, {self.expire_after})"
             )
+        if not self.recontact_max >= self.heartbeat_interval:
+            raise ConfigError(
+                f"recontact_max ({self.recontact_max}) must be at least heartbeat_interval "
+                f"({self.heartbeat_interval}): it caps the backoff that starts there")
+        if not 0 <= self.max_clock_skew <= 366 * 86_400:
+            raise ConfigError(
+                f"max_clock_skew must be 0..{366 * 86_400} seconds (a year), got "
+                f"{self.max_clock_skew}; the default is 86400 (a day)")
         if not 1 <= self.batch_max <= C.MAX_BATCH:
             raise ConfigError(f"batch_max must be 1..{C.MAX_BATCH}")
         for value_name in ("send_timeout", "retry_initial", "retry_max", "idempotency_window"):

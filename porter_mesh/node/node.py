@@ -37,6 +37,22 @@ Liveness comes from heartbeats, not mDNS (a killed process sends no goodbye); se
 :mod:`porter_mesh.core.peers`. Peers are found by zeroconf, by ``hello`` to static seeds,
 and by peer exchange in the ``welcome`` reply.
 
+Re-contact. Seeds and expired peers are tried again on the capped backoff of
+:class:`~porter_mesh.core.peers.Recontact`, for as long as it takes: a seed whose peer is
+not linked (not yet answered, or lost since), and the last advert of every peer that
+expired (the other side of a partition, most often; a bounded number of them). Each
+attempt is a fresh DEALER to the target's ROUTER carrying one ``hello``: a connect left
+over from an attempt made while the link was down could sit in the kernel's SYN retries
+for a minute after it is back, and a socket that queued hellos for a minute would
+deliver them all at once. A ``welcome`` (or any other way back onto the roster) ends
+the attempts; the peer rejoins as usual, the knowledge replica catches up. Losing and
+regaining a peer is logged once each.
+
+Clocks. The hybrid timestamp of every broadcast, direct message and acknowledgement is
+merged into this node's clock within ``max_clock_skew`` (:mod:`porter_mesh.core.hlc`); a
+peer beyond it is still heard and its messages handled, but its time is not adopted and
+its roster state is CLOCK_SKEW (one WARNING per peer). Nothing is dropped for its clock.
+
 Security. A node with a secret key (``NodeConfig.secret_key_file``) runs CurveZMQ on
 every socket (:mod:`porter_mesh.adapters.security` explains keys, the trusted directory
 and ZAP). Its sockets then differ in three ways: there is one SUB per peer instead of
@@ -97,10 +113,9 @@ from porter_mesh.core.envelope import (
 )
 from porter_mesh.core.hlc import HybridClock
 from porter_mesh.core.outbox import Outbox
-from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, PeerTable
+from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, PeerTable, Recontact
 from porter_mesh.core.sequence import SequenceTracker, SeqVerdict
 from porter_mesh.errors import (
-    ClockError,
     ConfigError,
     DeliveryError,
     DeliveryTimeout,
@@ -159,6 +174,14 @@ K_STATS_REPLY = "stats-reply"
 DATA_DIR_LOCK = "node.lock"
 #: Senders whose drops and losses are counted one by one (more are counted in total only).
 _MAX_COUNTED_SENDERS = 1024
+
+#: Re-contact targets: ``(_SEED, "[NAME@]HOST:PORT")`` or ``(_PEER, agent name)``.
+_SEED = "seed"
+_PEER = "peer"
+Target = tuple[str, str]
+#: Peers left for these reasons are not tried again (a newer incarnation is already
+#: here; an untrusted key is retried when the trusted directory changes).
+_NO_RECONTACT = frozenset({"restarted", "untrusted"})
 
 
 class Message(NamedTuple):
@@ -328,7 +351,8 @@ class Node:
         # are still accepted once.
         self._btracker = SequenceTracker(from_start=False)
         self._dtracker = SequenceTracker(window=1 << 16)
-        self._clock = HybridClock()
+        self._clock = HybridClock(max_skew_ms=round(config.max_clock_skew * 1000))
+        self._skew_warned: set[str] = set()
         self._inbox: collections.deque[Message] = collections.deque()
         self._inbox_event: asyncio.Event | None = None
         self._handlers: list[Callable[[Message], None]] = []
@@ -349,7 +373,13 @@ class Node:
         self._pub: zmq.Socket[bytes] | None = None
         self._sub: zmq.Socket[bytes] | None = None
         self._router: zmq.Socket[bytes] | None = None
-        self._seed_dealers: dict[str, zmq.Socket[bytes]] = {}
+        # Re-contact: the schedule, one DEALER per target being tried, the agent behind
+        # each seed (from its name or its first welcome), when each lost peer was lost.
+        self._recontact: Recontact[Target, PeerAdvert | None] = Recontact(
+            initial=config.heartbeat_interval, cap=config.recontact_max)
+        self._probes: dict[Target, zmq.Socket[bytes]] = {}
+        self._seed_names: dict[str, str] = {}
+        self._lost_at: dict[str, float] = {}
         self._security: MeshSecurity | None = None
         self._trust_generation = 0
         self._observing = False
@@ -448,8 +478,13 @@ class Node:
             )
             announce = cfg.advertise and not cfg.observer
             await self._discovery.astart(self.advert() if announce else None)
+        now = time.monotonic()
         for seed in cfg.seeds:
-            self._hello_seed(seed)
+            name = split_seed(seed)[0]
+            if name is not None:
+                self._seed_names[seed] = name
+            self._recontact.start((_SEED, seed), None, now, delay=0, pinned=True)
+        self._run_recontacts(now)
         log.info("node %s up: pub %d router %d incarnation %x%s", self.name, self.pub_port,
                  self.router_port, self.incarnation, " (CurveZMQ)" if security else "")
 
@@ -579,14 +614,14 @@ class Node:
             self._sub, self._router,
             *(link.dealer for link in self._links.values()),
             *(link.sub for link in self._links.values()),
-            *self._seed_dealers.values(),
+            *self._probes.values(),
         ]
         for other in socks:
             if other is not None:
                 other.close(linger=0)
         self._sub = self._router = None
         self._links.clear()
-        self._seed_dealers.clear()
+        self._probes.clear()
         if self._security is not None:
             # After the server sockets: none of them may outlive the authenticator.
             self._security.stop()
@@ -720,8 +755,10 @@ class Node:
     def _apply_peer_events(self, events: Iterable[PeerEvent]) -> None:
         for event in events:
             peer = event.peer
+            note = f" ({event.reason})" if event.reason else ""
             if event.kind is PeerEventKind.JOINED:
                 self._connect(peer.advert)
+                note = self._reached(peer.name)
             elif event.kind is PeerEventKind.LEFT:
                 self._disconnect(peer.name)
                 if peer.advert.role == C.ROLE_SEAT and event.reason == "goodbye":
@@ -734,6 +771,7 @@ class Node:
                 if event.reason == "restarted":
                     self._btracker.forget(peer.name)
                     self._dtracker.forget(peer.name)
+                note += self._lost(peer, event.reason)
             elif event.kind is PeerEventKind.UPDATED:
                 link = self._links.get(peer.name)
                 if link is not None and (link.advert.endpoint_pub() != peer.advert.endpoint_pub()
@@ -743,10 +781,12 @@ class Node:
                     self._disconnect(peer.name)
                     self._connect(peer.advert)
             self.counters["peer." + event.kind.value] += 1
-            # A command line's seat comes and goes with every command: not news.
-            level = logging.DEBUG if peer.advert.role == C.ROLE_SEAT else logging.INFO
-            log.log(level, "peer %s %s%s", peer.name, event.kind.value,
-                    f" ({event.reason})" if event.reason else "")
+            if event.kind is PeerEventKind.CLOCK_SKEW:
+                self._warn_skew(peer)
+            else:
+                # A command line's seat comes and goes with every command: not news.
+                level = logging.DEBUG if peer.advert.role == C.ROLE_SEAT else logging.INFO
+                log.log(level, "peer %s %s%s", peer.name, event.kind.value, note)
             for listener in list(self._peer_listeners):
                 try:
                     listener(event)
@@ -806,9 +846,12 @@ class Node:
                     self._apply_peer_events(self._peers.left(name, info.incarnation,
                                                              "untrusted"))
                 self._disconnect(name)
+        # A seed refused for want of a key may be trusted now: try every target afresh.
+        now = time.monotonic()
         for seed in self.config.seeds:
-            if seed not in self._seed_dealers:
-                self._hello_seed(seed)
+            if self._seed_names.get(seed) not in self._links:
+                self._recontact.start((_SEED, seed), None, now, delay=0, pinned=True)
+        self._recontact.restart(now)
 
     # ------------------------------------------------------------------ hello / seeds
 
@@ -821,34 +864,126 @@ class Node:
         if self.config.observer:
             # An observer stays off every roster, but a seed must still tell it who is
             # there: its hello carries no advert, only the wish for a welcome.
-            if any(dealer is seed for seed in self._seed_dealers.values()):
+            if any(dealer is probe for key, probe in self._probes.items() if key[0] == _SEED):
                 self._send_control_direct(dealer, K_HELLO, {"o": 1})
             return
         self._send_control_direct(dealer, K_HELLO, self._hello_body())
 
-    def _hello_seed(self, seed: str) -> None:
-        if seed in self._seed_dealers:
+    def _run_recontacts(self, now: float) -> None:
+        observer = self.config.observer
+        for key, advert in self._recontact.due(now):
+            if observer and key[0] != _SEED:
+                # An observer is on no roster: it knocks only on its seeds, which tell
+                # it who is there (see _send_hello), not on peers it lost.
+                self._recontact.stop(key)
+                continue
+            self._probe(key, advert)
+
+    def _probe(self, key: Target, advert: PeerAdvert | None) -> None:
+        """One attempt to reach a seed (``advert`` None) or a lost peer: a fresh DEALER
+        to its ROUTER and a hello (see "Re-contact" in the module docstring)."""
+        if advert is None:
+            seed = key[1]
+            named, host, port = split_seed(seed)
+            name = named or self._seed_names.get(seed)
+            endpoint = f"tcp://{host}:{port}"
+            server_key = None
+        else:
+            name, endpoint, server_key = advert.name, advert.endpoint_router(), advert.public_key
+        if name is not None and name in self._links:
+            self._end_probe(key)  # linked: the regular connection already reaches it
             return
-        name, host, port = split_seed(seed)
-        key = None
-        if self._security is not None:
-            key = self._security.store.key_for(name or "")
-            if key is None or name in self._links:
-                # Untrusted: retried when the trusted directory changes. Linked: the
-                # regular connection already reaches it.
-                if key is None:
-                    self._drop("untrusted-seed", seed, "seed %s: no trusted key for %r",
-                               seed, name)
+        if self._security is not None and advert is None:
+            server_key = self._security.store.key_for(name or "")
+            if server_key is None:
+                # Tried again when the trusted directory changes (_revalidate_links).
+                self._drop("untrusted-seed", key[1], "seed %s: no trusted key for %r",
+                           key[1], name)
+                self._end_probe(key)
                 return
-        dealer = self._client_socket(zmq.DEALER, key)
+        self._close_probe(key)
+        dealer = self._client_socket(zmq.DEALER, server_key)
         if self._security is None:
-            dealer.setsockopt(zmq.ROUTING_ID, f"{self.name}/{self.incarnation:x}/s".encode())
-        if ":" in host.strip("[]"):
+            dealer.setsockopt(zmq.ROUTING_ID,
+                              f"{self.name}/{self.incarnation:x}/{key[0][0]}".encode())
+        if "[" in endpoint:
             dealer.setsockopt(zmq.IPV6, 1)
-        dealer.connect(f"tcp://{host}:{port}")
-        self._seed_dealers[seed] = dealer
-        self._watch(dealer, functools.partial(self._drain_dealer, dealer, None, name))
+        # Within one attempt, libzmq's own reconnects back off too (a closed port is
+        # knocked on about once per attempt, not ten times a second).
+        cfg = self.config
+        dealer.setsockopt(zmq.RECONNECT_IVL, round(cfg.heartbeat_interval * 1000))
+        dealer.setsockopt(zmq.RECONNECT_IVL_MAX, round(cfg.recontact_max * 1000))
+        try:
+            dealer.connect(endpoint)
+        except zmq.ZMQError as exc:
+            dealer.close(linger=0)
+            self._drop("bad-endpoint", key[1], "cannot connect to %s (%s): %s", key[1],
+                       endpoint, exc)
+            self._recontact.stop(key)
+            return
+        self._probes[key] = dealer
+        self._watch(dealer, functools.partial(self._drain_dealer, dealer, None, name, key))
         self._send_hello(dealer)
+
+    def _close_probe(self, key: Target) -> None:
+        dealer = self._probes.pop(key, None)
+        if dealer is not None:
+            self._unwatch(dealer)
+            dealer.close(linger=0)
+
+    def _end_probe(self, key: Target) -> tuple[float, int] | None:
+        self._close_probe(key)
+        return self._recontact.stop(key)
+
+    def _probe_answered(self, key: Target, sender: str) -> None:
+        """A target answered our hello with a welcome from ``sender``."""
+        if key[0] == _SEED:
+            self._seed_names[key[1]] = sender
+            if sender == self.name:
+                log.info("seed %s is this node itself; not contacted again", key[1])
+                self._end_probe(key)
+                return
+        if sender in self._links or (key[0] == _PEER and sender != key[1]):
+            # Reached; or the lost peer's address now belongs to someone else.
+            self._end_probe(key)
+
+    def _reached(self, name: str) -> str:
+        """``name`` joined: stop trying to reach it. Returns a note for the log line."""
+        self._end_probe((_PEER, name))
+        for seed, seed_name in self._seed_names.items():
+            if seed_name == name:
+                self._end_probe((_SEED, seed))
+        lost_at = self._lost_at.pop(name, None)
+        if lost_at is None:
+            return ""
+        return f" (back after {time.monotonic() - lost_at:.1f}s)"
+
+    def _lost(self, peer: PeerInfo, reason: str) -> str:
+        """``peer`` left for ``reason``: try its seeds again, or its last advert if it
+        expired. Returns a note for the log line."""
+        if reason in _NO_RECONTACT or self._closed:
+            return ""
+        now = time.monotonic()
+        seeds = [seed for seed, name in self._seed_names.items() if name == peer.name]
+        for seed in seeds:
+            self._recontact.start((_SEED, seed), None, now, pinned=True)
+        if not seeds:
+            if reason != "expired":
+                return ""  # a goodbye: it left on purpose, and says hello when back
+            for old in self._recontact.start((_PEER, peer.name), peer.advert, now):
+                self._close_probe(old)
+                self._lost_at.pop(old[1], None)
+        self._lost_at[peer.name] = now
+        return f"; trying it again every {self.config.recontact_max:g}s at most"
+
+    def _warn_skew(self, peer: PeerInfo) -> None:
+        level = logging.DEBUG if peer.name in self._skew_warned else logging.WARNING
+        if len(self._skew_warned) < 10_000:
+            self._skew_warned.add(peer.name)
+        log.log(level, "peer %s: its clock is %+.1fs from ours, beyond max_clock_skew "
+                "(%gs): its messages are still handled but its time is not adopted; fix "
+                "its clock (NTP)", peer.name, peer.clock_skew_ms / 1000,
+                self.config.max_clock_skew)
 
     def _adverts_from_body(self, body: dict[str, Any], origin: str) -> list[PeerAdvert]:
         adverts = []
@@ -1316,18 +1451,14 @@ class Node:
             self._refuse("spoofed-sender", peer, f"{peer!r} published a message claiming "
                          f"to be from {env.sender[:64]!r}")
             return
-        known, events = self._peers.heard(env.sender, env.incarnation, time.monotonic())
+        skew = self._clock.receive(env.hlc, _wall_ms())
+        known, events = self._peers.heard(env.sender, env.incarnation, time.monotonic(), skew)
         if events:
             self._apply_peer_events(events)
         if not known:
             self._drop("unknown-peer", env.sender,
                        "broadcast from %s (incarnation %x) which is not on the roster",
                        env.sender, env.incarnation)
-            return
-        try:
-            self._clock.update(env.hlc, _wall_ms())
-        except ClockError as exc:
-            self._drop("clock", env.sender, "dropped a message from %s: %s", env.sender, exc)
             return
         if env.kind is not None:
             self._on_control(env, payload, None)
@@ -1522,7 +1653,8 @@ class Node:
         if env.kind is not None:
             self._on_control(env, payload, ident)
             return
-        known, events = self._peers.heard(env.sender, env.incarnation, time.monotonic())
+        skew = self._clock.receive(env.hlc, _wall_ms())
+        known, events = self._peers.heard(env.sender, env.incarnation, time.monotonic(), skew)
         if events:
             self._apply_peer_events(events)
         if not known:
@@ -1533,11 +1665,6 @@ class Node:
         if env.recipient != self.name:
             self._drop("misaddressed", env.sender, "direct message from %s for %r reached %s",
                        env.sender, env.recipient, self.name)
-            return
-        try:
-            self._clock.update(env.hlc, _wall_ms())
-        except ClockError as exc:
-            self._drop("clock", env.sender, "dropped a message from %s: %s", env.sender, exc)
             return
         limit = self.config.inbox_size
         if limit:
@@ -1620,12 +1747,13 @@ class Node:
         self._after_send(router)
 
     def _drain_dealer(self, sock: zmq.Socket[bytes], peer: str | None,
-                      seed_name: str | None = None) -> None:
-        self._drain(sock, self._on_dealer, peer, seed_name)
+                      seed_name: str | None = None, probe: Target | None = None) -> None:
+        self._drain(sock, self._on_dealer, peer, seed_name, probe)
 
     def _on_dealer(self, frames: list[bytes], peer: str | None,
-                   seed_name: str | None = None) -> None:
-        """A reply on the DEALER to ``peer`` (or to a seed, expected to be ``seed_name``)."""
+                   seed_name: str | None = None, probe: Target | None = None) -> None:
+        """A reply on the DEALER to ``peer``, or on the ``probe`` DEALER of a re-contact
+        target (a seed or a lost peer, expected to be ``seed_name`` when known)."""
         origin = peer or "seed"
         try:
             env, payload = decode_direct(frames)
@@ -1650,8 +1778,8 @@ class Node:
         elif env.kind == K_WELCOME:
             for advert in self._adverts_from_body(body, env.sender):
                 self._found(advert, verified=advert.name == env.sender)
-            if peer is None:
-                self._close_seed_for(env.sender)
+            if probe is not None:
+                self._probe_answered(probe, env.sender)
         else:
             self._drop("unexpected", origin, "unexpected %r reply from %s", env.kind, origin)
 
@@ -1715,21 +1843,14 @@ class Node:
         except Exception:
             log.exception("handler for %r failed on a message from %s", env.kind, env.sender)
 
-    def _close_seed_for(self, name: str) -> None:
-        # The seed introduced itself; its regular link replaces the seed connection.
-        for seed, dealer in list(self._seed_dealers.items()):
-            if self._links.get(name) is not None:
-                self._unwatch(dealer)
-                dealer.close(linger=0)
-                del self._seed_dealers[seed]
-
     def _on_ack(self, env: Envelope, body: dict[str, Any]) -> None:
         seqs = body.get("f")
         if not isinstance(seqs, list):
             self._drop("bad-ack", env.sender, "malformed ack from %s", env.sender)
             return
         now = time.monotonic()
-        _, events = self._peers.heard(env.sender, env.incarnation, now)
+        skew = self._clock.receive(env.hlc, _wall_ms())
+        _, events = self._peers.heard(env.sender, env.incarnation, now, skew)
         if events:
             self._apply_peer_events(events)
         for first in seqs:
@@ -1854,10 +1975,8 @@ class Node:
                 self._revalidate_links()
         if force_beat:
             self._apply_peer_events(self._peers.tick(now))
-            for seed in self.config.seeds:
-                dealer = self._seed_dealers.get(seed)
-                if dealer is not None:
-                    self._send_hello(dealer)
+        if now >= self._recontact.next_due:
+            self._run_recontacts(now)
 
     # ------------------------------------------------------------------ application
 

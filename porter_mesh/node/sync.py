@@ -123,6 +123,30 @@ class SyncNode:
         wait = (timeout if timeout is not None else self.node.config.send_timeout) + 5.0
         self._call(self.node.send(recipient, activity, timeout=timeout, key=key), wait)
 
+    def send_nowait(self, recipient: str, activity: Activity, *,
+                    timeout: float | None = None,
+                    on_done: Callable[[BaseException | None], None] | None = None) -> None:
+        """Queue a direct message and return at once.
+
+        The node keeps it in flight (and resends it when the recipient reconnects) until
+        it is acknowledged or ``timeout`` passes; then ``on_done`` is called, on the
+        node's thread, with ``None`` or the error. For messages that must not hold the
+        caller up while their recipient is paused.
+
+        Raises:
+            UnknownPeerError: the recipient is not on the mesh now.
+        """
+        def settled(fut: asyncio.Future[None]) -> None:
+            error = asyncio.CancelledError() if fut.cancelled() else fut.exception()
+            if on_done is not None:
+                on_done(error)
+
+        def queue() -> None:
+            self.node.async_send_nowait(recipient, activity, timeout=timeout
+                                        ).add_done_callback(settled)
+
+        self._in_loop(queue)
+
     def send_to_channel(self, channel: str, activity: Activity, *,
                         timeout: float | None = None) -> None:
         """``task:<agent>`` goes direct (acknowledged); other channels are broadcast."""

@@ -3,10 +3,19 @@
 Each tool is a :class:`ToolSpec`: a name, a description written for a model, and a JSON
 Schema (draft 2020-12 subset: ``object``/``string``/``number``/``integer``/``boolean``/
 ``array``, ``enum``, ``minimum``/``maximum``, ``minLength``, ``items``) of its flat
-arguments. :func:`to_openai` and :func:`to_mcp` write the same specs in the OpenAI
-function-calling format and the MCP ``tools/list`` format; destructive tools are marked
-(MCP: ``annotations.destructiveHint``; OpenAI, which has no such field: a sentence in
-the description).
+arguments, plus what the tool does to the world (reads only, destroys, repeats safely,
+reaches beyond the workspace). :func:`to_openai` and :func:`to_mcp` write the same specs
+in the OpenAI function-calling format and the MCP ``tools/list`` format; the behaviour
+becomes MCP's ``annotations`` and, for OpenAI, which has no such field, a sentence in
+the description of destructive tools.
+
+``to_openai(specs, strict=True)`` writes the form OpenAI's strict mode (structured
+outputs) accepts: ``"strict": true``, every property listed in ``required``, an optional
+one made nullable (``"type": ["string", "null"]``, ``null`` added to its ``enum``), and
+no length or range keywords, which strict mode (or a local server's grammar) does not
+take; :func:`check_arguments` still enforces them and treats ``null`` as "left out", so
+the strict and the plain forms call the same handlers. A schema this module did not write (an external MCP server's) is
+passed through with ``"strict": false`` unless it already meets the rules.
 
 A model's tool call is untrusted input. :func:`check_arguments` validates it against
 the schema and raises :class:`~porter_mesh.errors.ToolError` with a message the model
@@ -26,14 +35,19 @@ from porter_mesh.errors import ConfigError, ToolError
 __all__ = [
     "ALL_TOOLS",
     "DEFAULT_BASH_TIMEOUT",
+    "DEFAULT_GIT_LOG",
+    "GIT_COMMANDS",
     "MAX_BASH_TIMEOUT",
+    "MAX_GIT_LOG",
     "MESSAGE_TYPES",
     "ROLE_TOOLS",
     "SEVERITIES",
     "TOOL_SPECS",
     "ToolSpec",
     "check_arguments",
+    "mcp_annotations",
     "specs_for",
+    "strict_schema",
     "to_mcp",
     "to_openai",
 ]
@@ -48,6 +62,13 @@ MESSAGE_TYPES: Final = ("Offer", "Accept", "Reject", "Question", "Announce", "No
 #: Severity labels for ``memory_write``.
 SEVERITIES: Final = ("info", "low", "medium", "high", "critical")
 
+#: What the ``git`` tool may run.
+GIT_COMMANDS: Final = ("status", "diff", "log", "add", "commit")
+
+#: Default and largest number of commits ``git log`` shows.
+DEFAULT_GIT_LOG: Final = 20
+MAX_GIT_LOG: Final = 200
+
 
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
@@ -57,9 +78,13 @@ class ToolSpec:
         name: the tool name.
         description: what it does and when to use it, for the model.
         parameters: JSON Schema of its arguments (an ``object`` schema).
-        destructive: it can change or delete files or run arbitrary commands.
-        read_only: it changes nothing (besides draining the agent's own inbox).
-        group: ``messaging``, ``memory``, ``shell`` or ``files``.
+        destructive: it can overwrite or delete things, or run arbitrary commands.
+        read_only: it changes nothing (records on ``log`` aside).
+        idempotent: calling it again with the same arguments changes nothing more.
+        open_world: it reaches beyond the agent's workspace and the mesh's own state
+            (other agents, any program).
+        group: ``messaging``, ``memory``, ``mesh``, ``shell``, ``files``, ``git`` or
+            ``external``; the shell, file and git tools need a workspace.
     """
 
     name: str
@@ -67,7 +92,14 @@ class ToolSpec:
     parameters: Mapping[str, Any]
     destructive: bool = False
     read_only: bool = False
+    idempotent: bool = False
+    open_world: bool = False
     group: str = "messaging"
+
+    @property
+    def needs_workspace(self) -> bool:
+        """The tool works on the agent's workspace."""
+        return self.group in _WORKSPACE_GROUPS
 
 
 def _schema(properties: Mapping[str, Mapping[str, Any]], required: Sequence[str]) -> Any:
@@ -80,6 +112,12 @@ def _schema(properties: Mapping[str, Mapping[str, Any]], required: Sequence[str]
 
 
 _STR: Final = "string"
+_WORKSPACE_GROUPS: Final = frozenset({"shell", "files", "git"})
+_PATH_IN: Final = {
+    "type": _STR,
+    "description": "Optional directory (or file) inside the workspace; default: its root.",
+    "minLength": 1,
+}
 
 _SPECS: Final = (
     ToolSpec(
@@ -127,6 +165,7 @@ _SPECS: Final = (
             },
             ("channel", "message"),
         ),
+        open_world=True,
         group="messaging",
     ),
     ToolSpec(
@@ -144,7 +183,7 @@ _SPECS: Final = (
             },
             (),
         ),
-        read_only=True,
+        # Not read-only: the messages it returns are taken out of the inbox.
         group="messaging",
     ),
     ToolSpec(
@@ -193,6 +232,7 @@ _SPECS: Final = (
             ("query",),
         ),
         read_only=True,
+        idempotent=True,
         group="memory",
     ),
     ToolSpec(
@@ -221,6 +261,7 @@ _SPECS: Final = (
             ("command",),
         ),
         destructive=True,
+        open_world=True,
         group="shell",
     ),
     ToolSpec(
@@ -231,6 +272,7 @@ _SPECS: Final = (
             ("path",),
         ),
         read_only=True,
+        idempotent=True,
         group="files",
     ),
     ToolSpec(
@@ -249,6 +291,7 @@ _SPECS: Final = (
             ("path", "content"),
         ),
         destructive=True,
+        idempotent=True,
         group="files",
     ),
     ToolSpec(
@@ -274,6 +317,117 @@ _SPECS: Final = (
         destructive=True,
         group="files",
     ),
+    ToolSpec(
+        "list_dir",
+        "List a directory of your workspace: subdirectories end in '/', files show "
+        "their size, symlinks where they point.",
+        _schema({"path": _PATH_IN}, ()),
+        read_only=True,
+        idempotent=True,
+        group="files",
+    ),
+    ToolSpec(
+        "glob",
+        "Find workspace files whose path matches a glob pattern: '*' within a name, "
+        "'**' across directories, '?' one character, '[abc]' a set (e.g. '**/*.py', "
+        "'src/*.js'). Paths are relative to the workspace; .git is skipped.",
+        _schema(
+            {
+                "pattern": {
+                    "type": _STR,
+                    "description": "The glob pattern, relative to 'path'.",
+                    "minLength": 1,
+                },
+                "path": _PATH_IN,
+            },
+            ("pattern",),
+        ),
+        read_only=True,
+        idempotent=True,
+        group="files",
+    ),
+    ToolSpec(
+        "grep",
+        "Search the text files of your workspace for a regular expression (Python "
+        "syntax). One line per match: path:line: text. Binary files and .git are "
+        "skipped.",
+        _schema(
+            {
+                "pattern": {
+                    "type": _STR,
+                    "description": "The regular expression.",
+                    "minLength": 1,
+                },
+                "path": _PATH_IN,
+                "glob": {
+                    "type": _STR,
+                    "description": "Optional: only files whose name matches, e.g. '*.py'.",
+                    "minLength": 1,
+                },
+                "ignore_case": {
+                    "type": "boolean",
+                    "description": "Optional: match regardless of case (default false).",
+                },
+            },
+            ("pattern",),
+        ),
+        read_only=True,
+        idempotent=True,
+        group="files",
+    ),
+    ToolSpec(
+        "git",
+        "Run git in your workspace's repository: 'status', 'diff' (of the working tree, "
+        "or of what is staged), 'log' (recent commits), 'add' (stage paths), 'commit' "
+        "(what is staged, with a message; you are the author).",
+        _schema(
+            {
+                "command": {
+                    "type": _STR,
+                    "enum": list(GIT_COMMANDS),
+                    "description": "What to run.",
+                },
+                "paths": {
+                    "type": "array",
+                    "items": {"type": _STR, "minLength": 1},
+                    "description": (
+                        "Paths inside the workspace: what to add (required for 'add'), or "
+                        "what status, diff and log are limited to."
+                    ),
+                },
+                "message": {
+                    "type": _STR,
+                    "description": "The commit message (required for 'commit').",
+                    "minLength": 1,
+                },
+                "staged": {
+                    "type": "boolean",
+                    "description": "For 'diff': show what is staged for the next commit.",
+                },
+                "limit": {
+                    "type": "integer",
+                    "description": (
+                        f"For 'log': how many commits (default {DEFAULT_GIT_LOG}, at most "
+                        f"{MAX_GIT_LOG})."
+                    ),
+                    "minimum": 1,
+                    "maximum": MAX_GIT_LOG,
+                },
+            },
+            ("command",),
+        ),
+        group="git",
+    ),
+    ToolSpec(
+        "peers",
+        "List the agents on the mesh now: name, role, state (alive, or evasive when "
+        "silent for a while) and whether they are draining (take no new tasks). "
+        "porter-ui is the human user.",
+        _schema({}, ()),
+        read_only=True,
+        idempotent=True,
+        group="mesh",
+    ),
 )
 
 #: Every tool, by name, in a stable order.
@@ -281,7 +435,9 @@ TOOL_SPECS: Final[Mapping[str, ToolSpec]] = MappingProxyType({s.name: s for s in
 
 ALL_TOOLS: Final = tuple(TOOL_SPECS)
 
-_MESSAGING: Final = ("send_message", "read_messages", "memory_write", "memory_query")
+_MESSAGING: Final = ("send_message", "read_messages", "memory_write", "memory_query",
+                     "peers")
+_LOOKING: Final = ("read_file", "list_dir", "glob", "grep")
 
 #: Tools each role gets. The architect plans and delegates; the reviewer reads and runs
 #: the tests but does not change files; a worker does everything.
@@ -289,7 +445,7 @@ ROLE_TOOLS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
     {
         "architect": _MESSAGING,
         "worker": ALL_TOOLS,
-        "reviewer": (*_MESSAGING, "read_file", "bash"),
+        "reviewer": (*_MESSAGING, *_LOOKING, "bash"),
     }
 )
 
@@ -326,30 +482,108 @@ def specs_for(role: str | None = None, tools: Iterable[str] | None = None) -> li
 
 _DESTRUCTIVE_NOTE: Final = " Destructive: it can change or delete files in the workspace."
 
+#: Keywords kept in the strict form. Lengths and ranges are dropped: strict mode refuses
+#: ``minLength``, and OpenAI-compatible local servers refuse the range keywords in their
+#: grammars; :func:`check_arguments` enforces all of them anyway, and the descriptions
+#: say the bounds.
+_STRICT_KEYWORDS: Final = frozenset({"type", "description", "enum", "items"})
+_DROPPED_IN_STRICT: Final = frozenset({
+    "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+})
 
-def to_openai(specs: Iterable[ToolSpec]) -> list[dict[str, Any]]:
+
+def _strict_property(schema: Mapping[str, Any], *, nullable: bool) -> dict[str, Any] | None:
+    """One property in strict form, or None when it uses what strict mode cannot take."""
+    kind = schema.get("type")
+    if not isinstance(kind, str) or kind == "object":
+        return None
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _DROPPED_IN_STRICT:
+            continue
+        if key not in _STRICT_KEYWORDS:
+            return None
+        if key == "items":
+            item = _strict_property(value, nullable=False)
+            if item is None:
+                return None
+            out[key] = item
+        else:
+            out[key] = _plain(value)
+    if nullable:
+        out["type"] = [kind, "null"]
+        if "enum" in out:
+            out["enum"] = [*out["enum"], None]
+    return out
+
+
+def strict_schema(parameters: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The OpenAI strict-mode form of a tool's argument schema.
+
+    Every property is listed in ``required``; those that were optional become nullable
+    (a model in strict mode sends ``null`` for "not given", which
+    :func:`check_arguments` reads as left out).
+
+    Args:
+        parameters: a flat ``object`` schema.
+
+    Returns:
+        The strict schema, or ``None`` when the schema uses something strict mode
+        cannot express (nested objects, ``anyOf``, open ``additionalProperties``...).
+    """
+    if parameters.get("type") != "object" or parameters.get("additionalProperties") is not False:
+        return None
+    if set(parameters) - {"type", "properties", "required", "additionalProperties",
+                          "description"}:
+        return None
+    properties: Mapping[str, Any] = parameters.get("properties", {})
+    required = set(parameters.get("required", ()))
+    out: dict[str, Any] = {}
+    for name, schema in properties.items():
+        converted = _strict_property(schema, nullable=name not in required)
+        if converted is None:
+            return None
+        out[name] = converted
+    strict: dict[str, Any] = {"type": "object", "properties": out, "required": list(out),
+                              "additionalProperties": False}
+    if "description" in parameters:
+        strict["description"] = parameters["description"]
+    return strict
+
+
+def to_openai(specs: Iterable[ToolSpec], *, strict: bool = False) -> list[dict[str, Any]]:
     """Write specs in the OpenAI function-calling format (the ``tools`` request field).
 
     Args:
         specs: the tools.
+        strict: the strict-mode form (see the module docstring); a tool whose schema
+            cannot be written so keeps its plain schema and gets ``"strict": false``.
 
     Returns:
-        ``[{"type": "function", "function": {"name", "description", "parameters"}}]``.
+        ``[{"type": "function", "function": {"name", "description", "parameters"}}]``,
+        with ``"strict"`` in each function when ``strict`` is asked for.
     """
     out = []
     for spec in specs:
         description = spec.description + (_DESTRUCTIVE_NOTE if spec.destructive else "")
-        out.append(
-            {
-                "type": "function",
-                "function": {
-                    "name": spec.name,
-                    "description": description,
-                    "parameters": _plain(spec.parameters),
-                },
-            }
-        )
+        function: dict[str, Any] = {"name": spec.name, "description": description}
+        converted = strict_schema(spec.parameters) if strict else None
+        function["parameters"] = converted if converted is not None else _plain(
+            spec.parameters)
+        if strict:
+            function["strict"] = converted is not None
+        out.append({"type": "function", "function": function})
     return out
+
+
+def mcp_annotations(spec: ToolSpec) -> dict[str, bool]:
+    """MCP's behaviour hints for a tool (``readOnlyHint``, ``destructiveHint``...)."""
+    return {
+        "readOnlyHint": spec.read_only,
+        "destructiveHint": spec.destructive,
+        "idempotentHint": spec.idempotent,
+        "openWorldHint": spec.open_world,
+    }
 
 
 def to_mcp(specs: Iterable[ToolSpec]) -> dict[str, Any]:
@@ -368,12 +602,7 @@ def to_mcp(specs: Iterable[ToolSpec]) -> dict[str, Any]:
                 "name": spec.name,
                 "description": spec.description,
                 "inputSchema": _plain(spec.parameters),
-                "annotations": {
-                    "readOnlyHint": spec.read_only,
-                    "destructiveHint": spec.destructive,
-                    "idempotentHint": spec.read_only and spec.group != "messaging",
-                    "openWorldHint": spec.group == "shell",
-                },
+                "annotations": mcp_annotations(spec),
             }
         )
     return {"tools": tools}
@@ -434,6 +663,8 @@ def _check_value(tool: str, name: str, schema: Mapping[str, Any], value: Any) ->
             raise ToolError(
                 f"{tool}: argument '{name}' must be greater than {schema['exclusiveMinimum']}"
             )
+        if "minimum" in schema and value < schema["minimum"]:
+            raise ToolError(f"{tool}: argument '{name}' must be at least {schema['minimum']}")
         if "maximum" in schema and value > schema["maximum"]:
             raise ToolError(f"{tool}: argument '{name}' must be at most {schema['maximum']}")
     if expected == "array" and "items" in schema:

@@ -20,14 +20,31 @@ copy ``urn:porter:task:...`` strings around:
 * every message and every file or command record about a task carries the kept
   ``attempt`` back, which is how the architect's board fences stale claims
   (:mod:`porter_mesh.core.tasks`);
-* a withdrawal of the task (a ``Delete`` of it, for the kept attempt) forgets it.
+* a withdrawal of the task (a ``Delete`` of it, for the kept attempt, from the agent
+  that offered it) forgets it, and must be obeyed (below).
+
+Withdrawn tasks
+---------------
+When the architect re-offers a task elsewhere (this agent expired, was paused, did not
+accept in time), it withdraws the old claim. The agent program passes every delivered
+message to :meth:`Toolbox.observe` as it arrives, so a withdrawal takes effect while a
+tool is still running, not only when the agent next reads its messages: a ``bash``
+command running for the withdrawn task is stopped at once (everything it started), and
+from then on every call that would act for it (``bash``, ``write_file``, ``edit_file``,
+``memory_write``, ``send_message`` about it) raises
+:class:`~porter_mesh.errors.TaskWithdrawn` instead of acting, so no result of the stale
+attempt is reported. Reading (messages, files, memory) still works, and a new offer makes
+the agent's next task current. A withdrawal for another attempt than the one kept (an old
+claim of a task offered to this agent again) is ignored.
 
 Records
 -------
 ``bash`` records an ``Invoke`` (command and the end of its output) on ``log``;
 ``write_file`` records a ``Create`` (new file) or ``Update`` (replaced file) and
-``edit_file`` an ``Update``, each with the file as a ``Document``; ``memory_query``
+``edit_file`` an ``Update``, each with the file as a ``Document``; ``git`` records an
+``Invoke`` for ``add`` and ``commit`` (what changes the repository); ``memory_query``
 records a ``Recall`` with its rows; ``memory_write`` hands a ``Remember`` to the node.
+``list_dir``, ``glob``, ``grep``, ``read_file`` and ``peers`` only look.
 A record that cannot be sent is logged and does not fail the tool call: the work it
 describes has already happened. An ``Invoke`` is only ever such a record of what this
 agent ran; ``send_message`` cannot send one, and nothing here runs a command because a
@@ -37,15 +54,25 @@ Drain and halt
 --------------
 The agent program forwards the node's control messages: :meth:`Toolbox.drain` makes
 accepting a new task fail (the agent is told to reject offers and finish what it
-holds); :meth:`Toolbox.halt` stops a running ``bash`` command at once (its process
-group gets SIGTERM, then SIGKILL after the grace period) and refuses every later call
-until :meth:`Toolbox.resume`.
+holds); :meth:`Toolbox.halt` stops a running ``bash`` or ``git`` command at once (every
+process it started gets SIGTERM, then SIGKILL after the grace period; see
+:mod:`porter_mesh.tools.shell`) and refuses every later call until :meth:`Toolbox.resume`.
+:meth:`Toolbox.interrupt` stops the running command only (a caller gave up waiting for
+it).
+
+External tools
+--------------
+``external=`` adds the tools of external MCP servers
+(:class:`~porter_mesh.tools.external.ExternalTools`), named ``<server>__<tool>``; a
+call is forwarded to the server and its arguments are checked there.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -68,12 +95,15 @@ from porter_mesh.errors import (
     KnowledgeError,
     NodeClosedError,
     PorterError,
+    TaskWithdrawn,
     ToolError,
     UnknownPeerError,
 )
-from porter_mesh.tools import memory, messaging
+from porter_mesh.tools import memory, messaging, search
+from porter_mesh.tools.external import ExternalTools
+from porter_mesh.tools.git import git_argv, run_git
 from porter_mesh.tools.port import InboxItem, MeshPort
-from porter_mesh.tools.prompt import system_prompt_sections
+from porter_mesh.tools.prompt import roster_section, system_prompt_sections
 from porter_mesh.tools.schemas import (
     DEFAULT_BASH_TIMEOUT,
     MAX_BASH_TIMEOUT,
@@ -81,7 +111,13 @@ from porter_mesh.tools.schemas import (
     check_arguments,
     specs_for,
 )
-from porter_mesh.tools.shell import DEFAULT_GRACE, DEFAULT_TAIL_BYTES, run_command, stop_group
+from porter_mesh.tools.shell import (
+    DEFAULT_GRACE,
+    DEFAULT_TAIL_BYTES,
+    CommandHandle,
+    CommandResult,
+    run_command,
+)
 from porter_mesh.tools.workspace import Workspace
 
 __all__ = ["Toolbox"]
@@ -93,6 +129,11 @@ RECORD_LIMIT: Final = 4096
 
 #: Messages one ``read_messages`` call takes from the inbox.
 DEFAULT_INBOX_LIMIT: Final = 50
+
+def _newer(attempt: int | None, withdrawn: int | None) -> bool:
+    """An offer with ``attempt`` is a new claim after the withdrawal of ``withdrawn``."""
+    return attempt is None or withdrawn is None or attempt > withdrawn
+
 
 def _clip_end(text: str, limit: int = RECORD_LIMIT) -> str:
     return text if len(text) <= limit else "..." + text[-limit:]
@@ -116,9 +157,11 @@ class Toolbox:
         grace: seconds between SIGTERM and SIGKILL when a command is stopped.
         tail_bytes: bytes of the end of a command's output returned to the agent.
         inbox_limit: messages one ``read_messages`` call takes.
+        external: tools of external MCP servers to add (the caller owns and closes it).
 
     Raises:
-        ConfigError: unknown role or tool, or a file/shell tool without a workspace.
+        ConfigError: unknown role or tool, a file/shell/git tool without a workspace,
+            or an external tool whose name is taken.
         ToolError: the workspace is not an existing directory.
     """
 
@@ -133,11 +176,18 @@ class Toolbox:
         grace: float = DEFAULT_GRACE,
         tail_bytes: int = DEFAULT_TAIL_BYTES,
         inbox_limit: int = DEFAULT_INBOX_LIMIT,
+        external: ExternalTools | None = None,
     ) -> None:
         self.port = port
         self.role = role
         self._specs = {s.name: s for s in specs_for(role, tools)}
-        needs_workspace = [n for n, s in self._specs.items() if s.group in ("files", "shell")]
+        self.external = external
+        if external is not None:
+            taken = sorted(set(self._specs) & set(external.names()))
+            if taken:
+                raise ConfigError(f"external tool name(s) {', '.join(taken)} are taken by "
+                                  "the agent's own tools; rename the server")
+        needs_workspace = [n for n, s in self._specs.items() if s.needs_workspace]
         if workspace is None:
             if needs_workspace:
                 raise ConfigError(
@@ -161,7 +211,15 @@ class Toolbox:
         self._accepted: set[str] = set()  # tasks this agent took (Accept sent)
         self.draining = False
         self._halted: str | None = None
-        self._running: int | None = None  # process group of the command running now
+        self._running: CommandHandle | None = None  # the command running now
+        self._running_for: str | None = None  # the task it runs for
+        # Withdrawn tasks: context -> (attempt withdrawn, reason); the task that was
+        # current when it was withdrawn (calls without a context act for it); who
+        # offered each task (the only agent whose withdrawal counts).
+        self._withdrawn: dict[str, tuple[int | None, str]] = {}
+        self._interrupted: str | None = None
+        self._offered_by: dict[str, str] = {}
+        self._lock = threading.Lock()  # observe() runs on the node's thread
 
     # -- the loop's interface -------------------------------------------------------------
 
@@ -171,8 +229,9 @@ class Toolbox:
         return self.port.agent_name
 
     def specs(self) -> list[ToolSpec]:
-        """The tools this agent may call."""
-        return list(self._specs.values())
+        """The tools this agent may call (its own, then the external ones)."""
+        own = list(self._specs.values())
+        return own + (self.external.specs() if self.external is not None else [])
 
     def system_prompt(self) -> str:
         """The messaging and live team sections for the agent's system prompt."""
@@ -202,9 +261,10 @@ class Toolbox:
             )
         spec = self._specs.get(name)
         if spec is None:
-            raise ToolError(
-                f"unknown tool {name!r}; your tools are: {', '.join(self._specs)}"
-            )
+            if self.external is not None and name in self.external.names():
+                return self.external.call(name, arguments)
+            known = ", ".join(s.name for s in self.specs())
+            raise ToolError(f"unknown tool {name!r}; your tools are: {known}")
         args = dict(arguments) if arguments is not None else {}
         if name == "memory_query" and "sparql" in args and "query" not in args:
             args["query"] = args.pop("sparql")  # the profile's own name for it
@@ -235,14 +295,38 @@ class Toolbox:
             reason: shown to the agent in the refusal.
         """
         self._halted = reason
-        pgid = self._running
-        if pgid is not None:
-            stop_group(pgid)
+        running = self._running
+        if running is not None:
+            running.stop(f"halted: {reason}")
 
     def resume(self) -> None:
         """Undo :meth:`drain` and :meth:`halt`."""
         self.draining = False
         self._halted = None
+
+    def interrupt(self) -> None:
+        """Stop the command running now, if any (later calls are not refused).
+
+        Safe to call from another thread, as :meth:`halt` is.
+        """
+        running = self._running
+        if running is not None:
+            running.stop("interrupted: the caller stopped waiting")
+
+    def _command_started(self, task: str | None) -> Callable[[CommandHandle], None]:
+        """What a command of this toolbox, run for ``task``, calls once it runs."""
+
+        def started(handle: CommandHandle) -> None:
+            with self._lock:
+                self._running, self._running_for = handle, task
+            # Halted or withdrawn between the checks and the start:
+            if self._halted is not None:
+                handle.stop(f"halted: {self._halted}")
+            entry = self._withdrawn.get(task) if task is not None else None
+            if entry is not None:
+                handle.stop(f"withdrawn: {entry[1]}")
+
+        return started
 
     # -- messaging ----------------------------------------------------------------------------
 
@@ -280,6 +364,7 @@ class Toolbox:
             ctx = new_task_id()
         else:
             ctx = self.context
+        self._acting_for(ctx)
         takes_task = kind == "Accept" and chan != CHANNEL_REVIEW and ctx is not None
         if takes_task and self.draining and ctx not in self._accepted:
             raise ToolError(
@@ -296,6 +381,7 @@ class Toolbox:
             self._accepted.add(ctx)
         if ctx is not None and (context is not None or kind == "Offer"):
             self.context = ctx
+            self._interrupted = None
         where = f" about task {ctx}" if ctx else ""
         return f"Sent {kind} on {chan}{where}."
 
@@ -345,15 +431,102 @@ class Toolbox:
         if activity.type == "Offer":
             review_for_me = self.role == "reviewer" and item.channel == CHANNEL_REVIEW
             if to_me or review_for_me:
-                self.context = ctx
-                if attempt is not None:
-                    self._attempts[ctx] = attempt
-        elif is_task_delete(activity) and to_me:
-            kept = self._attempts.get(ctx)
-            if attempt is None or kept is None or attempt == kept:
-                self._attempts.pop(ctx, None)
-                if self.context == ctx:
-                    self.context = None
+                with self._lock:
+                    withdrawn = self._withdrawn.get(ctx)
+                    if withdrawn is not None and _newer(attempt, withdrawn[0]):
+                        del self._withdrawn[ctx]  # offered again: a new claim
+                        withdrawn = None
+                    if withdrawn is None:  # (an offer of the withdrawn claim is stale)
+                        self.context = ctx
+                        self._interrupted = None
+                        self._offered_by[ctx] = item.sender
+                        if attempt is not None:
+                            self._attempts[ctx] = attempt
+        else:
+            self.observe(item.channel, item.sender, activity)
+
+    def observe(self, channel: str, sender: str, activity: Activity) -> bool:
+        """See a message as the node delivers it (from any thread): a withdrawal of a
+        task this agent holds takes effect at once (see "Withdrawn tasks" above).
+
+        Args:
+            channel: where it arrived.
+            sender: the authenticated sender.
+            activity: the activity.
+
+        Returns:
+            ``True`` when it withdrew a task from this agent.
+        """
+        me = self.agent_name
+        ctx = activity.context
+        if (
+            ctx is None
+            or activity.is_fallback
+            or not is_task_delete(activity)
+            or not (channel == DIRECT_PREFIX + me or activity.target == me)
+        ):
+            return False
+        return self.withdraw(ctx, attempt_of(activity), sender=sender,
+                             reason=activity.summary)
+
+    def withdraw(self, context: str, attempt: int | None, *, sender: str,
+                 reason: str) -> bool:
+        """Withdraw a task from this agent: stop its running command, act no more for it.
+
+        Safe to call from any thread.
+
+        Args:
+            context: the task.
+            attempt: the claim withdrawn (``None``: whatever claim is kept).
+            sender: who withdraws it; must be the agent that offered it, if known.
+            reason: why, in words.
+
+        Returns:
+            ``True`` if the task was withdrawn; ``False`` for another attempt's
+            withdrawal or one from an agent that did not offer the task.
+        """
+        with self._lock:
+            kept = self._attempts.get(context)
+            if attempt is not None and kept is not None and attempt != kept:
+                return False  # about an older claim; this agent holds a newer one
+            offerer = self._offered_by.get(context)
+            if offerer is not None and sender != offerer:
+                _log.warning("ignored a withdrawal of %s from %s, which did not offer it",
+                             context, sender)
+                return False
+            self._withdrawn[context] = (attempt if attempt is not None else kept, reason)
+            self._attempts.pop(context, None)
+            self._accepted.discard(context)
+            if self.context == context:
+                self.context = None
+                self._interrupted = context
+            running = self._running if self._running_for == context else None
+        if running is not None:
+            running.stop(f"withdrawn: {reason}")
+        return True
+
+    def withdrawn(self, context: str) -> str | None:
+        """Why a task was withdrawn from this agent, or ``None`` if it was not."""
+        entry = self._withdrawn.get(context)
+        return None if entry is None else entry[1]
+
+    def _acting_for(self, context: str | None) -> None:
+        """Refuse to act for a withdrawn task (``None``: the task interrupted last)."""
+        target = context if context is not None else self._interrupted
+        entry = self._withdrawn.get(target) if target is not None else None
+        if target is None or entry is None:
+            return
+        self._refuse_withdrawn(target, entry)
+
+    def _refuse_withdrawn(self, context: str, entry: tuple[int | None, str],
+                          detail: str = "") -> None:
+        attempt, reason = entry
+        claim = f" (attempt {attempt})" if attempt is not None else ""
+        raise TaskWithdrawn(
+            f"task {context}{claim} was withdrawn from you: {reason}.{detail} Stop working "
+            "on it and do not report a result; read_messages for your next task",
+            context=context, attempt=attempt, reason=reason,
+        )
 
     # -- memory -------------------------------------------------------------------------------
 
@@ -371,6 +544,7 @@ class Toolbox:
         Raises:
             ToolError: the node refused it.
         """
+        self._acting_for(self.context)
         summary = messaging.split_text(f"Finding about {about.strip()}")[0]
         try:
             activity = as2.remember(
@@ -443,12 +617,8 @@ class Toolbox:
             ToolError: the command is empty or cannot start.
         """
         ws = self._require_workspace()
-
-        def started(pgid: int) -> None:
-            self._running = pgid
-            if self._halted is not None:  # halted between the check and the start
-                stop_group(pgid)
-
+        task = self.context
+        self._acting_for(task)
         try:
             result = run_command(
                 command,
@@ -456,11 +626,22 @@ class Toolbox:
                 timeout=float(timeout if timeout is not None else self.bash_timeout),
                 grace=self.grace,
                 tail_bytes=self.tail_bytes,
-                on_start=started,
+                on_start=self._command_started(task),
             )
         finally:
-            self._running = None
+            with self._lock:
+                self._running = self._running_for = None
+        entry = self._withdrawn.get(task) if task is not None else None
+        if task is not None and entry is not None:
+            # The attempt is void: nothing of it is recorded or returned as a result.
+            _log.info("command for withdrawn task %s: %s", task, result.status_line())
+            self._refuse_withdrawn(task, entry, f" Its command was stopped: "
+                                   f"{result.status_line()}.")
         text = result.render()
+        self._record_invoke(command, result, text)
+        return text
+
+    def _record_invoke(self, command: str, result: CommandResult, text: str) -> None:
         first = messaging.split_text(command)[0]
         self._record(
             lambda: as2.invoke(
@@ -472,7 +653,56 @@ class Toolbox:
                 extra=self._attempt_extra(),
             )
         )
+
+    def list_dir(self, path: str | None = None) -> str:
+        """List a workspace directory (see :func:`.search.list_dir`)."""
+        return search.list_dir(self._require_workspace(), path)
+
+    def glob(self, pattern: str, path: str | None = None) -> str:
+        """Find workspace paths by glob pattern (see :func:`.search.glob`)."""
+        return search.glob(self._require_workspace(), pattern, path)
+
+    def grep(self, pattern: str, path: str | None = None, glob: str | None = None,
+             ignore_case: bool | None = None) -> str:
+        """Search workspace files for a regular expression (see :func:`.search.grep`)."""
+        return search.grep(self._require_workspace(), pattern, path, glob=glob,
+                           ignore_case=bool(ignore_case))
+
+    def git(self, command: str, paths: list[str] | None = None, message: str | None = None,
+            staged: bool | None = None, limit: int | None = None) -> str:
+        """Run git status, diff, log, add or commit in the workspace (see :mod:`.git`).
+
+        ``add`` and ``commit`` are recorded as an ``Invoke`` on ``log``.
+
+        Raises:
+            WorkspaceError: a path leaves the workspace.
+            ToolError: bad arguments, not a repository, or git failed (with its output).
+        """
+        ws = self._require_workspace()
+        argv = git_argv(ws, command, paths=paths, message=message, staged=bool(staged),
+                        limit=limit)
+        task = self.context
+        self._acting_for(task)
+        try:
+            text, result = run_git(ws, argv, author=self.agent_name,
+                                   timeout=float(self.bash_timeout), grace=self.grace,
+                                   output_bytes=self.tail_bytes,
+                                   on_start=self._command_started(task))
+        finally:
+            with self._lock:
+                self._running = self._running_for = None
+        if command in ("add", "commit"):
+            shown = shlex.join(["git", *argv[argv.index(command):]])
+            self._record_invoke(shown, result, text)
         return text
+
+    def peers(self) -> str:
+        """The agents on the mesh now, as text."""
+        try:
+            roster = self.port.roster()
+        except NodeClosedError as exc:
+            raise ToolError(f"peers: the mesh node is closed ({exc})") from exc
+        return roster_section(roster, me=self.agent_name, role=self.role)
 
     def read_file(self, path: str) -> str:
         """Read a workspace file.
@@ -511,6 +741,7 @@ class Toolbox:
             WorkspaceError: the path leaves the workspace.
             ToolError: too large, or not writable.
         """
+        self._acting_for(self.context)
         outcome = self._require_workspace().write(path, content)
         verb = "Created" if outcome.created else "Replaced"
         self._record_file(as2.create if outcome.created else as2.update, verb, outcome.path)
@@ -531,6 +762,7 @@ class Toolbox:
             WorkspaceError: the path leaves the workspace.
             ToolError: missing file, ``old`` absent or not unique, or too large.
         """
+        self._acting_for(self.context)
         outcome = self._require_workspace().edit(path, old, new)
         self._record_file(as2.update, "Edited", outcome.path)
         return (

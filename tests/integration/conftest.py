@@ -26,3 +26,9 @@ def procs() -> Iterator[list[NodeProcess]]:
     yield started
     for p in started:
         p.stop()
+
+
+@pytest.fixture
+def nodes(procs: list[NodeProcess]) -> list[NodeProcess]:
+    """The same list as ``procs``, by another name."""
+    return procs

@@ -22,6 +22,8 @@ Event = dict[str, Any]
 class NodeProcess:
     """One ``node_proc.py`` process; its stdout events are collected by a reader thread."""
 
+    _tags = 0  # the last command tag used by ask()
+
     def __init__(self, name: str, *extra: str, mesh: str = "test",
                  prefix: Sequence[str] = (), script: Path = NODE_PROC) -> None:
         self.name = name
@@ -104,6 +106,36 @@ class NodeProcess:
                     raise AssertionError(f"{self.name} exited before {what}; "
                                          f"stderr: {self.stderr[-2000:]}")
                 return
+
+    def watch(self, seconds: float, forbid: Callable[[Event], bool], what: str) -> None:
+        """Read events for ``seconds`` (a fault held for that long) and fail at once if
+        one matches ``forbid``."""
+        deadline = time.monotonic() + seconds
+        i = len(self.events)
+        while (left := deadline - time.monotonic()) > 0:
+            alive = self._pump(min(left, 0.1))
+            for event in self.events[i:]:
+                if forbid(event):
+                    raise AssertionError(f"{self.name}: {what}: {event}")
+            i = len(self.events)
+            if not alive:
+                raise AssertionError(f"{self.name} exited while {what!r} was watched; "
+                                     f"stderr: {self.stderr[-2000:]}")
+
+    def ask(self, op: str, ev: str, timeout: float = 30.0, **cmd: Any) -> Event:
+        """Send a command and wait for its answer (matched by tag).
+
+        Raises:
+            AssertionError: the process reported an error, died, or did not answer.
+        """
+        self._tags += 1
+        tag = self._tags
+        self.command(op=op, tag=tag, **cmd)
+        event = self.wait_for(lambda e: e["ev"] in (ev, "error") and e.get("tag") == tag,
+                              timeout, f"answer to {op}")
+        if event["ev"] == "error":
+            raise AssertionError(f"{self.name}: {op} failed: {event}")
+        return event
 
     def command(self, **cmd: Any) -> None:
         assert self.proc.stdin is not None

@@ -246,23 +246,7 @@ class KgProcess(NodeProcess):
         self._err_reader = threading.Thread(target=self._read_err, daemon=True)
         self._err_reader.start()
         self._cursor = 0
-        self._tags = 0
         self.up = self.wait_for(lambda e: e["ev"] == "up", 30, "start-up")
-
-    def ask(self, op: str, ev: str, timeout: float = 30.0, **cmd: Any) -> dict[str, Any]:
-        """Send a command and wait for its answer (matched by tag).
-
-        Raises:
-            AssertionError: the process reported an error, died, or did not answer.
-        """
-        self._tags += 1
-        tag = self._tags
-        self.command(op=op, tag=tag, **cmd)
-        event = self.wait_for(lambda e: e["ev"] in (ev, "error") and e.get("tag") == tag,
-                              timeout, f"answer to {op}")
-        if event["ev"] == "error":
-            raise AssertionError(f"{self.name}: {op} failed: {event}")
-        return event
 
     def stats(self) -> dict[str, Any]:
         """The shard summary and replication counters (``kg``) and node counters."""

@@ -1,14 +1,17 @@
 """A mesh node in its own process, driven by JSON lines on stdin, reporting on stdout.
 
 Used by the integration tests. Every line printed is one JSON object with an ``ev`` key:
-``up`` (ports, incarnation), ``peer`` (roster change), ``msg`` (a delivered activity),
-``sent`` (a direct send was acknowledged), ``send-failed``, ``stats``.
+``up`` (ports, incarnation, ``wall``: this process's ``time.time()``, to check a faked
+clock), ``peer`` (roster change), ``msg`` (a delivered activity), ``sent`` (a direct send
+was acknowledged), ``send-failed``, ``stats``, ``roster`` (name, state and clock skew of
+every peer), and with ``--knowledge DIR`` (a knowledge replica in DIR): ``stored`` (a
+remember command done), ``rows`` (a recall's answer), ``kg`` (digest, version vector).
 
 Commands (one JSON object per stdin line, ``op`` key): ``publish`` (channel, text, n),
 ``burst`` (channel, text, n, chunk: published ``chunk`` at a time, one loop turn each;
 reports ``burst-start`` and ``burst-done`` with the process's peak RSS so far, ``maxrss``,
 in bytes), ``send`` (to, n, start: numbered direct messages, pipelined), ``stats``,
-``subscribe``, ``quit``.
+``subscribe``, ``roster``, ``remember`` (n, prefix), ``recall`` (sparql), ``kg``, ``quit``.
 """
 
 from __future__ import annotations
@@ -17,16 +20,17 @@ import argparse
 import asyncio
 import logging
 import pathlib
-import resource
 import sys
 import time
 from typing import Any
 
 import orjson
 
+from porter_mesh.adapters.shard import Shard
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.peers import PeerEvent
 from porter_mesh.errors import PorterError
+from porter_mesh.node.knowledge import Knowledge
 from porter_mesh.node.node import Message, Node
 
 
@@ -35,8 +39,35 @@ def emit(**fields: Any) -> None:
     sys.stdout.flush()
 
 
+def peak_rss() -> int:
+    """This process's peak resident set in bytes (VmHWM). Not ``ru_maxrss``: that one is
+    kept across exec, so a child of a large test runner would report the runner's peak."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def activity(actor: str, text: str) -> Activity:
     return Activity.from_dict({"type": "Announce", "actor": actor, "summary": text})
+
+
+def knowledge_command(knowledge: Knowledge, name: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    op = cmd["op"]
+    if op == "remember":
+        for i in range(cmd.get("n", 1)):
+            knowledge.async_remember(Activity.from_dict({
+                "type": "Remember", "actor": name, "summary": "finding",
+                "object": {"type": "Note", "about": "urn:porter:file:x",
+                           "content": f"{cmd['prefix']}{i}"}}))
+        return {"ev": "stored", "n": cmd.get("n", 1)}
+    if op == "recall":
+        result = knowledge.query(cmd["sparql"], row_limit=1000)
+        return {"ev": "rows", "items": [dict(row) for row in result.rows]}
+    state = knowledge.shard.state
+    return {"ev": "kg", "digest": state.digest().top.hex(), "vv": state.version_vector(),
+            "records": state.record_count}
 
 
 async def main() -> None:
@@ -56,8 +87,12 @@ async def main() -> None:
     parser.add_argument("--expire-after", type=float, default=2.0)
     parser.add_argument("--subscriber-queue-bytes", type=int)
     parser.add_argument("--broadcast-message-bytes", type=int)
+    parser.add_argument("--recontact-max", type=float, default=5.0)
+    parser.add_argument("--max-clock-skew", type=float, default=86_400.0)
     parser.add_argument("--quiet-messages", action="store_true",
                         help="report only a count of delivered messages")
+    parser.add_argument("--knowledge", type=pathlib.Path, metavar="DIR",
+                        help="keep a knowledge replica in DIR")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(relativeCreated)d %(name)s %(message)s")
     logging.getLogger("zeroconf").setLevel(logging.WARNING)
@@ -71,8 +106,13 @@ async def main() -> None:
         discovery=not args.no_discovery, data_dir=args.data_dir,
         heartbeat_interval=args.heartbeat, evasive_after=args.evasive_after,
         expire_after=args.expire_after, retry_initial=0.1, retry_max=0.5, send_timeout=30.0,
-        insecure=args.insecure,
+        insecure=args.insecure, recontact_max=args.recontact_max,
+        max_clock_skew=args.max_clock_skew,
     )
+    knowledge = None
+    if args.knowledge is not None:
+        knowledge = Knowledge(node, Shard(args.knowledge, agent=args.name),
+                              anti_entropy_interval=0.5, request_timeout=1.0)
 
     def on_peer(event: PeerEvent) -> None:
         emit(ev="peer", kind=event.kind.value, peer=event.peer.name,
@@ -93,9 +133,11 @@ async def main() -> None:
     # Listen before starting: peers can be found while discovery starts up.
     node.add_peer_listener(on_peer)
     node.add_handler(on_msg)
+    if knowledge is not None:
+        knowledge.start()
     await node.astart()
     emit(ev="up", name=node.name, pub=node.pub_port, router=node.router_port,
-         inc=node.incarnation)
+         inc=node.incarnation, wall=time.time())
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -129,14 +171,14 @@ async def main() -> None:
             for i in range(cmd.get("n", 1)):
                 node.async_publish(cmd["channel"], activity(node.name, f"{cmd['text']}{i}"))
         elif op == "burst":
-            emit(ev="burst-start", maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+            emit(ev="burst-start", maxrss=peak_rss())
             chunk = cmd.get("chunk", 512)
             for first in range(0, cmd["n"], chunk):
                 for i in range(first, min(first + chunk, cmd["n"])):
                     node.async_publish(cmd["channel"], activity(node.name, f"{cmd['text']}{i}"))
                 await asyncio.sleep(0)  # one flush per chunk, as a busy agent's loop does
             await asyncio.sleep(0)
-            emit(ev="burst-done", maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            emit(ev="burst-done", maxrss=peak_rss(),
                  stats=node.stats())
         elif op == "send":
             task = asyncio.ensure_future(send_many(cmd["to"], cmd.get("start", 0), cmd["n"]))
@@ -149,9 +191,16 @@ async def main() -> None:
             except TimeoutError as exc:
                 emit(ev="error", error=str(exc))
         elif op == "stats":
-            emit(ev="stats", stats=node.stats(), t=time.monotonic())
+            emit(ev="stats", stats=node.stats(), t=time.monotonic(), tag=cmd.get("tag"))
+        elif op == "roster":
+            emit(ev="roster", peers={p.name: {"state": p.state.value, "skew": p.clock_skew_ms}
+                                     for p in node.peers()}, tag=cmd.get("tag"))
+        elif knowledge is not None and op in ("remember", "recall", "kg"):
+            emit(tag=cmd.get("tag"), **knowledge_command(knowledge, node.name, cmd))
     for task in tasks:
         task.cancel()
+    if knowledge is not None:
+        await knowledge.aclose()
     await node.aclose()
     emit(ev="closed")
 

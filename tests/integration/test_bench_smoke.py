@@ -64,7 +64,8 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
             entry = res["broadcast"][f"{system}/1->{subs}"]
             # Loopback, a few hundred messages, subscribers waited for: nothing is lost.
             assert entry["received"] == [300] * subs, (system, subs, entry["received"])
-    assert set(res["direct"]) == {"mesh"}  # the prebuilt variant was not asked for
+    # The prebuilt variant was not asked for; the journaled one goes with "mesh".
+    assert set(res["direct"]) == {"mesh", "mesh-journal"}
     direct = res["direct"]["mesh"]
     assert (direct["acked"], direct["failed"]) == (300, 0)
     assert direct["rate"] > 0
@@ -85,6 +86,7 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
         "broadcast 1->1 prebuilt",
         "broadcast 1->1 each read",
         "direct with acks",
+        "direct with acks journaled",
         "direct with acks prebuilt",
         "round trip p50",
         "round trip p99",

@@ -30,7 +30,6 @@ from agents.llm import (
     LLMBrain,
     chat_completions_url,
     openai_tools,
-    strict_schema,
     trim_conversation,
 )
 from porter_mesh.cli.cmd_send import build_activity
@@ -42,7 +41,7 @@ from porter_mesh.node.sync import SyncNode
 from porter_mesh.tools import MESSAGING_SECTION, Toolbox
 from porter_mesh.tools.messaging import render_item
 from porter_mesh.tools.port import InboxItem
-from porter_mesh.tools.schemas import TOOL_SPECS, check_arguments, to_openai
+from porter_mesh.tools.schemas import TOOL_SPECS, check_arguments, strict_schema, to_openai
 from tests.integration.cli_proc import Running, cli
 from tests.integration.fake_llm import (
     Drop,
@@ -620,12 +619,13 @@ def test_strict_schemas_require_everything_and_null_means_left_out() -> None:
             assert "null" in schema["properties"][name]["type"], (spec.name, name)
             # What strict mode lets a model send for an optional argument is accepted.
             args = {k: None for k in optional}
-            args.update({k: "x" for k in spec.parameters["required"]})
+            args.update({k: spec.parameters["properties"][k].get("enum", ["x"])[0]
+                         for k in spec.parameters["required"]})
             assert set(check_arguments(spec, args)) == set(spec.parameters["required"])
     bash = strict_schema(TOOL_SPECS["bash"].parameters)
-    assert bash["properties"]["timeout"] == {
-        "type": ["number", "null"],
-        "description": TOOL_SPECS["bash"].parameters["properties"]["timeout"]["description"]}
+    assert bash is not None
+    assert bash["properties"]["timeout"]["type"] == ["number", "null"]
+    assert bash["additionalProperties"] is False
     assert strict_schema(TOOL_SPECS["bash"].parameters) is not strict_schema(
         TOOL_SPECS["bash"].parameters)
     assert TOOL_SPECS["bash"].parameters["required"] == ["command"]  # the spec is unchanged

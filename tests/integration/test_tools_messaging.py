@@ -26,8 +26,15 @@ from porter_mesh.core.tasks import (
     Send,
     TaskBoard,
     TaskState,
+    cancel_activity,
 )
-from porter_mesh.errors import ConfigError, QueryError, ToolError, UnknownPeerError
+from porter_mesh.errors import (
+    ConfigError,
+    QueryError,
+    TaskWithdrawn,
+    ToolError,
+    UnknownPeerError,
+)
 from porter_mesh.tools import (
     MESSAGING_SECTION,
     InboxItem,
@@ -297,6 +304,73 @@ def test_offer_sets_context_and_attempt_is_echoed() -> None:
     port_of(box).deliver("task:w1", current)
     assert "task withdrawn: stop working on it" in box.read_messages()
     assert box.context is None and box.attempt_for("urn:porter:task:t1") is None
+
+
+def offer_to(box: Toolbox, ctx: str, attempt: int, sender: str = "architect") -> None:
+    offer = as2.offer(sender, "Fix bug", "details", target=box.agent_name, context=ctx,
+                      extra={ATTEMPT_FIELD: attempt})
+    port_of(box).deliver(f"task:{box.agent_name}", offer)
+    box.read_messages()
+
+
+def withdrawal(ctx: str, attempt: int | None, actor: str = "architect") -> Activity:
+    return cancel_activity(actor, ctx, "Withdrawn: holder w1 expired", attempt=attempt)
+
+
+def test_withdrawn_attempt_is_obeyed(tmp_path: Path) -> None:
+    box = toolbox("w1", "worker", tmp_path)
+    ctx = "urn:porter:task:t1"
+    offer_to(box, ctx, 1)
+    box.call("send_message", {"channel": "task:architect", "message": "On it",
+                              "type": "Accept"})
+    port = port_of(box)
+    # Only the claim kept, and only from the agent that offered the task.
+    assert not box.observe("task:w1", "architect", withdrawal(ctx, 2))
+    assert not box.observe("task:w1", "w2", withdrawal(ctx, 1, actor="w2"))
+    assert not box.observe("task", "architect", withdrawal(ctx, 1))  # not addressed to w1
+    assert box.withdrawn(ctx) is None
+    box.call("write_file", {"path": "a.txt", "content": "still mine"})
+    assert box.observe("task:w1", "architect", withdrawal(ctx, 1))
+    assert box.withdrawn(ctx) == "Withdrawn: holder w1 expired"
+    sent_before = len(port.sent)
+    for tool, args in [
+        ("write_file", {"path": "a.txt", "content": "stale"}),
+        ("edit_file", {"path": "a.txt", "old": "still", "new": "stale"}),
+        ("bash", {"command": "touch stale"}),
+        ("memory_write", {"about": "x", "finding": "stale"}),
+        ("send_message", {"channel": "review", "message": "Please review"}),
+        ("send_message", {"channel": "log", "message": "done", "context": ctx}),
+    ]:
+        with pytest.raises(TaskWithdrawn, match=r"attempt 1\) was withdrawn from you") as err:
+            box.call(tool, args)
+        assert err.value.context == ctx and err.value.attempt == 1
+    assert len(port.sent) == sent_before and port.remembered == []  # nothing reported
+    assert (tmp_path / "a.txt").read_text() == "still mine" and not (tmp_path / "stale").exists()
+    # Reading still works.
+    assert box.call("read_file", {"path": "a.txt"}) == "still mine"
+    # The withdrawn claim offered again is stale; a new claim (attempt 3) is work again.
+    offer_to(box, ctx, 1)
+    with pytest.raises(TaskWithdrawn):
+        box.call("write_file", {"path": "a.txt", "content": "stale"})
+    offer_to(box, ctx, 3)
+    assert box.withdrawn(ctx) is None and box.context == ctx
+    box.call("send_message", {"channel": "task:architect", "message": "On it again",
+                              "type": "Accept"})
+    _, sent = port.last()
+    assert sent[ATTEMPT_FIELD] == 3
+
+
+def test_another_task_is_work_after_a_withdrawal(tmp_path: Path) -> None:
+    box = toolbox("w1", "worker", tmp_path)
+    offer_to(box, "urn:porter:task:t1", 1)
+    port_of(box).deliver("task:w1", withdrawal("urn:porter:task:t1", 1))
+    assert "task withdrawn: stop working on it" in box.read_messages()
+    with pytest.raises(TaskWithdrawn):
+        box.call("write_file", {"path": "a.txt", "content": "stale"})
+    offer_to(box, "urn:porter:task:t2", 1)
+    assert "Created a.txt" in box.call("write_file", {"path": "a.txt", "content": "new"})
+    _, record = port_of(box).last()
+    assert record["context"] == "urn:porter:task:t2"
 
 
 def test_offers_to_others_do_not_change_context() -> None:

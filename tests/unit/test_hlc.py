@@ -1,4 +1,5 @@
-"""Hybrid logical clock: packing, monotonicity, merging, and refusal of far-future peers."""
+"""Hybrid logical clock: packing, monotonicity, merging within the skew bound, and
+leaving the clock alone beyond it."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from porter_mesh.core.hlc import (
+    DEFAULT_MAX_SKEW_MS,
     HLC_MAX,
     LOGICAL_MAX,
+    MAX_SKEW_LIMIT_MS,
     PHYSICAL_MAX,
     HybridClock,
     hlc_pack,
@@ -97,7 +100,7 @@ def test_now_rejects_bad_wall_clock(wall: object) -> None:
 
 def test_exhausted_clock_refuses() -> None:
     clock = HybridClock()
-    clock.update(HLC_MAX - 1, PHYSICAL_MAX)
+    assert clock.receive(HLC_MAX - 1, PHYSICAL_MAX) is None
     assert clock.last == HLC_MAX
     with pytest.raises(ClockError) as info:
         clock.now(PHYSICAL_MAX)
@@ -105,47 +108,63 @@ def test_exhausted_clock_refuses() -> None:
     assert clock.last == HLC_MAX
 
 
-def test_negative_max_ahead_is_refused() -> None:
+@pytest.mark.parametrize("bound", [-1, MAX_SKEW_LIMIT_MS + 1, 1.5])
+def test_bad_skew_bound_is_refused(bound: object) -> None:
     with pytest.raises(ClockError) as info:
-        HybridClock(max_ahead_ms=-1)
+        HybridClock(max_skew_ms=bound)  # type: ignore[arg-type]
     assert info.value.reason == "bad-config"
+
+
+def test_default_bound_is_a_day() -> None:
+    assert HybridClock().max_skew_ms == DEFAULT_MAX_SKEW_MS == 86_400_000
 
 
 # -- receive events ------------------------------------------------------------------
 
 
-def test_update_moves_past_a_remote_ahead() -> None:
+def test_receive_moves_past_a_remote_ahead() -> None:
     clock = HybridClock()
     clock.now(NOW_MS)
     remote = hlc_pack(NOW_MS + 500, 3)
-    assert clock.update(remote, NOW_MS) == hlc_pack(NOW_MS + 500, 4)
+    assert clock.receive(remote, NOW_MS) is None
+    assert clock.last == hlc_pack(NOW_MS + 500, 4)
     # Local events keep counting from the merged time while the wall clock lags.
     assert clock.now(NOW_MS + 1) == hlc_pack(NOW_MS + 500, 5)
 
 
-def test_update_with_remote_behind_just_ticks() -> None:
+def test_receive_with_remote_behind_just_ticks() -> None:
     clock = HybridClock()
     local = clock.now(NOW_MS)
-    assert clock.update(hlc_pack(NOW_MS - 10_000, 9), NOW_MS) == local + 1
+    assert clock.receive(hlc_pack(NOW_MS - 10_000, 9), NOW_MS) is None
+    assert clock.last == local + 1
 
 
-def test_update_refuses_far_future_without_changing_state() -> None:
-    clock = HybridClock(max_ahead_ms=1_000)
+@pytest.mark.parametrize("skew_s", [300, -300, 3600, -3600, 86_400, -86_400])
+def test_lab_skews_are_adopted_by_default(skew_s: int) -> None:
+    # Minutes (no NTP) and hours (a hardware clock in local time) are within the bound.
+    clock = HybridClock()
+    remote = hlc_pack(NOW_MS + skew_s * 1000, 0)
+    assert clock.receive(remote, NOW_MS) is None
+    assert clock.last > remote and clock.last >= hlc_pack(NOW_MS, 0)
+
+
+@pytest.mark.parametrize("offset", [1_001, -1_001, 10**9, -(NOW_MS - 1)])
+def test_receive_beyond_the_bound_reports_the_offset_and_keeps_state(offset: int) -> None:
+    clock = HybridClock(max_skew_ms=1_000)
     before = clock.now(NOW_MS)
-    with pytest.raises(ClockError) as info:
-        clock.update(hlc_pack(NOW_MS + 1_001, 0), NOW_MS)
-    assert info.value.reason == "clock-ahead"
-    assert "ahead" in str(info.value)
+    assert clock.receive(hlc_pack(NOW_MS + offset, 7), NOW_MS) == offset
     assert clock.last == before
-    # Exactly at the limit is still accepted.
-    assert clock.update(hlc_pack(NOW_MS + 1_000, 0), NOW_MS) == hlc_pack(NOW_MS + 1_000, 1)
+    # Exactly at the bound, either way, is still adopted.
+    assert clock.receive(hlc_pack(NOW_MS - 1_000, 0), NOW_MS) is None
+    assert clock.receive(hlc_pack(NOW_MS + 1_000, 0), NOW_MS) is None
+    assert clock.last == hlc_pack(NOW_MS + 1_000, 1)
 
 
-def test_update_rejects_malformed_remote() -> None:
+def test_receive_rejects_malformed_remote() -> None:
     clock = HybridClock()
     for bad in (-1, HLC_MAX + 1, 2.5):
         with pytest.raises(ClockError) as info:
-            clock.update(bad, NOW_MS)  # type: ignore[arg-type]
+            clock.receive(bad, NOW_MS)  # type: ignore[arg-type]
         assert info.value.reason == "out-of-range"
     assert clock.last == 0
 
@@ -171,10 +190,10 @@ def test_now_is_strictly_monotonic_for_any_wall_sequence(wall_seq: list[int]) ->
         max_size=200,
     )
 )
-def test_merge_exceeds_both_and_refusal_keeps_state(
+def test_merge_exceeds_both_and_beyond_the_bound_keeps_state(
     events: list[tuple[bool, int, int, int]],
 ) -> None:
-    clock = HybridClock(max_ahead_ms=2_000)
+    clock = HybridClock(max_skew_ms=2_000)
     for is_receive, wall, skew, logical in events:
         before = clock.last
         if not is_receive:
@@ -182,27 +201,27 @@ def test_merge_exceeds_both_and_refusal_keeps_state(
             continue
         remote_ms = min(max(wall + skew, 0), PHYSICAL_MAX)
         remote = hlc_pack(remote_ms, logical)
-        if remote_ms - wall > 2_000:
-            with pytest.raises(ClockError):
-                clock.update(remote, wall)
+        if abs(remote_ms - wall) > 2_000:
+            assert clock.receive(remote, wall) == remote_ms - wall
             assert clock.last == before
         elif max(remote, before) >= HLC_MAX:
             # The very end of the 64-bit space: nothing can order after it.
             with pytest.raises(ClockError, match="exhausted"):
-                clock.update(remote, wall)
+                clock.receive(remote, wall)
             assert clock.last == before
         else:
-            merged = clock.update(remote, wall)
-            assert merged > before
-            assert merged > remote
-            assert clock.last == merged
+            assert clock.receive(remote, wall) is None
+            assert clock.last > before
+            assert clock.last > remote
 
 
 def test_two_clocks_order_a_causal_chain() -> None:
-    # Node B's wall clock is 5 s behind A's; replies must still order after requests.
+    # Node B's wall clock is 5 minutes behind A's; replies must still order after requests.
     a, b = HybridClock(), HybridClock()
     request = a.now(NOW_MS)
-    seen = b.update(request, NOW_MS - 5_000)
-    reply = b.now(NOW_MS - 5_000)
+    assert b.receive(request, NOW_MS - 300_000) is None
+    seen = b.last
+    reply = b.now(NOW_MS - 300_000)
     assert request < seen < reply
-    assert a.update(reply, NOW_MS) > reply
+    assert a.receive(reply, NOW_MS) is None
+    assert a.last > reply

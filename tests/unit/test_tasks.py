@@ -181,6 +181,58 @@ def test_expired_holder_is_fenced_and_told_when_it_reappears() -> None:
     told = sends(late, "task:w1")
     assert len(told) == 1 and is_task_delete(told[0].activity)
     assert board.task(ctx) == task
+    # Told once: coming back on the roster after that repeats nothing.
+    assert board.owed_withdrawals("w1") == []
+    assert sends(board.worker_up("w1", slots=1, now=4.0)) == []
+
+
+def test_expired_holder_is_told_to_stop_when_it_comes_back() -> None:
+    """A paused worker expires; its claim is fenced and the task goes to another. The
+    withdrawal cannot reach it then, and is sent as soon as it is on the roster again."""
+    board = board_with(("w1", 1), ("w2", 1))
+    ctx, _ = board.submit("job", context=CTX, now=0.0)
+    board.handle(report("Accept", "w1", 1), now=1.0)
+    out = board.worker_gone("w1", reason="expired", now=2.0)
+    assert [s.channel for s in sends(out)] == ["task:w2"]
+    assert board.owed_withdrawals("w1") == [Claim("w1", 1)]
+    back = board.worker_up("w1", slots=1, now=3.0)
+    (told,) = sends(back)  # nothing to offer it: w2 holds the only task
+    assert told.channel == "task:w1" and is_task_delete(told.activity)
+    assert told.activity.context == ctx and attempt_of(told.activity) == 1
+    assert told.activity.actor == "architect" and "holder w1 expired" in told.activity.summary
+    assert board.owed_withdrawals("w1") == []
+    assert sends(board.worker_up("w1", slots=1, now=4.0)) == []  # once
+    # Its stale report, should one still come, is refused without another withdrawal.
+    late = board.handle(report("Invoke", "w1", 1), now=5.0)
+    assert len(refusals(late)) == 1 and sends(late, "task:w1") == []
+    task = board.task(ctx)
+    assert task is not None and task.claim == Claim("w2", 2)
+
+
+def test_returning_worker_hears_the_withdrawal_before_its_new_offer() -> None:
+    board = board_with(("w1", 2))
+    first, _ = board.submit("one", now=0.0)
+    second, _ = board.submit("two", now=0.0)
+    board.handle(report("Accept", "w1", 1, ctx=first), now=1.0)
+    assert sends(board.worker_gone("w1", reason="expired", now=2.0)) == []  # nobody else
+    back = board.worker_up("w1", slots=2, now=3.0)
+    assert [(s.activity.type, s.activity.context, attempt_of(s.activity))
+            for s in sends(back)] == [
+        ("Delete", first, 1), ("Delete", second, 1),  # both claims it lost
+        ("Offer", first, 2), ("Offer", second, 2),  # then the tasks again, new attempts
+    ]
+
+
+def test_withdrawal_is_owed_only_to_the_gone() -> None:
+    """A worker that is still there is told at once, and owed nothing."""
+    board = board_with(("w1", 1), ("w2", 1), offer_timeout=5.0)
+    board.submit("job", context=CTX, now=0.0)
+    out = board.tick(now=5.0)
+    assert [s.channel for s in sends(out)] == ["task:w1", "task:w2"]
+    assert board.owed_withdrawals("w1") == []
+    halted = board.halt_worker("w2", now=6.0)
+    assert "task:w2" in [s.channel for s in sends(halted)]
+    assert board.owed_withdrawals("w2") == []
 
 
 def test_reoffer_to_the_same_worker_fences_by_attempt() -> None:

@@ -22,8 +22,10 @@ from porter_mesh.tools.schemas import (
     ALL_TOOLS,
     ROLE_TOOLS,
     TOOL_SPECS,
+    ToolSpec,
     check_arguments,
     specs_for,
+    strict_schema,
     to_mcp,
     to_openai,
 )
@@ -138,13 +140,103 @@ def test_mcp_export_is_valid() -> None:
     assert destructive == {"bash", "write_file", "edit_file"}
 
 
+#: What each tool does to the world, written out independently of the specs.
+HINTS = {
+    #  name            readOnly destructive idempotent openWorld
+    "send_message": (False, False, False, True),
+    "read_messages": (False, False, False, False),  # it drains the inbox
+    "memory_write": (False, False, False, False),   # each call adds an observation
+    "memory_query": (True, False, True, False),
+    "bash": (False, True, False, True),
+    "read_file": (True, False, True, False),
+    "write_file": (False, True, True, False),
+    "edit_file": (False, True, False, False),
+    "list_dir": (True, False, True, False),
+    "glob": (True, False, True, False),
+    "grep": (True, False, True, False),
+    "git": (False, False, False, False),            # add and commit only add history
+    "peers": (True, False, True, False),
+}
+
+
+def test_mcp_annotations_say_what_each_tool_does() -> None:
+    assert set(HINTS) == set(ALL_TOOLS)
+    for tool in to_mcp(specs_for())["tools"]:
+        hints = tool["annotations"]
+        got = (hints["readOnlyHint"], hints["destructiveHint"], hints["idempotentHint"],
+               hints["openWorldHint"])
+        assert got == HINTS[tool["name"]], tool["name"]
+
+
+def assert_strict(schema: dict[str, Any]) -> None:
+    """OpenAI strict mode's rules: every property required, no extra keys, no
+    keyword it refuses."""
+    assert schema["type"] == "object" and schema["additionalProperties"] is False
+    assert schema["required"] == list(schema["properties"])
+    for name, prop in schema["properties"].items():
+        assert "minLength" not in prop, name
+        if "items" in prop:
+            assert "minLength" not in prop["items"], name
+
+
+def test_openai_strict_export() -> None:
+    plain = {t["function"]["name"]: t["function"] for t in to_openai(specs_for())}
+    for tool in to_openai(specs_for(), strict=True):
+        fn = tool["function"]
+        assert fn["strict"] is True
+        schema = fn["parameters"]
+        assert_valid_schema(schema)
+        assert_strict(schema)
+        original = plain[fn["name"]]["parameters"]
+        for name, prop in schema["properties"].items():
+            kind = original["properties"][name]["type"]
+            if name in original["required"]:
+                assert prop["type"] == kind
+            else:  # optional: nullable, and null is one of its values
+                assert prop["type"] == [kind, "null"], (fn["name"], name)
+                if "enum" in prop:
+                    assert prop["enum"][-1] is None
+    send = next(t for t in to_openai([TOOL_SPECS["send_message"]], strict=True))
+    assert send["function"]["parameters"]["required"] == ["channel", "message", "type",
+                                                          "context", "tag"]
+
+
+def test_a_strict_call_reaches_the_same_arguments() -> None:
+    # A model in strict mode sends every property, null for those it leaves out.
+    strict_call = {"command": "status", "paths": None, "message": None, "staged": None,
+                   "limit": None}
+    assert check_arguments(TOOL_SPECS["git"], strict_call) == {"command": "status"}
+
+
+def test_schemas_strict_mode_cannot_take_pass_through_unstrict() -> None:
+    nested = ToolSpec("ext__thing", "x", {
+        "type": "object", "properties": {"o": {"type": "object", "properties": {}}},
+        "required": [], "additionalProperties": False})
+    open_ = ToolSpec("ext__open", "x", {"type": "object", "properties": {}})
+    assert strict_schema(nested.parameters) is None
+    assert strict_schema(open_.parameters) is None
+    for tool in to_openai([nested, open_], strict=True):
+        assert tool["function"]["strict"] is False
+        assert tool["function"]["parameters"] == (nested if "thing" in tool["function"][
+            "name"] else open_).parameters
+
+
+def test_cli_prints_the_strict_export(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tools", "--format", "openai", "--strict"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert [t["function"]["name"] for t in printed] == list(ALL_TOOLS)
+    assert all(t["function"]["strict"] is True for t in printed)
+
+
 def test_role_tool_sets() -> None:
     names = {role: [s.name for s in specs_for(role)] for role in ROLE_TOOLS}
     assert names["architect"] == ["send_message", "read_messages", "memory_write",
-                                  "memory_query"]
+                                  "memory_query", "peers"]
     assert names["worker"] == list(ALL_TOOLS)
-    assert "bash" in names["reviewer"] and "read_file" in names["reviewer"]
-    assert "write_file" not in names["reviewer"] and "edit_file" not in names["reviewer"]
+    for looking in ("bash", "read_file", "list_dir", "glob", "grep", "peers"):
+        assert looking in names["reviewer"]
+    for changing in ("write_file", "edit_file", "git"):
+        assert changing not in names["reviewer"]
     assert [s.name for s in specs_for(tools=["bash"])] == ["bash"]
     with pytest.raises(ConfigError, match="known roles"):
         specs_for("janitor")
@@ -157,7 +249,7 @@ def test_cli_prints_the_export(fmt: str, capsys: pytest.CaptureFixture[str]) -> 
     assert main(["tools", "--format", fmt, "--role", "architect"]) == 0
     printed = json.loads(capsys.readouterr().out)
     tools = printed if fmt == "openai" else printed["tools"]
-    assert len(tools) == 4
+    assert len(tools) == 5
 
 
 def test_cli_refuses_unknown_role(capsys: pytest.CaptureFixture[str]) -> None:
