@@ -14,8 +14,9 @@ outputs) accepts: ``"strict": true``, every property listed in ``required``, an 
 one made nullable (``"type": ["string", "null"]``, ``null`` added to its ``enum``), and
 no length or range keywords, which strict mode (or a local server's grammar) does not
 take; :func:`check_arguments` still enforces them and treats ``null`` as "left out", so
-the strict and the plain forms call the same handlers. A schema this module did not write (an external MCP server's) is
-passed through with ``"strict": false`` unless it already meets the rules.
+the strict and the plain forms call the same handlers. A schema this module did not
+write (an external MCP server's) is passed through with ``"strict": false`` unless it
+already meets the rules.
 
 A model's tool call is untrusted input. :func:`check_arguments` validates it against
 the schema and raises :class:`~porter_mesh.errors.ToolError` with a message the model
