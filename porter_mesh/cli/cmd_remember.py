@@ -25,7 +25,7 @@ from porter_mesh.cli.cmd_kgsync import (
     find_replica,
     online_replica,
 )
-from porter_mesh.cli.common import add_mesh_options, refuse_negative, run
+from porter_mesh.cli.common import add_mesh_options, own_seat, refuse_negative, run
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.knowledge import Observation, Record, format_timestamp, observation_iri
@@ -64,7 +64,7 @@ def build_activity(about: str, finding: str, severity: str | None,
     note: dict[str, Any] = {"type": "Note", "about": about, "content": finding}
     if severity:
         note["severity"] = severity
-    data: dict[str, Any] = {"type": "Remember", "actor": C.HUMAN_AGENT,
+    data: dict[str, Any] = {"type": "Remember", "actor": own_seat(),
                             "summary": (finding.splitlines() or [finding])[0][:200] or about,
                             "object": note}
     if context:

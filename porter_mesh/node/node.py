@@ -76,7 +76,7 @@ from porter_mesh.adapters.dirlock import DirLock
 from porter_mesh.adapters.journal import DeliveryJournal, JournalRecord
 from porter_mesh.adapters.security import AUDIT_FILE, MeshSecurity, check_libzmq
 from porter_mesh.core import constants as C
-from porter_mesh.core.advert import PeerAdvert, decode_txt, encode_txt
+from porter_mesh.core.advert import PeerAdvert, decode_txt, encode_txt, key_name
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.envelope import (
     KIND_ACK,
@@ -798,7 +798,7 @@ class Node:
         store = self._security.store
         for name, link in list(self._links.items()):
             key = link.advert.public_key
-            if key is None or store.name_for(key) != name:
+            if key is None or store.name_for(key) != key_name(name):
                 self._refuse("revoked-key", name, f"the key of {name!r} is no longer trusted; "
                              "disconnected", key=key)
                 info = self._peers.get(name)
@@ -1594,7 +1594,7 @@ class Node:
 
     def _authentic(self, env: Envelope, user: str) -> bool:
         assert self._security is not None
-        if env.sender != user:
+        if key_name(env.sender) != user:
             self._refuse("spoofed-sender", user, f"{user!r} sent a message claiming to be "
                          f"from {env.sender[:64]!r}")
             return False
