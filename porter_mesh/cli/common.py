@@ -35,7 +35,8 @@ EXIT_CODES = (
     (0, "done: sent and acknowledged, found, valid"),
     (1, "the mesh said no or did not answer: a timeout, a recipient not found or not "
         "reached, a Reject, an invalid activity"),
-    (2, "a mistake on the command line or in a file: fix the value the message names"),
+    (2, "a mistake on the command line or in a file, or keys the mesh needs: fix the "
+        "value or make the keys the message names"),
     (130, "interrupted (Ctrl-C)"),
 )
 
