@@ -1,6 +1,6 @@
 """``porter-mesh kgsync``: catch a porter-ui knowledge replica up from the mesh.
 
-The command line joins the mesh as the human user (``porter-ui``) in a short-lived seat
+The command line joins the mesh as the human user (a seat ``porter-ui-<hex>``), short-lived
 (:func:`~porter_mesh.cli.common.seat_config`). Its replica is a throw-away copy in a
 temporary directory, caught up from one peer, unless ``--data-dir`` names porter-ui's
 data directory (the replica is then kept in its ``knowledge/``). Nodes never catch up from

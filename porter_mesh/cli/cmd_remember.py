@@ -1,9 +1,10 @@
 """``porter-mesh remember ABOUT FINDING``: add an observation to the team's knowledge graph.
 
-The command checks the fields, then joins the mesh as the human user (``porter-ui``) with
-a throw-away replica (see :mod:`porter_mesh.cli.cmd_kgsync`), catches it up from a peer
-first (so that the replica knows every record ``porter-ui`` wrote before, wherever, and
-never reuses one of its sequence numbers), waits until the peers it found subscribe to
+The command checks the fields, then joins the mesh as the human user (a seat
+``porter-ui-<hex>``; the records it writes are ``porter-ui``'s) with a throw-away
+replica (see :mod:`porter_mesh.cli.cmd_kgsync`), catches it up from a peer first (so
+that the replica knows every record ``porter-ui`` wrote before, wherever, and never
+reuses one of its sequence numbers), waits until the peers it found subscribe to
 it, stores the observation, broadcasts it, and then asks a peer whether it holds the
 record (a one-record pull), broadcasting again until one does. It exits 0 once a peer
 holds it; 1 with the reason when no peer keeps a replica or none confirms in time; 2 for
