@@ -45,6 +45,10 @@ def test_drain_then_halt_a_worker_from_its_card(browser: Any,
     view = Page(browser, ui.url)
     page = view.page
     try:
+        # Up as agents, not only as nodes: a drain that arrives while the agent starts
+        # reaches its node (the card says draining) before the agent listens for it.
+        for worker in (w1, w2):
+            worker.wait_line(lambda s: "worker up" in s, 60, "the worker's start")
         wait_roster(page, "w1", "w2")
         page.get_by_test_id("drain-w1").click()
         expect(card(page, "w1")).to_have_attribute("data-state", "draining", timeout=WAIT_MS)
