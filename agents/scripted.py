@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from agents.context import AgentContext
 from porter_mesh.core import as2
 from porter_mesh.core import constants as C
+from porter_mesh.core.advert import is_human, key_name
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.tasks import (
     ATTEMPT_FIELD,
@@ -311,7 +312,8 @@ class WorkerBrain:
     The profile's story task gets the story's work (a route, a model, validation and a
     test); any other task (one a person sends from the dashboard) gets a written brief of
     what was asked, revised with each review's reason. A task offered by the human
-    (``porter-ui``) is reviewed by the human; any other by the ``reviewer`` option.
+    (``porter-ui`` or a command-line seat) is reviewed by the human, from any of its
+    seats; any other by the ``reviewer`` option.
 
     Options: ``slots`` (tasks held at once), ``reviewer`` (the reviewer's agent name),
     ``fail_after`` (fault injection for tests: ``"accept"`` makes the process SIGKILL
@@ -337,7 +339,7 @@ class WorkerBrain:
         return 0
 
     def _reviewer(self, ctx: AgentContext, task: Held) -> str:
-        if task.offered_by == C.HUMAN_AGENT:
+        if is_human(task.offered_by):
             return C.HUMAN_AGENT
         return str(ctx.options.get("reviewer", "reviewer"))
 
@@ -378,7 +380,7 @@ class WorkerBrain:
         elif is_task_delete(act) and mine:
             ctx.say(f"task {ctx_id} withdrawn: {act.summary}")
             self.held.pop(ctx_id, None)
-        elif (task is not None and item.sender == self._reviewer(ctx, task)
+        elif (task is not None and key_name(item.sender) == self._reviewer(ctx, task)
               and (item.channel == C.CHANNEL_REVIEW or mine)):
             if act.type == "Reject":
                 if task.story:

@@ -12,6 +12,8 @@ the network did" (``Remote*``), in the way h11 separates local and remote protoc
     │   └── ClockError              a hybrid-logical-clock timestamp is not acceptable
     ├── DeliveryError               a message could not be delivered
     │   ├── UnknownPeerError        no such agent on the mesh
+    │   ├── PeerRefusedError        (also SecurityError) the peer refused the connection:
+    │   │                           keys are missing, not trusted, or not expected there
     │   └── DeliveryTimeout         (also TimeoutError) no acknowledgement by the deadline
     ├── NodeClosedError             the node is closed or closing
     ├── OperationTimeout            (also TimeoutError) a synchronous call ran out of time
@@ -41,6 +43,7 @@ __all__ = [
     "KnowledgeError",
     "NodeClosedError",
     "OperationTimeout",
+    "PeerRefusedError",
     "PorterError",
     "ProtocolError",
     "QueryError",
@@ -122,6 +125,27 @@ class UnknownPeerError(DeliveryError):
     """The recipient is not on the mesh (never discovered, or expired)."""
 
 
+class SecurityError(PorterError):
+    """Keys, authentication or identity binding failed."""
+
+
+class PeerRefusedError(DeliveryError, SecurityError):
+    """A peer refused this node's connection in the ZeroMQ handshake, for a reason keys
+    explain; the message says which keys to make or trust.
+
+    Attributes:
+        recipient: the peer (or the seed ``HOST:PORT`` when its name is unknown).
+        reason: ``needs-keys`` (this node has none, the peer runs CurveZMQ),
+            ``key-refused`` (this node's key is not trusted there) or ``not-secured``
+            (the peer has no key and this node never downgrades).
+    """
+
+    def __init__(self, message: str, *, recipient: str | None = None,
+                 reason: str = "needs-keys") -> None:
+        super().__init__(message, recipient=recipient)
+        self.reason = reason
+
+
 class DeliveryTimeout(DeliveryError, TimeoutError):
     """No acknowledgement arrived before the delivery deadline."""
 
@@ -190,7 +214,3 @@ class TaskWithdrawn(ToolError):
 
 class TaskError(PorterError):
     """A task lifecycle transition is not allowed in the task's current state."""
-
-
-class SecurityError(PorterError):
-    """Keys, authentication or identity binding failed."""

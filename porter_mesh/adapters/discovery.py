@@ -9,6 +9,12 @@ loopback, so nothing is announced on a LAN until asked), starts browsing
 ``<agent>._porter-mesh._tcp.local.`` whose TXT record is the node's
 :class:`~porter_mesh.core.advert.PeerAdvert`.
 
+Other meshes. Every instance name carries a tag of its mesh (:func:`service_name`), so
+a service of another mesh is told apart by its name alone: it is counted
+(``other_mesh``) and never resolved, so that its records, however malformed, cost a
+node nothing and put no warning in its log. Only a record that claims this mesh's tag
+and then fails to decode is a warning (once per name).
+
 The browser's callbacks run on the event loop and must not block, so each "added" or
 "updated" event only schedules a resolve task for that service name (one task per name;
 an event arriving while it runs makes it resolve again). A resolve reads the SRV, TXT and
@@ -229,6 +235,7 @@ class Discovery:
         conflict_grace: float = 3.0,
     ) -> None:
         self._mesh = check_mesh_name(mesh)
+        self._tag = mesh_tag(self._mesh)
         self._interfaces = _check_interfaces(interfaces)
         if not resolve_timeout > 0 or not conflict_grace >= 0:
             raise ConfigError("resolve_timeout must be positive and conflict_grace >= 0")
@@ -507,6 +514,10 @@ class Discovery:
         """Browser callback, on the loop: never blocks, only schedules or reports."""
         if self._closed or name.lower() == self._own_key:
             return
+        if not self._ours(name):
+            if state_change is not ServiceStateChange.Removed:
+                self._stats["other_mesh"] += 1
+            return
         if state_change is ServiceStateChange.Removed:
             task = self._resolving.pop(name, None)
             if task is not None:
@@ -523,6 +534,12 @@ class Discovery:
         task = asyncio.create_task(self._resolve(name), name=f"porter-resolve {name}")
         self._resolving[name] = task
         task.add_done_callback(lambda done: self._resolve_done(name, done))
+
+    def _ours(self, name: str) -> bool:
+        """Whether a service instance name carries this mesh's tag (see the module
+        docstring); names without a tag are not this version's either."""
+        label = name[: -len(_SUFFIX)] if name.lower().endswith(_SUFFIX.lower()) else ""
+        return label.rpartition("@")[2].lower() == self._tag
 
     def _resolve_done(self, name: str, task: asyncio.Task[None]) -> None:
         if self._resolving.get(name) is task:

@@ -55,7 +55,7 @@ import orjson
 import zmq
 from zmq.auth import Authenticator, create_certificates, load_certificate
 
-from porter_mesh.core.advert import PeerAdvert, check_agent_name
+from porter_mesh.core.advert import PeerAdvert, check_agent_name, key_name
 from porter_mesh.errors import SecurityError
 
 __all__ = [
@@ -412,9 +412,10 @@ class TrustStore:
                     f"advert of {advert.name!r} carries no public key; a secured node only "
                     "connects to secured peers")
         holder = self._by_key.get(advert.public_key)
-        if holder == advert.name:
+        owner = key_name(advert.name)  # a seat of the human holds porter-ui's key
+        if holder == owner:
             return None
-        expected = self._by_name.get(advert.name)
+        expected = self._by_name.get(owner)
         if holder is None and expected is None:
             return ("untrusted-advert",
                     f"advert of {advert.name!r} carries a key that is not trusted "
@@ -585,7 +586,8 @@ class MeshSecurity:
                 for another agent, or the trusted directory does not exist.
         """
         identity = load_identity(key_file)
-        if not observer and identity.name is not None and identity.name != name:
+        owner = key_name(name)
+        if not observer and identity.name is not None and identity.name != owner:
             raise SecurityError(
                 f"the key {key_file} was made for {identity.name!r}, not {name!r}; run this "
                 f"agent as {identity.name!r} or make it a key with 'porter-mesh keygen {name}'"
@@ -601,7 +603,7 @@ class MeshSecurity:
         if bound is None:
             log.warning("this node's own key is not in %s: peers that share that directory "
                         "will refuse it", trusted_dir)
-        elif bound != name and not observer:
+        elif bound != owner and not observer:
             raise SecurityError(
                 f"{trusted_dir} trusts this node's key as {bound!r}, not {name!r}; an agent "
                 "can only speak under the name its key is bound to"

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from porter_mesh.cli.common import add_mesh_options, agent_name, run, seat_config, seconds
+from porter_mesh.cli.seat import wait_for_peers
 from porter_mesh.core import constants as C
 from porter_mesh.node.node import K_DRAIN, K_HALT, Node
 
@@ -26,17 +27,14 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    # As the human (porter-ui), like 'send': on a secured mesh that name is bound to the
-    # operator's key, so the agents accept the request.
+    # As the human (a seat porter-ui-<hex>), like 'send': on a secured mesh the seat
+    # speaks with the key bound to porter-ui, so the agents accept the request.
     config = seat_config(args)
 
     async def body() -> int:
         async with Node(config) as node:
             try:
-                if args.to:
-                    await node.wait_for_peers([args.to], args.wait)
-                else:
-                    await node.wait_for_peers(1, args.wait)
+                await wait_for_peers(node, [args.to] if args.to else 1, args.wait)
                 await node.wait_for_subscribers(C.CHANNEL_CONTROL, len(node.peers()), args.wait)
             except TimeoutError as exc:
                 print(f"porter-mesh: {exc}", file=sys.stderr)

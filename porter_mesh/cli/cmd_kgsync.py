@@ -1,6 +1,6 @@
 """``porter-mesh kgsync``: catch a porter-ui knowledge replica up from the mesh.
 
-The command line joins the mesh as the human user (``porter-ui``) in a short-lived seat
+The command line joins the mesh as the human user (a seat ``porter-ui-<hex>``), short-lived
 (:func:`~porter_mesh.cli.common.seat_config`). Its replica is a throw-away copy in a
 temporary directory, caught up from one peer, unless ``--data-dir`` names porter-ui's
 data directory (the replica is then kept in its ``knowledge/``). Nodes never catch up from
@@ -29,6 +29,7 @@ import orjson
 from porter_mesh.adapters.dirlock import DirLock
 from porter_mesh.adapters.shard import Shard
 from porter_mesh.cli.common import add_mesh_options, refuse_negative, run, seat_config
+from porter_mesh.cli.seat import raise_refusal
 from porter_mesh.core import constants as C
 from porter_mesh.errors import KnowledgeError
 from porter_mesh.node.config import default_data_dir, knowledge_dir
@@ -132,6 +133,7 @@ async def find_replica(knowledge: Knowledge, wait: float) -> list[str]:
     mesh = node.config.mesh
     deadline = time.monotonic() + wait
     while True:
+        raise_refusal(node)
         peers = {p.name for p in node.peers() if p.advert.role != C.ROLE_SEAT}
         without = knowledge.without_replica()
         if knowledge.caught_up_from() or knowledge.answered_by() - without:

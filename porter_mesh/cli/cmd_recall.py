@@ -3,8 +3,8 @@
 The query is checked first (limits, the read-only guard, the parser): a malformed or
 refused query fails at once with exit status 2, before any network work.
 
-Online by default: the command joins the mesh as the human user (``porter-ui``), catches
-a throw-away replica up from a peer (progress on stderr; see
+Online by default: the command joins the mesh as the human user (a seat
+``porter-ui-<hex>``), catches a throw-away replica up from a peer (progress on stderr; see
 :mod:`porter_mesh.cli.cmd_kgsync`), then queries it locally. Offline with ``--data-dir``
 (a node's data directory) or ``--agent``: it opens that stopped node's shard directly.
 

@@ -1,9 +1,10 @@
 """``porter-mesh remember ABOUT FINDING``: add an observation to the team's knowledge graph.
 
-The command checks the fields, then joins the mesh as the human user (``porter-ui``) with
-a throw-away replica (see :mod:`porter_mesh.cli.cmd_kgsync`), catches it up from a peer
-first (so that the replica knows every record ``porter-ui`` wrote before, wherever, and
-never reuses one of its sequence numbers), waits until the peers it found subscribe to
+The command checks the fields, then joins the mesh as the human user (a seat
+``porter-ui-<hex>``; the records it writes are ``porter-ui``'s) with a throw-away
+replica (see :mod:`porter_mesh.cli.cmd_kgsync`), catches it up from a peer first (so
+that the replica knows every record ``porter-ui`` wrote before, wherever, and never
+reuses one of its sequence numbers), waits until the peers it found subscribe to
 it, stores the observation, broadcasts it, and then asks a peer whether it holds the
 record (a one-record pull), broadcasting again until one does. It exits 0 once a peer
 holds it; 1 with the reason when no peer keeps a replica or none confirms in time; 2 for
@@ -25,7 +26,7 @@ from porter_mesh.cli.cmd_kgsync import (
     find_replica,
     online_replica,
 )
-from porter_mesh.cli.common import add_mesh_options, refuse_negative, run
+from porter_mesh.cli.common import add_mesh_options, own_seat, refuse_negative, run
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.knowledge import Observation, Record, format_timestamp, observation_iri
@@ -64,7 +65,7 @@ def build_activity(about: str, finding: str, severity: str | None,
     note: dict[str, Any] = {"type": "Note", "about": about, "content": finding}
     if severity:
         note["severity"] = severity
-    data: dict[str, Any] = {"type": "Remember", "actor": C.HUMAN_AGENT,
+    data: dict[str, Any] = {"type": "Remember", "actor": own_seat(),
                             "summary": (finding.splitlines() or [finding])[0][:200] or about,
                             "object": note}
     if context:

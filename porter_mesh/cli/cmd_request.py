@@ -1,8 +1,9 @@
 """``porter-mesh request``: send as the human user and print the replies, like ``nats req``.
 
-The seat (``porter-ui``) stays on the mesh after sending: it receives its direct inbox
-and the broadcast channels, and prints every activity in the request's context that
-another node sends, until ``--count N`` replies when given, otherwise until a reply that
+The seat (``porter-ui-<suffix>``, :func:`~porter_mesh.cli.common.own_seat`) stays on
+the mesh after sending: it receives its direct inbox and the broadcast channels, and
+prints every activity in the request's context that a node other than the human's
+sends, until ``--count N`` replies when given, otherwise until a reply that
 ends the exchange:
 
 * a ``Reject`` (exit 1: the mesh said no);
@@ -26,6 +27,7 @@ from porter_mesh.cli.cmd_tail import message_json, message_line
 from porter_mesh.cli.common import count, run, seat_config, seconds
 from porter_mesh.cli.seat import deliver
 from porter_mesh.core import constants as C
+from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity
 from porter_mesh.node.node import Message, Node
 
@@ -85,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
                           f" in {context} within {args.timeout:g}s, waited for {want}; "
                           "is the recipient busy? (--timeout waits longer)", file=sys.stderr)
                     return 1
-                if msg.activity.context != context or msg.sender == C.HUMAN_AGENT:
+                if msg.activity.context != context or is_human(msg.sender):
                     continue
                 replies += 1
                 print(message_json(msg) if args.json else message_line(msg), flush=True)

@@ -1,4 +1,4 @@
-"""``porter-mesh send``: send activities as the human user (``porter-ui``).
+"""``porter-mesh send``: send activities as the human user (a seat ``porter-ui-<suffix>``).
 
 See :mod:`porter_mesh.cli.seat` for how the recipients are waited for.
 """
@@ -16,6 +16,7 @@ from porter_mesh.cli.common import (
     add_mesh_options,
     channel_name,
     count,
+    own_seat,
     run,
     seat_config,
     seconds,
@@ -23,6 +24,7 @@ from porter_mesh.cli.common import (
 )
 from porter_mesh.cli.seat import deliver
 from porter_mesh.core import constants as C
+from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.taskid import new_task_id
 from porter_mesh.errors import ActivityError, ConfigError
@@ -76,7 +78,7 @@ def build_activity(channel: str, text: str, kind: str | None, context: str | Non
         direct = channel.startswith(C.DIRECT_PREFIX)
         kind = "Offer" if direct else DEFAULT_TYPES.get(channel, "Note")
     summary = text.splitlines()[0][:200] if text.strip() else text
-    data: dict[str, Any] = {"type": kind, "actor": C.HUMAN_AGENT, "summary": summary}
+    data: dict[str, Any] = {"type": kind, "actor": own_seat(), "summary": summary}
     if summary != text:
         data["object"] = {"type": "Note", "content": text}
     if context:
@@ -87,7 +89,8 @@ def build_activity(channel: str, text: str, kind: str | None, context: str | Non
 
 
 def read_activity(source: str, context: str | None) -> Activity:
-    """The activity in ``source`` (a path, or ``-`` for standard input), sent as porter-ui.
+    """The activity in ``source`` (a path, or ``-`` for standard input), sent by this
+    command's seat (an actor ``porter-ui`` stands for it).
 
     Raises:
         ConfigError: it cannot be read, is not one valid activity, or speaks for another
@@ -109,9 +112,11 @@ def read_activity(source: str, context: str | None) -> Activity:
         raise ConfigError(f"{where} holds a JSON {type(data).__name__}, not one activity "
                           "object")
     actor = data.setdefault("actor", C.HUMAN_AGENT)
-    if actor != C.HUMAN_AGENT:
+    if not isinstance(actor, str) or not is_human(actor):
         raise ConfigError(f"the activity's actor is {actor!r}; send speaks as "
                           f"{C.HUMAN_AGENT}, so leave actor out or set it to {C.HUMAN_AGENT}")
+    # Any of the human's names stands for the node that sends it: this command's seat.
+    data["actor"] = own_seat()
     if context and "context" not in data:
         data["context"] = context
     try:

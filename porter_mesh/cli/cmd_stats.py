@@ -26,6 +26,7 @@ from porter_mesh.cli.common import (
     refuse_negative,
     run,
 )
+from porter_mesh.cli.seat import wait_for_peers
 from porter_mesh.core import constants as C
 from porter_mesh.core.envelope import Envelope, decode_control
 from porter_mesh.errors import PorterError, ProtocolError
@@ -128,7 +129,7 @@ async def find_agents(node: Node, agent: str | None, wait: float) -> list[str]:
     mesh = node.config.mesh
     if agent is not None:
         try:
-            await node.wait_for_peers([agent], wait)
+            await wait_for_peers(node, [agent], wait)
         except TimeoutError:
             seen = ", ".join(sorted(p.name for p in node.peers())) or "none"
             raise PorterError(f"no agent {agent!r} found on mesh {mesh!r} within {wait}s "

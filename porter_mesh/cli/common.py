@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import math
 import os
 import pathlib
+import secrets
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, NoReturn, TypeVar
 
 from porter_mesh.core import constants as C
-from porter_mesh.core.advert import check_agent_name, check_mesh_name
+from porter_mesh.core.advert import check_agent_name, check_mesh_name, seat_name
 from porter_mesh.core.peers import PeerEvent
 from porter_mesh.errors import ConfigError, PorterError, SecurityError
 from porter_mesh.node.config import NodeConfig, data_root, default_data_dir, split_seed
@@ -33,7 +35,8 @@ EXIT_CODES = (
     (0, "done: sent and acknowledged, found, valid"),
     (1, "the mesh said no or did not answer: a timeout, a recipient not found or not "
         "reached, a Reject, an invalid activity"),
-    (2, "a mistake on the command line or in a file: fix the value the message names"),
+    (2, "a mistake on the command line or in a file, or keys the mesh needs: fix the "
+        "value or make the keys the message names"),
     (130, "interrupted (Ctrl-C)"),
 )
 
@@ -179,16 +182,27 @@ def node_config(args: argparse.Namespace, **settings: Any) -> NodeConfig:
     )
 
 
-def seat_config(args: argparse.Namespace, **settings: Any) -> NodeConfig:
-    """The short-lived seat of the human user (``porter-ui``) for one command.
+@functools.cache
+def own_seat() -> str:
+    """This process's seat name, ``porter-ui-<6 hex digits>``: chosen once, so that the
+    activities a command builds before it joins name the node that sends them."""
+    return seat_name(secrets.token_hex(3))
 
-    It is not announced in mDNS (it introduces itself by hello to the peers it finds),
-    and the nodes log its arrival and departure only at debug level (role
+
+def seat_config(args: argparse.Namespace, **settings: Any) -> NodeConfig:
+    """The short-lived seat of the human user for one command, named :func:`own_seat`.
+
+    The seat never takes the dashboard's name ``porter-ui``: a name chosen by looking at
+    the roster first would race with a dashboard or another command starting at the
+    same moment, and two nodes of one name confuse every peer. Every seat's name is the
+    human's all the same (:func:`~porter_mesh.core.advert.is_human`), and replies to it
+    come back to it. It is not announced in mDNS (it introduces itself by hello to the
+    peers it finds), and the nodes log its arrival and departure only at debug level (role
     :data:`~porter_mesh.core.constants.ROLE_SEAT`); they neither catch up from it nor
     compare knowledge digests with it.
     """
     settings.setdefault("channels", ())
-    return node_config(args, name=C.HUMAN_AGENT, role=C.ROLE_SEAT, advertise=False,
+    return node_config(args, name=own_seat(), role=C.ROLE_SEAT, advertise=False,
                        **settings)
 
 

@@ -7,20 +7,57 @@ until every node the seat knows of, agents and watchers (``tail``, the dashboard
 has subscribed to the seat's PUB (:meth:`Node.subscribers`), then publishes: a
 watcher that runs when the command runs sees the message. The outcome says who was
 reached and who was not, so that the command can exit 1 naming them.
+
+A peer that refuses the seat's connection because of keys (the mesh is secured and the
+command has none, or its key is not trusted) ends the wait at once:
+:class:`~porter_mesh.errors.PeerRefusedError` is raised, and the command prints its one
+line, which names the keys to make or trust, with exit status 2 (a setting to fix).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from porter_mesh.cli.common import names
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
-from porter_mesh.errors import DeliveryError
+from porter_mesh.errors import DeliveryError, PeerRefusedError
 from porter_mesh.node.node import Node
+
+#: Seconds between looks at the roster and the refusals while waiting.
+_POLL = 0.02
+
+
+def raise_refusal(node: Node, names: Iterable[str] | None = None) -> None:
+    """Raise the :class:`PeerRefusedError` of a peer that refused ``node`` (one of
+    ``names``; any peer or seed when None), if there is one."""
+    refusals = node.refusals()
+    for name in refusals if names is None else names:
+        refused = refusals.get(name)
+        if refused is not None:
+            raise PeerRefusedError(str(refused), recipient=refused.recipient,
+                                   reason=refused.reason)
+
+
+async def wait_for_peers(node: Node, want: list[str] | int, wait: float) -> None:
+    """:meth:`Node.wait_for_peers`, ended at once by a refusal (raised).
+
+    Raises:
+        TimeoutError: not found within ``wait`` seconds.
+        PeerRefusedError: a peer or seed refused the connection.
+    """
+    found = asyncio.ensure_future(node.wait_for_peers(want, wait))
+    try:
+        while not found.done():
+            raise_refusal(node)
+            await asyncio.wait([found], timeout=_POLL)
+        found.result()
+    finally:
+        found.cancel()
 
 
 @dataclass
@@ -78,7 +115,7 @@ async def deliver(node: Node, channel: str, activity: Activity, *, wait: float,
     if channel.startswith(C.DIRECT_PREFIX):
         recipient = channel[len(C.DIRECT_PREFIX):]
         try:
-            await node.wait_for_peers([recipient], wait)
+            await wait_for_peers(node, [recipient], wait)
         except TimeoutError:
             seen = names(p.name for p in node.peers())
             outcome.missed.add(recipient)
@@ -87,6 +124,8 @@ async def deliver(node: Node, channel: str, activity: Activity, *, wait: float,
             return outcome
         try:
             await node.send(recipient, activity, timeout=timeout)
+        except PeerRefusedError:
+            raise
         except DeliveryError as exc:
             outcome.missed.add(recipient)
             outcome.problem = str(exc)
@@ -95,7 +134,7 @@ async def deliver(node: Node, channel: str, activity: Activity, *, wait: float,
         return outcome
     deadline = time.monotonic() + wait
     try:
-        await node.wait_for_peers(1, wait)
+        await wait_for_peers(node, 1, wait)
     except TimeoutError:
         outcome.problem = f"nobody on mesh {mesh!r} within {wait:g}s; nothing sent"
         return outcome
@@ -103,9 +142,10 @@ async def deliver(node: Node, channel: str, activity: Activity, *, wait: float,
     while True:
         known = {p.name for p in node.peers()}
         missing = known - node.subscribers(C.CHANNEL_CONTROL)
+        raise_refusal(node, missing)
         if not missing or time.monotonic() >= deadline:
             break
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(_POLL)
     await node.publish(channel, activity)
     outcome.reached = set(node.subscribers(channel))
     outcome.missed = missing

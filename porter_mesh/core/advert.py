@@ -33,6 +33,15 @@ only, because mDNS compares names case-insensitively: two agents named ``Worker`
 dots, because a dot would split the service instance name into several DNS labels.
 Mesh names and roles follow :data:`MESH_NAME_RE` and :data:`ROLE_RE`.
 
+The human user's names. The dashboard joins as ``porter-ui``; every command-line seat
+(``send``, ``request``, ``remember``...) joins as ``porter-ui-<6 hex digits>``, a name
+of its own (:func:`seat_name`), so that a command run next to the dashboard, or next to
+another command, never puts two nodes of one name on the mesh. Every one of these names
+is the human's (:func:`is_human`): messages from them are the human user's, and a
+secured mesh binds them all to the key trusted as ``porter-ui`` (:func:`key_name`).
+Replies go to the sender's own name, so each seat gets its own. Other agents should not
+take a name that starts with ``porter-ui-``.
+
 Decoding never trusts the peer: anything malformed raises :class:`FrameError` with
 ``reason="bad-advert"``; unknown keys are ignored so that later versions can add fields.
 """
@@ -45,6 +54,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
+from porter_mesh.core.constants import HUMAN_AGENT
 from porter_mesh.errors import ConfigError, FrameError
 
 __all__ = [
@@ -64,6 +74,9 @@ __all__ = [
     "check_mesh_name",
     "decode_txt",
     "encode_txt",
+    "is_human",
+    "key_name",
+    "seat_name",
 ]
 
 #: Allowed agent names: one lowercase DNS label (see the module docstring for why).
@@ -132,6 +145,31 @@ def check_agent_name(name: object) -> str:
         "(for example 'worker-1'); agent names are one DNS label and are compared "
         "case-insensitively by mDNS",
     )
+
+
+#: What a command-line seat's name starts with (then 6 hex digits).
+_SEAT_PREFIX: Final = HUMAN_AGENT + "-"
+
+
+def is_human(name: str | None) -> bool:
+    """Whether ``name`` is one of the human user's: the dashboard's ``porter-ui`` or a
+    command-line seat ``porter-ui-<suffix>`` (see the module docstring)."""
+    return name is not None and (name == HUMAN_AGENT or name.startswith(_SEAT_PREFIX))
+
+
+def key_name(name: str) -> str:
+    """The name whose key ``name`` speaks with on a secured mesh: ``porter-ui`` for every
+    seat of the human user, else ``name`` itself."""
+    return HUMAN_AGENT if is_human(name) else name
+
+
+def seat_name(suffix: str) -> str:
+    """The name of a command-line seat of the human user: ``porter-ui-<suffix>``.
+
+    Raises:
+        ConfigError: the name would not be a valid agent name.
+    """
+    return check_agent_name(_SEAT_PREFIX + suffix)
 
 
 def check_mesh_name(mesh: object) -> str:

@@ -83,8 +83,9 @@ from types import MappingProxyType
 from typing import Final
 
 from porter_mesh.core import as2
+from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity
-from porter_mesh.core.constants import CHANNEL_LOG, DIRECT_PREFIX, HUMAN_AGENT
+from porter_mesh.core.constants import CHANNEL_LOG, DIRECT_PREFIX
 from porter_mesh.core.taskid import is_task_id, new_task_id
 from porter_mesh.errors import ConfigError, TaskError
 
@@ -763,7 +764,7 @@ class TaskBoard:
         if task is None:
             return []
         if is_task_delete(activity):
-            if actor == HUMAN_AGENT and not task.finished:
+            if is_human(actor) and not task.finished:
                 return self._cancel(task, f"cancelled by {actor}: {activity.summary}", now)
             return []
         event = self._classify(task, activity)

@@ -58,6 +58,7 @@ from typing import Any, Final
 
 from porter_mesh.adapters.shard import MergeReport, Shard
 from porter_mesh.core import constants as C
+from porter_mesh.core.advert import key_name
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.envelope import KIND_SYNC, Envelope, decode_control
 from porter_mesh.core.knowledge import (
@@ -427,7 +428,7 @@ class Knowledge:
             raise _Refused("not-broadcast", "records are accepted unasked only by broadcast; "
                            "replies to pulls and catch-ups carry them otherwise")
         for record in message.records:
-            if record.origin != env.sender:
+            if key_name(record.origin) != key_name(env.sender):
                 raise _Refused("wrong-origin", f"{env.sender} broadcast a record written by "
                                f"{record.origin}: a node broadcasts only its own records")
         self._inbound.append((env.sender, message))

@@ -70,6 +70,15 @@ re-read on every handshake and every heartbeat; a peer whose key was removed is
 disconnected. An unsecured node pays for none of this: the checks are behind
 ``peer``/``user`` arguments that are None there. A node bound beyond loopback without a
 key refuses to start unless ``insecure`` is set (protected mode).
+
+Refusals. Each DEALER's handshake is watched on libzmq's monitor until it first succeeds
+(:mod:`porter_mesh.adapters.handshake`). A peer that refuses the connection for a reason
+keys explain (this node has no key and the peer runs CurveZMQ; the peer does not trust
+this node's key; the peer has none) is remembered in :meth:`Node.refusals`: sends to it
+fail at once with :class:`~porter_mesh.errors.PeerRefusedError`, whose message names the
+keys to make or trust, instead of retrying until their deadline. A secured node watches
+its own PUB and ROUTER too and audits each client that came without keys (``no-key``),
+which no ZAP handler hears of.
 """
 
 from __future__ import annotations
@@ -89,10 +98,11 @@ import orjson
 import zmq
 
 from porter_mesh.adapters.dirlock import DirLock
+from porter_mesh.adapters.handshake import HandshakeWatch, Refusal
 from porter_mesh.adapters.journal import DeliveryJournal, JournalRecord
 from porter_mesh.adapters.security import AUDIT_FILE, MeshSecurity, check_libzmq
 from porter_mesh.core import constants as C
-from porter_mesh.core.advert import PeerAdvert, decode_txt, encode_txt
+from porter_mesh.core.advert import PeerAdvert, decode_txt, encode_txt, key_name
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.envelope import (
     KIND_ACK,
@@ -121,6 +131,7 @@ from porter_mesh.errors import (
     DeliveryTimeout,
     FrameError,
     NodeClosedError,
+    PeerRefusedError,
     PorterError,
     ProtocolError,
     SecurityError,
@@ -134,6 +145,8 @@ __all__ = ["Message", "Node"]
 log = logging.getLogger("porter_mesh.node")
 
 _DRAIN_LIMIT = 512
+#: Most refusing peers remembered (see Node.refusals).
+_MAX_REFUSALS = 1024
 #: The message id of a direct message sent with an idempotency key is this plus the key.
 _KEY_PREFIX = "k:"
 _MAX_KEY_CHARS = 256
@@ -382,6 +395,10 @@ class Node:
         self._lost_at: dict[str, float] = {}
         self._security: MeshSecurity | None = None
         self._trust_generation = 0
+        # Sockets whose handshakes are watched, with the peer a client socket connects to
+        # (None for this node's own server sockets); and the peers that refused us.
+        self._handshakes: dict[zmq.Socket[bytes], tuple[HandshakeWatch, str | None]] = {}
+        self._refusals: dict[str, PeerRefusedError] = {}
         self._observing = False
         self._readers: dict[zmq.Socket[bytes], Callable[[], None]] = {}
         self._journal: DeliveryJournal | None = None
@@ -462,6 +479,10 @@ class Node:
             ) from None
         for channel in (C.CHANNEL_CONTROL, *cfg.channels):
             self.subscribe(channel)
+        if security is not None:
+            # A client without keys is refused before ZAP hears of it: watch for it.
+            self._watch_handshake(self._pub, None)
+            self._watch_handshake(self._router, None)
         if cfg.data_dir is not None:
             self._open_journal(cfg.data_dir / "inbox.journal")
         if self._sub is not None:
@@ -600,6 +621,8 @@ class Node:
             self._dir_lock = None
 
     def _close_sockets(self) -> None:
+        for watched in list(self._handshakes):
+            self._end_handshake_watch(watched)
         loop = self._loop
         for sock in list(self._readers):
             if loop is not None:
@@ -810,6 +833,8 @@ class Node:
             # A readable id helps debugging; a secured ROUTER makes up its own (see above).
             dealer.setsockopt(zmq.ROUTING_ID, f"{self.name}/{self.incarnation:x}".encode())
         dealer.setsockopt(zmq.IMMEDIATE, 0)
+        self._refusals.pop(advert.name, None)  # a new connection: ask again
+        self._watch_handshake(dealer, advert.name)
         dealer.connect(advert.endpoint_router())
         self._links[advert.name] = _PeerLink(advert, dealer, pub, sub)
         self._watch(dealer, functools.partial(self._drain_dealer, dealer, advert.name))
@@ -830,6 +855,7 @@ class Node:
             with contextlib.suppress(zmq.ZMQError):
                 self._sub.disconnect(link.pub_endpoint)
         self._unwatch(link.dealer)
+        self._end_handshake_watch(link.dealer)
         link.dealer.close(linger=0)
 
     def _revalidate_links(self) -> None:
@@ -838,7 +864,7 @@ class Node:
         store = self._security.store
         for name, link in list(self._links.items()):
             key = link.advert.public_key
-            if key is None or store.name_for(key) != name:
+            if key is None or store.name_for(key) != key_name(name):
                 self._refuse("revoked-key", name, f"the key of {name!r} is no longer trusted; "
                              "disconnected", key=key)
                 info = self._peers.get(name)
@@ -852,6 +878,85 @@ class Node:
             if self._seed_names.get(seed) not in self._links:
                 self._recontact.start((_SEED, seed), None, now, delay=0, pinned=True)
         self._recontact.restart(now)
+
+    # ------------------------------------------------------------------ handshakes
+
+    def _watch_handshake(self, sock: zmq.Socket[bytes], peer: str | None) -> None:
+        """Read the handshake outcomes of ``sock``: a client's (``peer``: whom it
+        connects to) until its first success, a secured server's (None) for its life."""
+        watch = HandshakeWatch(sock, secured=self._security is not None)
+        self._handshakes[sock] = (watch, peer)
+        self._watch(watch.monitor, functools.partial(self._on_handshake, sock))
+
+    def _end_handshake_watch(self, sock: zmq.Socket[bytes]) -> None:
+        entry = self._handshakes.pop(sock, None)
+        if entry is not None:
+            self._unwatch(entry[0].monitor)
+            entry[0].close()
+
+    def _on_handshake(self, sock: zmq.Socket[bytes]) -> None:
+        entry = self._handshakes.get(sock)
+        if entry is None:
+            return
+        watch, peer = entry
+        for outcome in watch.read():
+            if peer is None:
+                if outcome.refusal is Refusal.NOT_SECURED:
+                    self._refuse("no-key", None, f"refused a connection on {outcome.endpoint} "
+                                 "from a client without keys (it offered no CurveZMQ key; its "
+                                 "address is not reported before ZAP)")
+            elif outcome.succeeded:
+                self._refusals.pop(peer, None)
+                self._end_handshake_watch(sock)
+                return
+            elif outcome.refusal is not None and peer not in self._refusals:
+                self._refused_by(peer, outcome.refusal, sock)
+                return
+
+    def _refused_by(self, peer: str, refusal: Refusal, sock: zmq.Socket[bytes]) -> None:
+        """``peer`` refused our connection: fail what waits for it, with what to do.
+
+        Without keys on one side the answer cannot change until a node restarts, so the
+        connection is dropped (libzmq would knock again every 100 ms, and each knock is
+        a line in the peer's audit log); a key that is not trusted may be trusted later,
+        so that connection keeps trying."""
+        owner, mesh = key_name(self.name), self.config.mesh
+        trust = f"'porter-mesh trust {owner}.key --mesh {mesh}'"
+        if refusal is Refusal.NEEDS_KEYS:
+            text = (f"{peer} is secured (CurveZMQ) and refused {self.name}, which has no key: "
+                    f"make one with 'porter-mesh keygen {owner}', have it trusted on the mesh "
+                    f"({trust}) and set PORTER_MESH_KEY to its secret file; see "
+                    "docs/security.md")
+        elif refusal is Refusal.KEY_REFUSED:
+            text = (f"{peer} refused the key of {self.name}: it is not trusted there; trust "
+                    f"it on that side ({trust}); see docs/security.md")
+        else:
+            text = (f"{peer} has no key and {self.name} is secured: a secured node does not "
+                    f"talk to an unsecured one; give {peer} a key ('porter-mesh keygen "
+                    f"{peer}'); see docs/security.md")
+        if len(self._refusals) >= _MAX_REFUSALS:
+            del self._refusals[next(iter(self._refusals))]
+        error = self._refusals[peer] = PeerRefusedError(text, recipient=peer,
+                                                        reason=refusal.value)
+        self.counters["refused." + refusal.value] += 1
+        log.info("node %s: %s", self.name, text)
+        for entry in self._outbox.fail_for(peer):
+            self._fail(entry.token, PeerRefusedError(text, recipient=peer,
+                                                     reason=error.reason))
+        if refusal is Refusal.KEY_REFUSED:
+            return
+        link = self._links.get(peer)
+        if link is not None and link.dealer is sock:
+            self._disconnect(peer)
+        for key, dealer in list(self._probes.items()):
+            if dealer is sock:
+                self._end_probe(key)  # tried again when the trusted directory changes
+
+    def refusals(self) -> dict[str, PeerRefusedError]:
+        """The peers that refused this node's connection for a reason keys explain, by
+        name (or by seed, ``HOST:PORT``, when the seed gave no name), with the error a
+        send to them raises. A peer leaves this map when a later handshake succeeds."""
+        return dict(self._refusals)
 
     # ------------------------------------------------------------------ hello / seeds
 
@@ -913,9 +1018,11 @@ class Node:
         cfg = self.config
         dealer.setsockopt(zmq.RECONNECT_IVL, round(cfg.heartbeat_interval * 1000))
         dealer.setsockopt(zmq.RECONNECT_IVL_MAX, round(cfg.recontact_max * 1000))
+        self._watch_handshake(dealer, name or key[1])
         try:
             dealer.connect(endpoint)
         except zmq.ZMQError as exc:
+            self._end_handshake_watch(dealer)
             dealer.close(linger=0)
             self._drop("bad-endpoint", key[1], "cannot connect to %s (%s): %s", key[1],
                        endpoint, exc)
@@ -929,6 +1036,7 @@ class Node:
         dealer = self._probes.pop(key, None)
         if dealer is not None:
             self._unwatch(dealer)
+            self._end_handshake_watch(dealer)
             dealer.close(linger=0)
 
     def _end_probe(self, key: Target) -> tuple[float, int] | None:
@@ -1081,6 +1189,9 @@ class Node:
         self._check_open()
         if recipient.startswith(C.DIRECT_PREFIX):
             recipient = recipient[len(C.DIRECT_PREFIX):]
+        refused = self._refusals.get(recipient)
+        if refused is not None:
+            raise PeerRefusedError(str(refused), recipient=recipient, reason=refused.reason)
         if recipient not in self._links:
             known = ", ".join(sorted(self._links)) or "none yet"
             raise UnknownPeerError(
@@ -1721,7 +1832,7 @@ class Node:
 
     def _authentic(self, env: Envelope, user: str) -> bool:
         assert self._security is not None
-        if env.sender != user:
+        if key_name(env.sender) != user:
             self._refuse("spoofed-sender", user, f"{user!r} sent a message claiming to be "
                          f"from {env.sender[:64]!r}")
             return False

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
 from porter_mesh.core import as2
+from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity, ASObject
 from porter_mesh.core.constants import (
     CHANNEL_CONTROL,
@@ -48,7 +49,6 @@ from porter_mesh.core.constants import (
     CHANNEL_REVIEW,
     CHANNEL_TASK,
     DIRECT_PREFIX,
-    HUMAN_AGENT,
     TASK_URN_PREFIX,
 )
 from porter_mesh.core.taskid import is_task_id
@@ -311,7 +311,7 @@ def describe(activity: Activity) -> str:
 
 
 def _sender_label(name: str) -> str:
-    return name + _HUMAN_MARK if name == HUMAN_AGENT else name
+    return name + _HUMAN_MARK if is_human(name) else name
 
 
 def _after_summary(details: str, summary: str) -> str:

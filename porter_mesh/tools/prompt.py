@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
+from porter_mesh.core.advert import is_human
 from porter_mesh.core.constants import HUMAN_AGENT
 from porter_mesh.tools.port import MeshPort, RosterEntry
 
@@ -46,7 +47,7 @@ def roster_section(entries: Iterable[RosterEntry], *, me: str, role: str | None 
     else:
         lines.append("No teammates are online right now.")
     for entry in mates:
-        if entry.name == HUMAN_AGENT:
+        if is_human(entry.name):
             lines.append(f"- {entry.name}: the human user, {entry.state}")
             continue
         state = entry.state + (", draining (takes no new tasks)" if entry.draining else "")

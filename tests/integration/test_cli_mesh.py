@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from porter_mesh.core.advert import is_human
 from tests.integration.harness import NodeProcess, peers_seen
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
@@ -69,7 +70,9 @@ def test_send_direct_and_broadcast_and_tail(team: list[NodeProcess], mesh: str) 
                      "--context", "urn:porter:task:cli1")
         assert direct.returncode == 0, direct.stderr
         msg = alpha.wait_for(lambda e: e["ev"] == "msg" and e["direct"], 20, "direct from cli")
-        assert msg["sender"] == "porter-ui" and msg["text"] == "Add GET /users endpoint"
+        # The command's seat is one of the human's names, never the dashboard's own.
+        assert is_human(msg["sender"]) and msg["sender"] != "porter-ui", msg
+        assert msg["text"] == "Add GET /users endpoint"
         bcast = cli("send", "log", "hello mesh", "--mesh", mesh)
         assert bcast.returncode == 0, bcast.stderr
         beta.wait_for(lambda e: e["ev"] == "msg" and e["text"] == "hello mesh", 20,
@@ -86,7 +89,7 @@ def test_send_direct_and_broadcast_and_tail(team: list[NodeProcess], mesh: str) 
                                                        "hello mesh", "from alpha 0"}
     offer = next(g for g in got if g["direct"])
     assert offer["channel"] == "task:alpha" and offer["activity"]["type"] == "Offer"
-    assert offer["sender"] == "porter-ui"
+    assert is_human(offer["sender"]) and offer["activity"]["actor"] == offer["sender"]
     assert offer["activity"]["context"] == "urn:porter:task:cli1"
 
 

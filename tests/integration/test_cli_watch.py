@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from porter_mesh.core.advert import is_human
 from tests.integration.cli_proc import Running, cli
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
@@ -86,7 +87,9 @@ def test_send_repeats_and_reads_an_activity(nodes: list[Running], mesh: str,
         tail.wait_until(lambda: len(tail.out) >= 3, 30, "three copies")
         acts = [json.loads(line)["activity"] for line in tail.out]
         assert [a["summary"] for a in acts] == ["from a file"] * 3
-        assert all(a["actor"] == "porter-ui" for a in acts)
+        # One command, one seat: a name of the human's that is not the dashboard's.
+        assert len({a["actor"] for a in acts}) == 1 and is_human(acts[0]["actor"])
+        assert acts[0]["actor"] != "porter-ui"
         # A tail line goes back in through validate and send as it is.
         again = cli("send", "log", "--json", "-", "--mesh", mesh, stdin=tail.out[0])
         assert again.returncode == 0, again.stderr

@@ -200,3 +200,17 @@ def test_arbitrary_records_never_escape_as_other_errors(
 def test_round_trip_property(name: str, pub: int, incarnation: int, slots: int) -> None:
     ad = advert(name=name, pub_port=pub, incarnation=incarnation, slots=slots)
     assert decode_txt(wire(encode_txt(ad)), addresses=ad.addresses) == ad
+
+
+def test_the_humans_names_and_the_key_they_speak_with() -> None:
+    from porter_mesh.core.advert import is_human, key_name, seat_name
+
+    seat = seat_name("3fa2c1")
+    assert seat == "porter-ui-3fa2c1"
+    assert is_human(HUMAN_AGENT) and is_human(seat)
+    for other in ("worker-1", "porter", "porter-uix", "ui-porter-ui", "", None):
+        assert not is_human(other), other
+    assert key_name(seat) == key_name(HUMAN_AGENT) == HUMAN_AGENT
+    assert key_name("worker-1") == "worker-1"
+    with pytest.raises(ConfigError):
+        seat_name("Not A Label")

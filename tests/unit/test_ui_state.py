@@ -314,3 +314,25 @@ def test_after_resumes_a_stream() -> None:
     assert log.after(made[-1]["id"]) == []
     assert log.after(made[0]["id"]) is None  # evicted: the client must reload
     assert log.after("never") is None
+
+
+def test_a_task_from_a_command_line_seat_is_the_humans() -> None:
+    seat = "porter-ui-3fa2c1"
+    tracker = TaskTracker()
+    for record in (direct(seat, "Offer", "w1", target="w1", summary="From the terminal"),
+                   direct("w1", "Accept", seat),
+                   rec("w1", "Offer", "review", summary="Ready for review")):
+        tracker.observe(record)
+    card = tracker.task(CTX)
+    assert card is not None and card["offered_by"] == seat
+    # On review without a target, for a task one of the human's seats offered: the human's.
+    assert card["review"] is not None and card["review"]["to"] == "porter-ui"
+    # A seat's own messages are not the dashboard's inbox; replies to it are the seat's.
+    assert not direct(seat, "Offer", "w1", target="w1")["inbox"]
+    assert not direct("w1", "Accept", seat)["inbox"]
+    # Anyone else's name is not the human's.
+    other = TaskTracker()
+    for record in (direct("porter-uix", "Offer", "w1", target="w1"),
+                   rec("w1", "Offer", "review")):
+        other.observe(record)
+    assert other.task(CTX)["review"] is None  # type: ignore[index]

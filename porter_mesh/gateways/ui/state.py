@@ -46,7 +46,8 @@ an earlier attempt only tells a fenced worker to stop, and changes nothing here.
 
 A review request is **for the human** (the card's ``review`` is set) when it is
 addressed to ``porter-ui``: sent to its inbox, or with ``target`` ``porter-ui``, or on
-``review`` without a target for a task that ``porter-ui`` offered. A verdict from
+``review`` without a target for a task that the human offered (from the dashboard or
+from a command-line seat ``porter-ui-<suffix>``: :func:`same_seat`). A verdict from
 anyone (Accept or Reject by a non-holder) clears it.
 
 Nothing here touches a socket or the event loop; the tests drive it with records.
@@ -64,6 +65,7 @@ from typing import Any, Final
 import orjson
 
 from porter_mesh.core import constants as C
+from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.taskid import is_task_id
 from porter_mesh.core.tasks import DONE_TAG, attempt_of, is_task_delete
@@ -105,6 +107,12 @@ def _object_text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+def same_seat(name: str | None, me: str) -> bool:
+    """Whether ``name`` is the dashboard's own: ``me`` itself or, when the dashboard is the
+    human's (``porter-ui``), any seat of the human user (the command line's)."""
+    return name is not None and (name == me or (is_human(me) and is_human(name)))
+
+
 def message_record(*, record_id: str, ts: float, channel: str, sender: str,
                    recipient: str | None, direct: bool, activity: Activity, seq: int,
                    me: str = C.HUMAN_AGENT) -> dict[str, Any]:
@@ -132,7 +140,7 @@ def message_record(*, record_id: str, ts: float, channel: str, sender: str,
         "id": record_id, "ts": ts, "channel": channel, "sender": sender,
         "recipient": recipient, "direct": direct, "type": activity.type,
         "summary": summary, "context": activity.context, "activity": data, "seq": seq,
-        "inbox": sender != me and (recipient == me or target == me),
+        "inbox": not same_seat(sender, me) and (recipient == me or target == me),
     }
 
 
@@ -544,9 +552,9 @@ class TaskTracker:
         recipient = record.get("recipient")
         for_me = (recipient == self.me or act.target == self.me
                   or (channel == C.CHANNEL_REVIEW and act.target is None
-                      and task.offered_by == self.me))
+                      and same_seat(task.offered_by, self.me)))
         task.review = None
-        if for_me and sender != self.me:
+        if for_me and not same_seat(sender, self.me):
             task.review = {"from": sender, "to": self.me, "summary": act.summary,
                            "activity_id": record.get("id"), "channel": channel,
                            "attempt": attempt_of(act)}
