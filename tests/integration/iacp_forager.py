@@ -11,7 +11,8 @@ It connects to the queen, sends ``hb`` every ``--hb`` seconds with its heartbeat
 * ``silent``: answer nothing;
 * ``no-accept``: the final result without accepting first.
 
-``--die-after-accept`` makes it SIGKILL itself right after accepting. ``--version``
+``--die-after-accept`` makes it SIGKILL itself right after accepting;
+``--ignore-cancel`` keeps a held task after ``task.cancel`` (IACP: "best effort"). ``--version``
 sends another protocol version. Each line read on stdin is a JSON command (``op``):
 ``go``, ``raw`` (send ``text`` as one line, as is, ``n`` times), ``send`` (a message of
 ``kind`` with ``ref`` and ``body``), ``hb-stop``, ``hb-start``, ``quit``. Every line it
@@ -44,6 +45,7 @@ class Forager:
         self.sock.setblocking(False)
         self.counter = 0x4f91c0
         self.buf = b""
+        self.commands = b""
         self.held: list[dict] = []
         self.beating = True
         self.next_hb = 0.0
@@ -110,7 +112,7 @@ class Forager:
         kind = msg.get("kind")
         if kind == "task.assign":
             self.on_assign(msg)
-        elif kind == "task.cancel":
+        elif kind == "task.cancel" and not self.args.ignore_cancel:
             self.held = [m for m in self.held if m["id"] != msg.get("ref")]
         elif kind == "ctl.halt":
             return False
@@ -149,8 +151,12 @@ class Forager:
                 self.next_hb = now + self.args.hb
             for key, _ in sel.select(timeout=max(0.01, self.next_hb - time.monotonic())):
                 if key.data == "stdin":
-                    line = sys.stdin.readline()
-                    if not line or not self.on_command(line):
+                    chunk = os.read(sys.stdin.fileno(), 65536)
+                    self.commands += chunk
+                    lines = self.commands.split(b"\n")
+                    self.commands = lines.pop()
+                    if not chunk or not all(self.on_command(c.decode()) for c in lines
+                                            if c.strip()):
                         emit(ev="closed", why="stdin")
                         return 0
                     continue
@@ -187,6 +193,8 @@ def main() -> int:
     parser.add_argument("--reason", default="no crawler for that index")
     parser.add_argument("--remember", help="send mem.sync with this finding after accepting")
     parser.add_argument("--die-after-accept", action="store_true")
+    parser.add_argument("--ignore-cancel", action="store_true",
+                        help="keep working on a cancelled task (cancel is best effort)")
     return Forager(parser.parse_args()).run()
 
 

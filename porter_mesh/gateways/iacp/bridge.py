@@ -36,7 +36,7 @@ import orjson
 from porter_mesh.adapters.shard import Shard
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
-from porter_mesh.core.peers import PeerEventKind
+from porter_mesh.core.peers import PeerEvent, PeerEventKind
 from porter_mesh.errors import ConfigError, KnowledgeError, PorterError
 from porter_mesh.gateways.iacp.protocol import (
     BridgeSettings,
@@ -202,6 +202,9 @@ class _Forager:
         return self.session.joined(now=time.monotonic(), wall=time.time())
 
     async def join(self, reg: Register) -> None:
+        for leaving in list(self._leaving):  # the node of an earlier join, still closing
+            with contextlib.suppress(BaseException):
+                await leaving
         bridge = self.bridge
         data_dir = (bridge.data_root / bridge.config.mesh / reg.name
                     if bridge.data_root is not None else None)
@@ -398,7 +401,7 @@ class IacpBridge:
             return f"refused: {name} is the bridge's own name on mesh {mesh!r}; choose another"
         peer = self.node.peer(name)
         if peer is not None and self._gone.get(name) != peer.incarnation:
-            return (f"refused: the name {name} is already on mesh {mesh!r} (a "
+            return (f"refused: the name {name} is already on mesh {mesh!r} (role "
                     f"{peer.advert.role}); give this forager another name")
         return None
 
@@ -488,7 +491,9 @@ class IacpBridge:
             if self._halted is not None:
                 self._halted.set()
 
-    def _on_peer(self, event: Any) -> None:
+    def _on_peer(self, event: PeerEvent) -> None:
+        self.emit("peer", {"peer": event.peer.name, "kind": event.kind.value,
+                           "reason": event.reason})
         if event.kind is PeerEventKind.LEFT:
             gone = self._gone.get(event.peer.name)
             if gone == event.peer.incarnation:
