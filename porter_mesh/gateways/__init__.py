@@ -5,6 +5,8 @@ translates at its edge and owns no rule of the mesh (``DESIGN.md``, "Layers").
 
 * :mod:`porter_mesh.gateways.ui` -- the human's dashboard (``porter-ui``): an HTTP API,
   a live event stream and the page, served by ``porter-mesh ui``.
+* :mod:`porter_mesh.gateways.iacp` -- IACP 1.1 foragers join as workers, one node each,
+  served by ``porter-mesh iacp-bridge``.
 """
 
 from __future__ import annotations
