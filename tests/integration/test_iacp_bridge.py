@@ -263,11 +263,18 @@ def architect(started: list[Any], mesh: str, workers: int, *extra: str) -> Runni
     return proc
 
 
-def review_until(reviewer: SyncNode, done: Callable[[], bool], timeout: float,
+def review_until(reviewer: SyncNode, arch: Running, timeout: float,
                  ) -> list[tuple[str, str, int | None]]:
-    """Approve every review request until ``done()``; returns (worker, context, attempt)
-    of each approved request."""
+    """Approve every review request until the architect exits; returns (worker, context,
+    attempt) of each approved request.
+
+    Each approval waits until the architect's board has the request (its console says
+    ``-> in-review``), as a person at the dashboard would see it: messages from different
+    senders are not ordered, so an instant verdict could reach the board first."""
     approved: list[tuple[str, str, int | None]] = []
+
+    def done() -> bool:
+        return arch.proc.poll() is not None
     deadline = time.monotonic() + timeout
     while not done():
         if time.monotonic() > deadline:
@@ -280,6 +287,8 @@ def review_until(reviewer: SyncNode, done: Callable[[], bool], timeout: float,
         if act.type == "Offer" and msg.channel == C.CHANNEL_REVIEW and act.context:
             attempt = act.extra.get("attempt")
             approved.append((msg.sender, act.context, attempt))
+            arch.wait_until(lambda: sum("-> in-review" in line for line in arch.err)
+                            >= len(approved) or done(), timeout, "the board in review")
             reviewer.publish(C.CHANNEL_REVIEW, with_attempt(as2.accept(
                 "reviewer", "LGTM", context=act.context), attempt))
     return approved
@@ -291,7 +300,7 @@ def test_the_demo_architect_hands_its_task_to_a_forager(mesh: str,
     forager = forager_for(started, bridge, "forager-07")
     reviewer = queen_side(started, mesh, "forager-07", name="reviewer")
     arch = architect(started, mesh, 1)
-    approved = review_until(reviewer, lambda: arch.proc.poll() is not None, 90)
+    approved = review_until(reviewer, arch, 90)
     assert arch.proc.wait(30) == 0, "\n".join(arch.err[-30:])
     assign = forager.wait_recv("task.assign")
     assert assign["body"]["summary"] == "Add GET /users endpoint"
@@ -307,7 +316,7 @@ def test_a_forager_killed_mid_task_is_reissued_and_done_once(mesh: str,
     other = forager_for(started, bridge, "forager-b")
     reviewer = queen_side(started, mesh, "forager-a", "forager-b", name="reviewer")
     arch = architect(started, mesh, 2)
-    approved = review_until(reviewer, lambda: arch.proc.poll() is not None, 90)
+    approved = review_until(reviewer, arch, 90)
     assert arch.proc.wait(30) == 0, "\n".join(arch.err[-30:])
     doomed.wait_for(lambda e: e["ev"] == "dying", 10, "forager-a dying after its accept")
     assert doomed.proc.wait(10) == -signal.SIGKILL
@@ -328,7 +337,7 @@ def test_a_late_result_after_the_reissue_is_refused(mesh: str, started: list[Any
     slow.wait_sent("task.accept")
     os.kill(slow.proc.pid, signal.SIGSTOP)
     try:
-        approved = review_until(reviewer, lambda: arch.proc.poll() is not None, 90)
+        approved = review_until(reviewer, arch, 90)
     finally:
         os.kill(slow.proc.pid, signal.SIGCONT)
     assert arch.proc.wait(30) == 0, "\n".join(arch.err[-30:])
