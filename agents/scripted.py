@@ -110,6 +110,11 @@ class ArchitectBrain:
                     if act.type == "Announce" and item.sender in self.holders:
                         announced = True
                     continue
+                if (act.type == "Announce" and task is not None
+                        and task.state is TaskState.IN_REVIEW and item.sender == task.holder):
+                    # The holder's closing Announce overtook the reviewer's verdict: they
+                    # come from different senders, so nothing orders them.
+                    announced = True
                 self._carry_out(ctx, board.handle(act, now=now))
                 task = board.task(context)
                 if task is not None and task.claim is not None:

@@ -7,6 +7,8 @@ translates at its edge and owns no rule of the mesh (``DESIGN.md``, "Layers").
   a live event stream and the page, served by ``porter-mesh ui``.
 * :mod:`porter_mesh.gateways.mcp` -- an MCP host as an agent: the agent's tools, the
   roster and recent messages over MCP's stdio transport, served by ``porter-mesh mcp``.
+* :mod:`porter_mesh.gateways.iacp` -- IACP 1.1 foragers join as workers, one node each,
+  served by ``porter-mesh iacp-bridge``.
 """
 
 from __future__ import annotations
