@@ -119,6 +119,8 @@ class RunResult:
     nodes: int
     hosts: int
     knowledge: bool
+    #: The prefix of the namespaces of its lab (None on the real loopback).
+    lab_tag: str | None = None
     discovery_s: float | None = None
     discovery_incl_startup_s: float | None = None
     start_spread_s: float | None = None
@@ -314,6 +316,7 @@ def run_mesh(plan: Plan, *, label: str, hosts: int, per_host: int, knowledge: bo
     observers: Observers | None = None
     try:
         with maybe_lab(hosts, use_netns) as lab:
+            res.lab_tag = lab.tag if lab is not None else None
             placed: list[tuple[Host | None, list[NodeProc]]] = []
             host_list: list[Host | None] = list(lab.hosts) if lab is not None else [None]
             one_host = hosts == 1
@@ -346,7 +349,7 @@ def run_mesh(plan: Plan, *, label: str, hosts: int, per_host: int, knowledge: bo
             time.sleep(plan.settle)  # let start-up catch-ups and mDNS announcements finish
             progress(f"{label}: idle for {idle:.0f} s")
             measure_idle(fleet, res, placed, idle, counted=lab is not None)
-            res.flaps = [f"{who}: {c.peer} {c.kind} {c.reason}".strip()
+            res.flaps = [f"{who}: {c.peer} {c.kind} {c.reason} at +{c.t - complete:.1f}s"
                          for who, c in fleet.flaps(complete, time.monotonic())]
             observers = Observers(mesh, placed)
             views, errors = observers.views()
