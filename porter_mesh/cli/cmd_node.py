@@ -4,6 +4,9 @@ The node keeps a knowledge shard by default (``--no-knowledge`` to run without o
 its data directory: ``--data-dir``, else ``<data root>/<mesh>/<name>`` (the root is
 ``$PORTER_MESH_DATA``, else the platform's user data directory plus ``porter-mesh``). The
 directory is locked while the node runs: a second node on it is refused, naming the pid.
+
+The shard's modules (and the Oxigraph engine under them, about 11 MB of a process's
+memory) are imported only when the node keeps one.
 """
 
 from __future__ import annotations
@@ -11,9 +14,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from porter_mesh.adapters.shard import Shard
 from porter_mesh.cli.common import (
     add_data_options,
     add_mesh_options,
@@ -24,8 +26,10 @@ from porter_mesh.cli.common import (
 )
 from porter_mesh.core.peers import PeerEvent
 from porter_mesh.node.config import knowledge_dir
-from porter_mesh.node.knowledge import Knowledge
 from porter_mesh.node.node import Node
+
+if TYPE_CHECKING:
+    from porter_mesh.node.knowledge import Knowledge
 
 
 def register(sub: Any) -> None:
@@ -73,6 +77,9 @@ def main(args: argparse.Namespace) -> int:
         try:
             await node.astart()  # takes the data directory's lock first
             if not args.no_knowledge:
+                from porter_mesh.adapters.shard import Shard
+                from porter_mesh.node.knowledge import Knowledge
+
                 knowledge = Knowledge(node, Shard(knowledge_dir(data_dir), agent=node.name))
                 knowledge.start()
             kept = "no knowledge shard" if knowledge is None else f"data {data_dir}"

@@ -22,8 +22,15 @@ from porter_mesh import __version__
 from porter_mesh.cli.common import CliParser, checked_numbers, exit_code_table, report_error
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the top-level parser with every discovered sub-command."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Build the top-level parser with every discovered sub-command.
+
+    Args:
+        command: when given and a module ``cmd_<command>`` exists, only that sub-command
+            is registered. Importing every command module costs a process about 24 MB
+            (the dashboard's web server, the query engine...), which a long-running
+            ``porter-mesh node`` would otherwise carry for its whole life.
+    """
     parser = CliParser(
         prog="porter-mesh",
         description="A broker-less agent mesh on ZeroMQ.",
@@ -35,17 +42,27 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="count", default=0, help="more log output (repeatable)"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(_cli_pkg.__path__), key=lambda m: m.name):
-        if info.name.startswith("cmd_"):
-            module = importlib.import_module(f"{_cli_pkg.__name__}.{info.name}")
-            module.register(sub)
+    modules = sorted(m.name for m in pkgutil.iter_modules(_cli_pkg.__path__)
+                     if m.name.startswith("cmd_"))
+    if command is not None and f"cmd_{command}" in modules:
+        modules = [f"cmd_{command}"]
+    for name in modules:
+        importlib.import_module(f"{_cli_pkg.__name__}.{name}").register(sub)
     checked_numbers(parser)
     return parser
 
 
+def _command_named(argv: Sequence[str]) -> str | None:
+    """The sub-command ``argv`` names: its first word that is not an option (the
+    top-level options take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit status."""
-    parser = build_parser()
+    completing = argv is None and "_ARGCOMPLETE" in os.environ
+    parser = build_parser(None if completing else _command_named(
+        sys.argv[1:] if argv is None else argv))
     if argv is None:
         import argcomplete
 

@@ -199,11 +199,13 @@ def _teardown(lab: Lab) -> list[str]:
 
 
 @contextlib.contextmanager
-def network_lab(count: int = 3) -> Iterator[Lab]:
+def network_lab(count: int = 3, *, tag: str | None = None) -> Iterator[Lab]:
     """Build ``count`` hosts on one bridge; remove everything afterwards.
 
     Args:
         count: number of hosts (1-26).
+        tag: the prefix of every namespace name; it must start with ``pm-`` (see
+            :func:`lab_namespaces_left`). Default ``pm-<random hex>``.
 
     Yields:
         The lab.
@@ -214,7 +216,10 @@ def network_lab(count: int = 3) -> Iterator[Lab]:
     """
     if not 1 <= count <= 26:
         raise ValueError("count must be 1-26")
-    tag = f"pm-{secrets.token_hex(3)}"
+    if tag is None:
+        tag = f"pm-{secrets.token_hex(3)}"
+    elif not tag.startswith("pm-"):
+        raise ValueError("a lab tag must start with 'pm-'")
     third_octet = secrets.randbelow(256)
     lab = Lab(tag=tag, subnet=f"{SUBNET_PREFIX}.{third_octet}.0/24", bridge_netns=f"{tag}-br")
     try:

@@ -128,3 +128,43 @@ def test_curve_benchmark_quick_run_measures_every_row_without_errors(
     for row in measured.values():
         assert row["off"] > 0 and row["on"] > 0, row
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.network
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_scale_benchmark_quick_run_measures_every_mesh(tmp_path: pathlib.Path) -> None:
+    from tests.integration.netns import lab_namespaces_left
+
+    cmd = [sys.executable, "-m", "bench.bench_scale", "--quick", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=220)
+    assert done.returncode == 0, done.stderr[-3000:]
+    res = json.loads((tmp_path / "scale.json").read_text())
+    assert res["errors"] == {}
+    netns = res["meta"]["netns"]
+    runs = {r["label"]: r for r in res["runs"]}
+    assert set(runs) == ({"1 host x 4", "1 host x 4, bare"}
+                         | ({"2 hosts x 2"} if netns else set()))
+    for run in runs.values():
+        # Every node's own view (asked over the mesh) holds every other node, alive.
+        assert run["views_ok"] == run["nodes"], run["view_errors"]
+        assert run["discovery_s"] is not None and run["discovery_s"] >= 0
+        assert len(run["cpu_pct"]) == len(run["memory"]) == run["nodes"]
+        assert all(0 < m["uss"] <= m["pss"] <= m["rss"] for m in run["memory"])
+        assert run["problems"] == []  # every node left on SIGTERM
+        if netns:
+            assert run["traffic"]["mesh_tcp_bytes_per_node_s"] > 0
+    if netns:
+        heal = runs["2 hosts x 2"]["heal"]
+        assert heal["remember_status"] == 0, heal.get("remember_error")
+        assert heal["same_side_flaps"] == []
+        assert heal["converged_s"] is not None  # rosters whole and digests equal again
+        assert {t["measure"] for t in res["targets"]} >= {"idle CPU per node"}
+    # The bench removed the namespaces it made (other people's labs may come and go).
+    tags = [r["lab_tag"] for r in runs.values() if r["lab_tag"]]
+    assert len(tags) == (len(runs) if netns else 0)
+    assert [ns for ns in lab_namespaces_left() if ns.startswith(tuple(tags))] == []
+    assert res["imports"][0]["step"] == "python"
+    assert res["simulation"]["full_mesh"] and res["simulation"]["swim"]
+    assert (tmp_path / "scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "views ok" in done.stdout and "import step" in done.stdout
