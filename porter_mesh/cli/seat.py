@@ -138,9 +138,11 @@ async def deliver(node: Node, channel: str, activity: Activity, *, wait: float,
     except TimeoutError:
         outcome.problem = f"nobody on mesh {mesh!r} within {wait:g}s; nothing sent"
         return outcome
-    # Every node subscribes to control: who has not, has not connected to us yet.
+    # Every node subscribes to control: who has not, has not connected to us yet. Other
+    # commands' seats are not waited for: they come and go (a peer may still list one
+    # that has just left).
     while True:
-        known = {p.name for p in node.peers()}
+        known = {p.name for p in node.peers() if p.advert.role != C.ROLE_SEAT}
         missing = known - node.subscribers(C.CHANNEL_CONTROL)
         raise_refusal(node, missing)
         if not missing or time.monotonic() >= deadline:

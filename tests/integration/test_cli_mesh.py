@@ -78,7 +78,11 @@ def test_send_direct_and_broadcast_and_tail(team: list[NodeProcess], mesh: str) 
         beta.wait_for(lambda e: e["ev"] == "msg" and e["text"] == "hello mesh", 20,
                       "broadcast from cli")
         alpha.command(op="publish", channel="log", text="from alpha ", n=1)
-        out, _ = tail.communicate(timeout=30)
+        try:
+            out, _ = tail.communicate(timeout=30)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"tail did not show all three; send said {direct.stderr!r} "
+                                 f"and {bcast.stderr!r}; tail printed {exc.output!r}") from None
     finally:
         if tail.poll() is None:
             tail.kill()

@@ -10,6 +10,7 @@ deadline; nothing waits on a sleep.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 import time
@@ -382,8 +383,9 @@ def test_a_two_line_message_from_send_reaches_the_model_once(team: Team) -> None
     seen = request.body["messages"][-1]["content"]
     assert seen.count("Fix the login form") == 1, seen
     assert seen.count("It fails on empty passwords.") == 1, seen
-    assert "porter-ui (the human user): Fix the login form -- It fails on empty passwords." in (
-        seen), seen
+    # The command's seat is one of the human's names (porter-ui-<hex>).
+    assert re.search(r"porter-ui-[0-9a-f]+ \(the human user\): Fix the login form -- It "
+                     r"fails on empty passwords\.", seen), seen
 
 
 def test_details_that_only_start_like_the_summary_are_kept() -> None:
@@ -393,8 +395,9 @@ def test_details_that_only_start_like_the_summary_are_kept() -> None:
     line = render_item(InboxItem("log", "w2", note, 0.0))
     assert line.startswith("[log] w2: Fix -- Fixed the bug in login.py (Announce")
     whole = build_activity("log", "Done\nall tests pass", "Announce", None)
-    assert render_item(InboxItem("log", "porter-ui", whole, 0.0)).startswith(
-        "[log] porter-ui (the human user): Done -- all tests pass (Announce")
+    seat = whole.actor
+    assert render_item(InboxItem("log", seat, whole, 0.0)).startswith(
+        f"[log] {seat} (the human user): Done -- all tests pass (Announce")
 
 
 # -- endpoint failures ---------------------------------------------------------------------
