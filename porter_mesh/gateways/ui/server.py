@@ -20,6 +20,11 @@ that falls :data:`CLIENT_BACKLOG` events behind is disconnected; its browser rec
 with ``Last-Event-ID`` and is served the gap from the log, so nothing is lost and a
 slow tab never holds memory for ever.
 
+A :class:`~porter_mesh.gateways.ui.stats.StatsPoller` asks every peer for its own view
+every few seconds (bounded: one request in flight per peer, a deadline, back-off for
+peers that do not answer); the answers ride on the peer records as ``stats``, and a
+change is a roster change.
+
 Security (every rule is checked by a middleware before any handler runs):
 
 * the ``Host`` header must name this server (``127.0.0.1:PORT``, ``localhost:PORT``,
