@@ -222,6 +222,8 @@ def run(args: argparse.Namespace) -> int:
         evasive_after=args.evasive_after, expire_after=args.expire_after,
         **extra,
     )
+    # At once: the dashboard asks a newcomer for its view as soon as it joins.
+    node.node.view_sections["agent"] = _metrics_of(brain)
     stop = threading.Event()
     go = threading.Event() if args.wait_go else None
     toolbox_ref: list[Toolbox] = []
@@ -273,7 +275,6 @@ def run(args: argparse.Namespace) -> int:
         node.publish(C.CHANNEL_LOG, Activity.from_dict({
             "type": "Announce", "actor": args.name,
             "summary": f"{args.name} online as {args.role}{slots}"}))
-        node.node.view_sections["agent"] = _metrics_of(brain)
         return brain.run(ctx)
     finally:
         if knowledge is not None:

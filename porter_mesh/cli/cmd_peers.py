@@ -15,10 +15,11 @@ from typing import Any
 
 import orjson
 
-from porter_mesh.cli.cmd_stats import ViewClient, observer_config
+from porter_mesh.cli.cmd_stats import observer_config
 from porter_mesh.cli.common import add_mesh_options, refuse_negative, run
 from porter_mesh.core.peers import PeerInfo, PeerState
 from porter_mesh.node.node import Node
+from porter_mesh.node.views import ViewClient
 
 #: Seconds each agent may take to answer for its loss counts.
 VIEW_TIMEOUT = 2.0

@@ -28,9 +28,9 @@ from porter_mesh.cli.common import (
 )
 from porter_mesh.cli.seat import wait_for_peers
 from porter_mesh.core import constants as C
-from porter_mesh.core.envelope import Envelope, decode_control
-from porter_mesh.errors import PorterError, ProtocolError
-from porter_mesh.node.node import K_STATS, K_STATS_REPLY, K_UNSUPPORTED, Node, Reply
+from porter_mesh.errors import PorterError
+from porter_mesh.node.node import Node
+from porter_mesh.node.views import ViewClient
 
 DEFAULT_WAIT = 3.0
 
@@ -50,68 +50,6 @@ def register(sub: Any) -> None:
                         help="how long an agent may take to answer (default %(default)s)")
     add_mesh_options(parser)
     parser.set_defaults(func=main)
-
-
-class ViewClient:
-    """Asks peers for their view (``stats``) through ``node``, which it answers for.
-
-    Registers the node's ``stats-reply`` and ``unsupported`` kinds: use it on a node that
-    runs no other protocol needing ``unsupported`` (an observer of the command line).
-    """
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        node.register_kind(K_STATS_REPLY, self._on_reply)
-        node.register_kind(K_UNSUPPORTED, self._on_unsupported)
-
-    def _on_reply(self, env: Envelope, payload: bytes, reply: Reply) -> None:
-        fut = self._waiting.get(env.sender)
-        if fut is None or fut.done():
-            return
-        try:
-            view = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            fut.set_exception(PorterError(f"{env.sender} answered stats with something that "
-                                          "is not JSON"))
-            return
-        if isinstance(view, dict):
-            fut.set_result(view)
-        else:
-            fut.set_exception(PorterError(f"{env.sender} answered stats with a "
-                                          f"{type(view).__name__}, not an object"))
-
-    def _on_unsupported(self, env: Envelope, payload: bytes, reply: Reply) -> None:
-        fut = self._waiting.get(env.sender)
-        try:
-            kind = decode_control(payload).get("k")
-        except ProtocolError:
-            return
-        if kind == K_STATS and fut is not None and not fut.done():
-            fut.set_exception(PorterError(f"{env.sender} does not answer stats (it runs an "
-                                          "older porter-mesh)"))
-
-    async def ask(self, peer: str, timeout: float) -> dict[str, Any]:
-        """The view of ``peer``.
-
-        Raises:
-            TimeoutError: no answer within ``timeout`` seconds.
-            PorterError: it cannot answer, or is not connected.
-        """
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._waiting[peer] = fut
-        try:
-            self.node.async_send_kind(peer, K_STATS, b"")
-            return await asyncio.wait_for(fut, timeout)
-        finally:
-            self._waiting.pop(peer, None)
-
-    async def ask_all(self, peers: list[str], timeout: float
-                      ) -> dict[str, dict[str, Any] | BaseException]:
-        """The view of each of ``peers``, or why there is none, asked all at once."""
-        answers = await asyncio.gather(*(self.ask(p, timeout) for p in peers),
-                                       return_exceptions=True)
-        return dict(zip(peers, answers, strict=True))
 
 
 def observer_config(args: argparse.Namespace, prefix: str) -> Any:

@@ -60,7 +60,7 @@ from porter_mesh.adapters.shard import MergeReport, Shard
 from porter_mesh.core import constants as C
 from porter_mesh.core.advert import key_name
 from porter_mesh.core.as2 import Activity
-from porter_mesh.core.envelope import KIND_SYNC, Envelope, decode_control
+from porter_mesh.core.envelope import KIND_SYNC, Envelope
 from porter_mesh.core.knowledge import (
     BucketEntries,
     CatchupChunk,
@@ -76,7 +76,7 @@ from porter_mesh.core.knowledge import (
 )
 from porter_mesh.core.peers import PeerEvent, PeerEventKind
 from porter_mesh.errors import ActivityError, KnowledgeError, PorterError, SyncError
-from porter_mesh.node.node import K_UNSUPPORTED, Node, Reply
+from porter_mesh.node.node import Node, Reply
 from porter_mesh.tools.port import QueryResult
 
 __all__ = ["Knowledge", "SyncKnowledge", "attach_knowledge"]
@@ -185,7 +185,7 @@ class Knowledge:
         Called before the node starts, no peer and no sync message is missed.
         """
         self.node.register_kind(KIND_SYNC, self._on_sync)
-        self.node.register_kind(K_UNSUPPORTED, self._on_unsupported)
+        self.node.register_unsupported(KIND_SYNC, self._on_unsupported)
         self._remove_listener = self.node.add_peer_listener(self._on_peer)
         self.node.view_sections["knowledge"] = self.summary
         for peer in self.node.peers():
@@ -617,9 +617,6 @@ class Knowledge:
 
     def _on_unsupported(self, env: Envelope, payload: bytes, reply: Reply) -> None:
         """A peer runs no knowledge replica (the human's seat, a tool): never ask it."""
-        body = decode_control(payload)
-        if body.get("k") != KIND_SYNC:
-            return
         peer = env.sender
         self._answered.add(peer)
         self._no_sync[peer] = time.monotonic() + NO_SYNC_BACKOFF

@@ -372,7 +372,9 @@ class Node:
         self._batch_handlers: list[Callable[[list[Message]], None]] = []
         self._peer_listeners: list[Callable[[PeerEvent], None]] = []
         self._control_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
-        self._kind_handlers: dict[str, KindHandler] = {K_STATS: self._on_stats_request}
+        self._kind_handlers: dict[str, KindHandler] = {
+            K_STATS: self._on_stats_request, K_UNSUPPORTED: self._on_unsupported}
+        self._unsupported_handlers: dict[str, KindHandler] = {}
         self._channels: set[str] = set()
         self._subscribers: collections.Counter[bytes] = collections.Counter()
         self._subscribed: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -1906,6 +1908,23 @@ class Node:
         if kind in (K_HEARTBEAT, K_ACK, K_HELLO, K_WELCOME, K_BYE):
             raise ConfigError(f"kind {kind!r} is the node's own")
         self._kind_handlers[kind] = handler
+
+    def register_unsupported(self, kind: str, handler: KindHandler) -> None:
+        """Route the ``unsupported`` answers to this node's requests of ``kind`` to
+        ``handler`` (same arguments as for :meth:`register_kind`; the payload is
+        ``{"k": kind}``). Each protocol on top (knowledge sync, ``stats``) learns this
+        way which peers do not run it, without taking the answers meant for another.
+        """
+        self._unsupported_handlers[kind] = handler
+
+    def _on_unsupported(self, env: Envelope, payload: bytes, reply: Reply) -> None:
+        kind = decode_control(payload).get("k")
+        handler = self._unsupported_handlers.get(kind) if isinstance(kind, str) else None
+        if handler is None:
+            self._drop("unexpected", env.sender, "unexpected 'unsupported' (for %r) from %s",
+                       kind, env.sender)
+            return
+        handler(env, payload, reply)
 
     def async_send_kind(self, peer: str, kind: str, payload: bytes) -> None:
         """Send a message of a registered ``kind`` to one peer (unacknowledged; the

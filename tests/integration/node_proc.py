@@ -6,12 +6,17 @@ clock), ``peer`` (roster change), ``msg`` (a delivered activity), ``sent`` (a di
 was acknowledged), ``send-failed``, ``stats``, ``roster`` (name, state and clock skew of
 every peer), and with ``--knowledge DIR`` (a knowledge replica in DIR): ``stored`` (a
 remember command done), ``rows`` (a recall's answer), ``kg`` (digest, version vector).
+``--stats unsupported`` answers a view request (``stats``) as an older porter-mesh does,
+``--stats mute`` not at all; either reports each request as ``stats-asked`` (with ``t``,
+``time.monotonic()``).
 
 Commands (one JSON object per stdin line, ``op`` key): ``publish`` (channel, text, n),
 ``burst`` (channel, text, n, chunk: published ``chunk`` at a time, one loop turn each;
 reports ``burst-start`` and ``burst-done`` with the process's peak RSS so far, ``maxrss``,
 in bytes), ``send`` (to, n, start: numbered direct messages, pipelined), ``stats``,
-``subscribe``, ``roster``, ``remember`` (n, prefix), ``recall`` (sparql), ``kg``, ``quit``.
+``subscribe``, ``roster``, ``remember`` (n, prefix), ``recall`` (sparql), ``kg``,
+``send-kind`` (to, kind, payload in hex: one message of the mesh's own, e.g. a malformed
+one; answers ``sent-kind``), ``quit``.
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ import orjson
 
 from porter_mesh.adapters.shard import Shard
 from porter_mesh.core.as2 import Activity
+from porter_mesh.core.envelope import Envelope, encode_control
 from porter_mesh.core.peers import PeerEvent
 from porter_mesh.errors import PorterError
 from porter_mesh.node.knowledge import Knowledge
-from porter_mesh.node.node import Message, Node
+from porter_mesh.node.node import K_STATS, K_UNSUPPORTED, Message, Node, Reply
 
 
 def emit(**fields: Any) -> None:
@@ -93,6 +99,8 @@ async def main() -> None:
                         help="report only a count of delivered messages")
     parser.add_argument("--knowledge", type=pathlib.Path, metavar="DIR",
                         help="keep a knowledge replica in DIR")
+    parser.add_argument("--stats", choices=("answer", "unsupported", "mute"), default="answer",
+                        help="how view requests (stats) are answered")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(relativeCreated)d %(name)s %(message)s")
     logging.getLogger("zeroconf").setLevel(logging.WARNING)
@@ -129,6 +137,16 @@ async def main() -> None:
         else:
             emit(ev="msg", ch=msg.channel, sender=msg.sender, seq=msg.seq,
                  inc=msg.envelope.incarnation, text=msg.activity.summary, direct=msg.direct)
+
+    if args.stats != "answer":
+        unsupported = encode_control({"k": K_STATS})
+
+        def on_stats(env: Envelope, payload: bytes, reply: Reply) -> None:
+            emit(ev="stats-asked", sender=env.sender, t=time.monotonic())
+            if args.stats == "unsupported":
+                reply(K_UNSUPPORTED, unsupported)
+
+        node.register_kind(K_STATS, on_stats)
 
     # Listen before starting: peers can be found while discovery starts up.
     node.add_peer_listener(on_peer)
@@ -192,6 +210,13 @@ async def main() -> None:
                 emit(ev="error", error=str(exc))
         elif op == "stats":
             emit(ev="stats", stats=node.stats(), t=time.monotonic(), tag=cmd.get("tag"))
+        elif op == "send-kind":
+            try:
+                node.async_send_kind(cmd["to"], cmd["kind"], bytes.fromhex(cmd["payload"]))
+            except PorterError as exc:
+                emit(ev="error", error=str(exc), tag=cmd.get("tag"))
+            else:
+                emit(ev="sent-kind", tag=cmd.get("tag"))
         elif op == "roster":
             emit(ev="roster", peers={p.name: {"state": p.state.value, "skew": p.clock_skew_ms}
                                      for p in node.peers()}, tag=cmd.get("tag"))

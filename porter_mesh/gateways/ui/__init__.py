@@ -2,6 +2,8 @@
 a live event stream and the page, from one asyncio process.
 
 * :mod:`.state` -- the message log on disk and the task cards (pure, no sockets);
+* :mod:`.stats` -- each agent's own numbers (loss, queues, model calls), asked for
+  every few seconds and shown on its roster card;
 * :mod:`.server` -- the aiohttp application: auth, Host/Origin checks, routes, stream;
 * ``static/`` -- the page (plain ES modules, no build step).
 

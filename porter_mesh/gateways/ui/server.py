@@ -20,6 +20,11 @@ that falls :data:`CLIENT_BACKLOG` events behind is disconnected; its browser rec
 with ``Last-Event-ID`` and is served the gap from the log, so nothing is lost and a
 slow tab never holds memory for ever.
 
+A :class:`~porter_mesh.gateways.ui.stats.StatsPoller` asks every peer for its own view
+every few seconds (bounded: one request in flight per peer, a deadline, back-off for
+peers that do not answer); the answers ride on the peer records as ``stats``, and a
+change is a roster change.
+
 Security (every rule is checked by a middleware before any handler runs):
 
 * the ``Host`` header must name this server (``127.0.0.1:PORT``, ``localhost:PORT``,
@@ -74,6 +79,7 @@ from porter_mesh.gateways.ui.state import (
     TaskTracker,
     message_record,
 )
+from porter_mesh.gateways.ui.stats import StatsPoller
 from porter_mesh.node.knowledge import FIRST_WRITE_WAIT, Knowledge
 from porter_mesh.node.node import Message, Node
 from porter_mesh.tools.messaging import check_channel, compose, default_type, normalise_context
@@ -186,16 +192,21 @@ def _peer_state(info: PeerInfo, skewed: bool) -> str:
     return "draining" if info.draining else "alive"
 
 
-def peer_record(info: PeerInfo, *, now: float, state: str) -> dict[str, Any]:
-    """A roster entry as the API shows it (``last_heard``: seconds ago)."""
+def peer_record(info: PeerInfo, *, now: float, state: str,
+                stats: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A roster entry as the API shows it (``last_heard``: seconds ago; ``stats``, the
+    peer's own numbers, only once it answered for them)."""
     advert = info.advert
     host = advert.addresses[0] if advert.addresses else ""
     if ":" in host:
         host = f"[{host}]"
-    return {"name": advert.name, "role": advert.role, "state": state,
-            "last_heard": round(max(0.0, now - info.last_heard), 3), "slots": advert.slots,
-            "tools": list(advert.tools), "incarnation": f"{advert.incarnation:x}",
-            "address": f"{host}:{advert.router_port}", "draining": info.draining}
+    record = {"name": advert.name, "role": advert.role, "state": state,
+              "last_heard": round(max(0.0, now - info.last_heard), 3), "slots": advert.slots,
+              "tools": list(advert.tools), "incarnation": f"{advert.incarnation:x}",
+              "address": f"{host}:{advert.router_port}", "draining": info.draining}
+    if stats is not None:
+        record["stats"] = stats
+    return record
 
 
 # ---------------------------------------------------------------------------- dashboard
@@ -251,6 +262,7 @@ class Dashboard:
             node.add_batch_handler(self._on_messages),
             node.add_peer_listener(self._on_peer),
         ]
+        self.stats = StatsPoller(node, self._stats_changed)
         self.app = self._make_app()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -283,6 +295,7 @@ class Dashboard:
             [f"{n}:{self.port}" for n in names] + (list(names) if self.port == 80 else []))
         self._allowed_origins = frozenset(f"http://{h}" for h in self._allowed_hosts)
         self._roster_task = asyncio.ensure_future(self._watch_roster())
+        await self.stats.astart()
 
     async def aclose(self) -> None:
         """Close every stream, stop HTTP, flush the log (the node is the caller's)."""
@@ -290,6 +303,7 @@ class Dashboard:
             with contextlib.suppress(ValueError):
                 remove()
         self._remove.clear()
+        await self.stats.aclose()
         if self._roster_task is not None:
             self._roster_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -358,19 +372,24 @@ class Dashboard:
             record = peer_record(event.peer, now=time.monotonic(), state=state)
             record["reason"] = event.reason
             record["left_at"] = time.time()
+            last = self.stats.left(name)
+            if last is not None:
+                record["stats"] = last  # what it had done when it went
             self._departed[name] = record
             while len(self._departed) > MAX_DEPARTED:
                 del self._departed[next(iter(self._departed))]
             self._skew.pop(name, None)
         elif event.kind is PeerEventKind.JOINED:
             self._departed.pop(name, None)
+            self.stats.joined(name)
         self._peers_dirty = True
         self._schedule_flush()
 
     def peers(self) -> list[dict[str, Any]]:
         """The roster: live peers, then the departed ones (newest departure first)."""
         now = time.monotonic()
-        live = [peer_record(info, now=now, state=_peer_state(info, info.name in self._skew))
+        live = [peer_record(info, now=now, state=_peer_state(info, info.name in self._skew),
+                            stats=self.stats.stats(info.name))
                 for info in self.node.peers()]
         names = {p["name"] for p in live}
         gone = [dict(p, last_heard=round(time.time() - p["left_at"], 3))
@@ -389,6 +408,10 @@ class Dashboard:
                 self._roster_sig = sig
                 self._peers_dirty = True
                 self._schedule_flush()
+
+    def _stats_changed(self) -> None:
+        self._peers_dirty = True
+        self._schedule_flush()
 
     # -- the stream ----------------------------------------------------------------------
 

@@ -1,10 +1,53 @@
-// The roster: one card per peer, its state in colour, and drain/halt buttons.
+// The roster: one card per peer, its state in colour, its own numbers (what its brain
+// did, what it lost), and drain/halt buttons.
 
-import { el, fill, ago } from "./dom.js";
+import { el, fill, ago, clock } from "./dom.js";
 import { post } from "./api.js";
 
 const STATE_ORDER = { alive: 0, draining: 1, "clock-skew": 2, evasive: 3, expired: 4, left: 5 };
 const CONFIRM_MS = 4000;
+
+/** "812", "3.4k", "27k", "1.2M" for a count; "?" for what is not one. */
+export function compact(n) {
+  if (typeof n !== "number" || !Number.isFinite(n)) return "?";
+  if (n < 1000) return String(n);
+  if (n < 10_000) return `${(n / 1000).toFixed(1)}k`;
+  if (n < 1_000_000) return `${Math.round(n / 1000)}k`;
+  return `${(n / 1_000_000).toFixed(1)}M`;
+}
+
+/** The parts of a peer's stats line: [text, bad] pairs (bad: worth a look). */
+export function statsParts(stats) {
+  if (!stats || typeof stats !== "object") return [];
+  const parts = [];
+  const agent = stats.agent && typeof stats.agent === "object" ? stats.agent : null;
+  if (agent && "model_calls" in agent) {
+    parts.push([`model ${compact(agent.model_calls)} calls`, false],
+      [`${compact(agent.tokens_in)} tok in / ${compact(agent.tokens_out)} out`, false],
+      [`tools ${compact(agent.tool_calls)}`, false],
+      [`errors ${compact(agent.errors)}`, Boolean(agent.errors)],
+      [`retries ${compact(agent.retries)}`, false]);
+  }
+  if (stats.lost) parts.push([`lost ${compact(stats.lost)}`, true]);
+  if (stats.dropped) parts.push([`dropped ${compact(stats.dropped)}`, true]);
+  return parts;
+}
+
+function statsTitle(stats) {
+  const lines = [];
+  const agent = stats.agent && typeof stats.agent === "object" ? stats.agent : null;
+  if (agent) lines.push(`brain ${agent.brain ?? "?"}` + (agent.model ? `, model ${agent.model}` : ""));
+  const q = stats.queues && typeof stats.queues === "object" ? stats.queues : {};
+  lines.push(`queues: inbox ${compact(q.inbox)}, outbox ${compact(q.outbox)}, ` +
+    `subscribers ${compact(q.subscribers)}`);
+  const kg = stats.knowledge;
+  lines.push(kg && typeof kg === "object"
+    ? `knowledge: ${compact(kg.observations)} observations, ${compact(kg.retractions)} retractions`
+    : "knowledge: none");
+  lines.push(`lost ${compact(stats.lost)}, dropped ${compact(stats.dropped)}`);
+  if (typeof stats.at === "number") lines.push(`as of ${clock(stats.at)}`);
+  return lines.join("\n");
+}
 
 /** A button that asks for a second click before it acts ("Halt" -> "Halt: sure?"). */
 function confirmButton(label, attrs, act) {
@@ -85,12 +128,25 @@ export class Roster {
       el("dt", null, "at"), el("dd", { class: "mono", title: peer.incarnation || "" },
         peer.address || "")),
     tools.length ? el("div", { class: "tools" }, tools.map((t) => el("span", null, t))) : null,
+    this.statsLine(peer.stats),
     el("footer", null,
       el("button", { type: "button", class: "small", "data-testid": `drain-${name}`,
         title: `ask ${name} to finish what it holds and take nothing new`,
         onclick: () => this.control("drain", name) }, "Drain"),
       confirmButton("Halt", { class: "small danger", "data-testid": `halt-${name}`,
         title: `stop ${name} now` }, () => this.control("halt", name))));
+  }
+
+  statsLine(stats) {
+    const parts = statsParts(stats);
+    if (!parts.length) return null;
+    const children = [];
+    for (const [text, bad] of parts) {
+      if (children.length) children.push(" · ");
+      children.push(el("span", { class: bad ? "bad" : null }, text));
+    }
+    return el("p", { class: "stats", "data-testid": "peer-stats", title: statsTitle(stats) },
+      children);
   }
 
   heardText(name) {
