@@ -254,6 +254,8 @@ def run(args: argparse.Namespace) -> int:
         toolbox_ref.append(toolbox)
         if stop.is_set():
             toolbox.halt("halted while starting")
+        if node.node.draining:
+            toolbox.drain()  # a drain that came while the agent was starting
         _watch_withdrawals(node, toolbox, args.name)
         options: dict[str, Any] = {
             "workers": args.workers, "reviewer": args.reviewer, "slots": args.slots,
