@@ -38,6 +38,7 @@ from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
 from porter_mesh.node.node import Message
 from porter_mesh.node.port import NodePort
 from porter_mesh.node.sync import SyncNode
+from porter_mesh.tools.external import ExternalTools
 from porter_mesh.tools.toolbox import Toolbox
 
 ROLES = ("architect", "worker", "reviewer")
@@ -120,6 +121,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the same, read from FILE")
     parser.add_argument("--tools", type=_tool_names, metavar="NAME[,NAME]",
                         help="the agent's tools (default: its role's)")
+    parser.add_argument("--mcp-server", action="append", dest="mcp_servers", default=[],
+                        metavar="COMMAND", help="add the tools of this stdio MCP server to "
+                        "the agent's (a command line; repeatable)")
     parser.add_argument("--subscribe", action="append", choices=CHANNELS,
                         metavar="CHANNEL", help="a channel to hear (repeatable; default: "
                         f"{', '.join(CHANNELS)})")
@@ -245,12 +249,15 @@ def run(args: argparse.Namespace) -> int:
 
     node.add_control_listener(on_control)
     knowledge: SyncKnowledge | None = None
+    external: ExternalTools | None = None
     try:
         knowledge = _knowledge(node, None if args.no_knowledge else data_dir)
         port = NodePort(node, knowledge)
         tapped = TappedPort(port)
+        if args.mcp_servers:
+            external = ExternalTools.start(args.mcp_servers)
         toolbox = Toolbox(tapped, workspace if args.role != "architect" else None,
-                          role=args.role, tools=args.tools)
+                          role=args.role, tools=args.tools, external=external)
         toolbox_ref.append(toolbox)
         if stop.is_set():
             toolbox.halt("halted while starting")
@@ -279,6 +286,8 @@ def run(args: argparse.Namespace) -> int:
             "summary": f"{args.name} online as {args.role}{slots}"}))
         return brain.run(ctx)
     finally:
+        if external is not None:
+            external.close()
         if knowledge is not None:
             knowledge.close()
         node.close()

@@ -32,6 +32,7 @@ The file
     workspace = "workspace"      # directory of its file and shell tools (default)
     slots = 1                    # workers: tasks held at once
     tools = ["read_file", "bash"]            # default: the role's
+    mcp_servers = ["python srv.py"]          # stdio MCP servers whose tools it also gets
     subscriptions = ["log", "task", "review"]  # default: all three
     # brain = "llm" only:
     endpoint = "http://127.0.0.1:8000/v1"    # required: an OpenAI-compatible endpoint
@@ -149,6 +150,7 @@ class AgentSpec:
     slots: int | None = None
     tools: tuple[str, ...] | None = None
     subscriptions: tuple[str, ...] | None = None
+    mcp_servers: tuple[str, ...] | None = None
     endpoint: str | None = None
     model: str | None = None
     api_key_env: str | None = None
@@ -255,6 +257,12 @@ def _address(value: str) -> str | None:
     return None
 
 
+def _mcp_server(value: str) -> str | None:
+    from porter_mesh.tools.external import external_server
+
+    return _config(external_server)(value)
+
+
 def _url(value: str) -> str | None:
     from agents.llm import chat_completions_url
 
@@ -312,6 +320,7 @@ AGENT_KEYS: Final[Mapping[str, Key]] = {
     "slots": Key("int", check=_at_least(1), role="worker"),
     "tools": Key("strs", check=_known(ALL_TOOLS, "tool")),
     "subscriptions": Key("strs", check=_known(CHANNELS, "channel")),
+    "mcp_servers": Key("strs", check=_each(_mcp_server)),
     "endpoint": Key("str", check=_url, llm=True),
     "model": Key("str", check=_not_blank, llm=True),
     "api_key_env": Key("str", check=_env_name, llm=True),
@@ -537,6 +546,8 @@ def agent_argv(team: Team, spec: AgentSpec, *, mesh: str | None = None,
         argv += ["--tools", ",".join(spec.tools)]
     for channel in spec.subscriptions or ():
         argv += ["--subscribe", channel]
+    for command in spec.mcp_servers or ():
+        argv += ["--mcp-server", command]
     options: list[tuple[str, object]] = [
         ("--slots", spec.slots), ("--llm-url", spec.endpoint), ("--model", spec.model),
         ("--api-key-env", spec.api_key_env), ("--system-prompt", spec.system_prompt),

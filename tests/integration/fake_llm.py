@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -225,6 +225,11 @@ class FakeLLM:
             entry = script.pop(0) if script else self._when_done
             self._cond.notify_all()
             return entry
+
+    def wait_until(self, predicate: Callable[[list[Received]], bool], timeout: float) -> bool:
+        """Block until ``predicate(requests so far)`` holds (True) or ``timeout`` passes."""
+        with self._cond:
+            return self._cond.wait_for(lambda: predicate(self.requests), timeout)
 
     def wait_for_requests(self, count: int, timeout: float) -> list[Received]:
         """Block until ``count`` requests arrived; fails the test on timeout."""
