@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -55,8 +60,24 @@ def test_peers_lists_the_roster(team: list[NodeProcess], mesh: str) -> None:
 
 def test_send_direct_and_broadcast_and_tail(team: list[NodeProcess], mesh: str) -> None:
     tail = subprocess.Popen(
-        [sys.executable, "-m", "porter_mesh.cli.main", "tail", "--mesh", mesh, "--json",
-         "--count", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [sys.executable, "-m", "porter_mesh.cli.main", "tail", "--mesh", mesh, "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in tail.stdout or ()],
+                              daemon=True)
+    got: list[dict[str, Any]] = []
+
+    def shown(summary: str, timeout: float) -> bool:
+        """Whether the tail prints an activity with ``summary`` within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while not any(g["activity"]["summary"] == summary for g in got):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with contextlib.suppress(queue.Empty):
+                got.append(json.loads(lines.get(timeout=min(left, 0.5))))
+        return True
+
     try:
         assert tail.stderr is not None and tail.stdout is not None
         watching: set[str] = set()
@@ -65,34 +86,41 @@ def test_send_direct_and_broadcast_and_tail(team: list[NodeProcess], mesh: str) 
             assert line, "tail exited before connecting"
             if line.startswith("watching "):
                 watching.add(line.split()[1])
+        reader.start()
         alpha, beta = team
+        # "watching" says the tail knows a node, not that the node has its subscription to
+        # direct copies yet: a direct message between the two, shown once, says that.
+        for attempt in range(20):
+            beta.command(op="send", to="alpha", n=1, start=900 + attempt)
+            if shown(f"m{900 + attempt}", 2.0):
+                break
+        else:
+            raise AssertionError(f"the tail never showed a direct message to alpha: {got}")
         direct = cli("send", "task:alpha", "Add GET /users endpoint", "--mesh", mesh,
                      "--context", "urn:porter:task:cli1")
         assert direct.returncode == 0, direct.stderr
-        msg = alpha.wait_for(lambda e: e["ev"] == "msg" and e["direct"], 20, "direct from cli")
+        msg = alpha.wait_for(lambda e: e["ev"] == "msg" and e["direct"]
+                             and e["text"] == "Add GET /users endpoint", 20, "direct from cli")
         # The command's seat is one of the human's names, never the dashboard's own.
         assert is_human(msg["sender"]) and msg["sender"] != "porter-ui", msg
-        assert msg["text"] == "Add GET /users endpoint"
         bcast = cli("send", "log", "hello mesh", "--mesh", mesh)
         assert bcast.returncode == 0, bcast.stderr
         beta.wait_for(lambda e: e["ev"] == "msg" and e["text"] == "hello mesh", 20,
                       "broadcast from cli")
         alpha.command(op="publish", channel="log", text="from alpha ", n=1)
-        try:
-            out, _ = tail.communicate(timeout=30)
-        except subprocess.TimeoutExpired as exc:
-            raise AssertionError(f"tail did not show all three; send said {direct.stderr!r} "
-                                 f"and {bcast.stderr!r}; tail printed {exc.output!r}") from None
+        for summary in ("Add GET /users endpoint", "hello mesh", "from alpha 0"):
+            # The tail sees the CLI's own broadcast too: send waited for it to subscribe.
+            assert shown(summary, 30), (summary, got, direct.stderr, bcast.stderr)
     finally:
-        if tail.poll() is None:
-            tail.kill()
-            tail.communicate(timeout=5)
-    got = [json.loads(line) for line in out.splitlines()]
-    # The tail sees the CLI's own broadcast too: send waited for it to subscribe.
-    assert {g["activity"]["summary"] for g in got} == {"Add GET /users endpoint",
-                                                       "hello mesh", "from alpha 0"}
-    offer = next(g for g in got if g["direct"])
-    assert offer["channel"] == "task:alpha" and offer["activity"]["type"] == "Offer"
+        tail.kill()
+        tail.wait(10)
+        reader.join(10)
+        for stream in (tail.stdout, tail.stderr):
+            if stream is not None:
+                stream.close()
+    offer = next(g for g in got if g["direct"] and g["channel"] == "task:alpha"
+                 and g["activity"]["summary"] == "Add GET /users endpoint")
+    assert offer["activity"]["type"] == "Offer"
     assert is_human(offer["sender"]) and offer["activity"]["actor"] == offer["sender"]
     assert offer["activity"]["context"] == "urn:porter:task:cli1"
 
