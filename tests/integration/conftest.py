@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import pathlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -32,3 +34,15 @@ def procs() -> Iterator[list[NodeProcess]]:
 def nodes(procs: list[NodeProcess]) -> list[NodeProcess]:
     """The same list as ``procs``, by another name."""
     return procs
+
+
+@pytest.fixture
+def ui(mesh: str, tmp_path: pathlib.Path) -> Iterator[Any]:
+    """``porter-mesh ui --port 0`` on the test's mesh, stopped (and checked) afterwards."""
+    from tests.integration.test_ui_api import UI
+
+    proc = UI(mesh, tmp_path / "ui-data")
+    try:
+        yield proc
+    finally:
+        assert proc.stop() == 0, proc.stderr

@@ -17,7 +17,15 @@ import aiohttp
 import pytest
 
 from porter_mesh.core.advert import is_human
-from tests.integration.test_ui_api import UI, LineProcess, cli, get, post, run, until
+from tests.integration.test_ui_api import (
+    UI,
+    LineProcess,
+    cli,
+    get,
+    post,
+    run,
+    until,
+)
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(240)]
 _ids = itertools.count()
@@ -26,15 +34,6 @@ _ids = itertools.count()
 @pytest.fixture
 def mesh() -> str:
     return f"seat{os.getpid()}-{next(_ids)}"
-
-
-@pytest.fixture
-def ui(mesh: str, tmp_path: Path) -> Iterator[UI]:
-    proc = UI(mesh, tmp_path / "ui-data")
-    try:
-        yield proc
-    finally:
-        assert proc.stop() == 0, proc.stderr
 
 
 @pytest.fixture

@@ -123,15 +123,6 @@ def mesh() -> str:
 
 
 @pytest.fixture
-def ui(mesh: str, tmp_path: Path) -> Iterator[UI]:
-    proc = UI(mesh, tmp_path / "ui-data")
-    try:
-        yield proc
-    finally:
-        assert proc.stop() == 0, proc.stderr
-
-
-@pytest.fixture
 def worker(mesh: str, tmp_path: Path, ui: UI) -> Iterator[LineProcess]:
     proc = LineProcess(cli("agent", "worker", "--name", "w1", "--mesh", mesh, "--workspace",
                            str(tmp_path / "ws"), "--data-dir", str(tmp_path / "w1")), "w1")

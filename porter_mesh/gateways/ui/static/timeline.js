@@ -179,20 +179,7 @@ export class Timeline {
     this.paused = false;
     this.more = false;
     this.showBanner();
-    this.loading = true;
-    this.setFooter("loading\u2026");
-    try {
-      const page = await get("/api/messages", this.params());
-      if (generation !== this.generation) return;
-      this.more = Boolean(page.more);
-      this.appendOlder(page.messages);
-    } catch (err) {
-      if (generation === this.generation) this.setFooter(`history unavailable: ${err.reason}`);
-      return;
-    } finally {
-      if (generation === this.generation) this.loading = false;
-    }
-    this.updateFooter();
+    await this.fetchPage(generation, {}, "loading\u2026");
   }
 
   /** Records shown now (history and live). */
@@ -204,11 +191,16 @@ export class Timeline {
     if (this.loading || !this.more) return;
     const oldest = this.list.lastElementChild;
     if (!oldest) return;
-    const generation = this.generation;
+    await this.fetchPage(this.generation, { before: oldest.dataset.id }, "loading older\u2026");
+  }
+
+  /** One page of history below what is shown; dropped if the filters changed meanwhile
+   * (``generation``). */
+  async fetchPage(generation, extra, label) {
     this.loading = true;
-    this.setFooter("loading older\u2026");
+    this.setFooter(label);
     try {
-      const page = await get("/api/messages", this.params({ before: oldest.dataset.id }));
+      const page = await get("/api/messages", this.params(extra));
       if (generation !== this.generation) return;
       this.more = Boolean(page.more);
       this.appendOlder(page.messages);
