@@ -16,6 +16,8 @@ the network did" (``Remote*``), in the way h11 separates local and remote protoc
     │   │                           keys are missing, not trusted, or not expected there
     │   └── DeliveryTimeout         (also TimeoutError) no acknowledgement by the deadline
     ├── NodeClosedError             the node is closed or closing
+    ├── NotHandled                  raised by a message handler: not taken, still owed
+    ├── StorageError                (also OSError) a write to the data directory failed
     ├── OperationTimeout            (also TimeoutError) a synchronous call ran out of time
     ├── KnowledgeError              knowledge-graph problems
     │   ├── QueryError              a SPARQL query is refused or fails
@@ -42,6 +44,7 @@ __all__ = [
     "FrameError",
     "KnowledgeError",
     "NodeClosedError",
+    "NotHandled",
     "OperationTimeout",
     "PeerRefusedError",
     "PorterError",
@@ -49,6 +52,7 @@ __all__ = [
     "QueryError",
     "QueryTimeout",
     "SecurityError",
+    "StorageError",
     "SyncError",
     "TaskError",
     "TaskWithdrawn",
@@ -152,6 +156,33 @@ class DeliveryTimeout(DeliveryError, TimeoutError):
 
 class NodeClosedError(PorterError):
     """The node is closed or closing; start a new one to continue."""
+
+
+class NotHandled(PorterError):
+    """Raised by a message handler that cannot act on a message yet.
+
+    The node does not take the message: it stays owed (in the delivery journal when the
+    node has one, unacknowledged otherwise, so the sender retries) and is offered to the
+    handlers again later. A gateway raises it while its far side is not ready, so that it
+    never acknowledges a message it has not handled.
+    """
+
+
+class StorageError(PorterError, OSError):
+    """A write to the node's data directory failed (a full disk, say); nothing was kept.
+
+    Attributes:
+        path: the file that could not be written.
+        free_bytes: the space left on its filesystem when the write failed (``None`` if
+            it could not be read).
+    """
+
+    def __init__(self, message: str, *, path: str, free_bytes: int | None,
+                 errno_: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.free_bytes = free_bytes
+        self.errno = errno_
 
 
 class OperationTimeout(PorterError, TimeoutError):
