@@ -23,13 +23,15 @@ Servers ask pyzmq's ZAP authenticator (:class:`MeshAuthenticator`, driven by the
 event loop) about every new connection. Its credentials callback consults a
 :class:`TrustStore`, which re-reads the directory whenever the directory or one of its
 files changed (a ``stat`` per handshake, not a one-time load), so adding or removing a key
-takes effect for the next connection without a restart. An accepted connection carries
-the bound agent name as its ZAP User-Id, which libzmq attaches to every message read from
-it; the node compares that name with the envelope's sender and each activity's
-``actor`` (see :mod:`porter_mesh.node.node`). The authenticator must be running before a
-server socket binds: libzmq lets a CURVE client in unauthenticated when no ZAP handler
-answers, so :meth:`MeshSecurity.start` also sets ``ZAP_ENFORCE_DOMAIN`` where libzmq
-supports it.
+takes effect for the next connection without a restart. (Connections already open when
+a key leaves the directory are cut by the node within one heartbeat, see
+:mod:`porter_mesh.node.node`: its live link is closed and its PUB socket bound anew.)
+An accepted connection carries the bound agent name as its ZAP User-Id, which libzmq
+attaches to every message read from it; the node compares that name with the envelope's
+sender and each activity's ``actor`` (see :mod:`porter_mesh.node.node`). The
+authenticator must be running before a server socket binds: libzmq lets a CURVE client in
+unauthenticated when no ZAP handler answers, so :meth:`MeshSecurity.start` also sets
+``ZAP_ENFORCE_DOMAIN`` where libzmq supports it.
 
 Refusals and spoofing attempts go to the :class:`AuditLog`: a JSON-lines file in the
 node's data directory (when it has one), a counter per event (``audit.<event>``) and a
@@ -319,6 +321,9 @@ class TrustStore:
         self.directory = directory
         #: Increases every time the set of trusted keys changes.
         self.generation = 0
+        #: Increases every time a change takes a key out of the set (a revocation, or a
+        #: key replaced under its name): connections that hold it must be cut.
+        self.removals = 0
         self._signature: tuple[Any, ...] | None = None
         self._by_key: dict[str, str] = {}
         self._by_name: dict[str, str] = {}
@@ -388,6 +393,9 @@ class TrustStore:
             by_key[key] = agent
             by_name[agent] = key
         changed = by_key != self._by_key
+        if not self._by_key.keys() <= by_key.keys() or any(
+                by_key[key] != name for key, name in self._by_key.items() if key in by_key):
+            self.removals += 1
         self._by_key, self._by_name = by_key, by_name
         if changed:
             self.generation += 1

@@ -153,6 +153,11 @@ _MAX_KEY_CHARS = 256
 #: Most idempotency keys a node remembers (about 100 bytes each).
 _MAX_KEYS = 100_000
 _TICK = 0.05
+#: Re-binding the PUB port after a revocation (see Node._reopen_pub): first retry after
+#: this many seconds, doubling up to the cap, for at most the deadline.
+_REBIND_FIRST_DELAY = 0.002
+_REBIND_MAX_DELAY = 0.1
+_REBIND_DEADLINE = 10.0
 _DIRECT_STREAM = "direct"
 _OBSERVE_PREFIX = C.DIRECT_PREFIX.encode()
 #: First byte of a subscription that names its subscriber, ``\xff<name>\x00<channel>``
@@ -397,6 +402,7 @@ class Node:
         self._lost_at: dict[str, float] = {}
         self._security: MeshSecurity | None = None
         self._trust_generation = 0
+        self._trust_removals = 0
         # Sockets whose handshakes are watched, with the peer a client socket connects to
         # (None for this node's own server sockets); and the peers that refused us.
         self._handshakes: dict[zmq.Socket[bytes], tuple[HandshakeWatch, str | None]] = {}
@@ -459,6 +465,7 @@ class Node:
             self._watch(security.start(self._ctx), self._answer_zap)
             self._security = security
             self._trust_generation = security.store.generation
+            self._trust_removals = security.store.removals
         try:
             # XPUB rather than PUB: it tells us who subscribed to what, so callers can
             # wait for subscribers instead of guessing (the "slow joiner" problem).
@@ -880,6 +887,64 @@ class Node:
             if self._seed_names.get(seed) not in self._links:
                 self._recontact.start((_SEED, seed), None, now, delay=0, pinned=True)
         self._recontact.restart(now)
+
+    def _reopen_pub(self) -> None:
+        """A key left the trusted directory: cut every subscriber off this node's PUB.
+
+        ZeroMQ's PUB has no way to drop one subscriber, and a connection authenticated
+        before the key was removed would otherwise keep receiving every broadcast until it
+        reconnects. So the XPUB is closed and a new one bound on the same port: honest
+        subscribers reconnect through ZAP within their reconnect interval (what was
+        published meanwhile is a sequence gap they count, and knowledge is repaired by
+        anti-entropy, as for any loss), while the revoked key is refused.
+        """
+        old = self._pub
+        if old is None or self._closed:
+            return
+        self._unwatch(old)
+        self._end_handshake_watch(old)
+        old.close(linger=0)
+        self._subscribers.clear()
+        self._subscribed.clear()
+        self._direct_watched = False
+        sock = self._pub = self._server_socket(zmq.XPUB)
+        sock.setsockopt(zmq.XPUB_VERBOSER, 1)
+        sock.setsockopt(zmq.SNDHWM, self.config.pub_hwm)
+        self.counters["security.pub-reopened"] += 1
+        log.info("node %s: a key left the trusted directory; every subscriber of this "
+                 "node's PUB was cut and must reconnect", self.name)
+        # libzmq closes the old listener on its I/O thread: the port frees within a few
+        # milliseconds. Until the bind succeeds broadcasts reach nobody (and are counted
+        # as gaps by the subscribers, like any other loss).
+        self._bind_pub_again(sock, list(self.config.interfaces),
+                             time.monotonic() + _REBIND_DEADLINE, _REBIND_FIRST_DELAY)
+
+    def _bind_pub_again(self, sock: zmq.Socket[bytes], hosts: list[str], deadline: float,
+                        delay: float) -> None:
+        if sock is not self._pub or sock.closed:
+            return  # the node closed, or cut its subscribers again, meanwhile
+        while hosts:
+            host = hosts[0]
+            if ":" in host:
+                sock.setsockopt(zmq.IPV6, 1)
+            addr = f"[{host}]" if ":" in host else host
+            try:
+                sock.bind(f"tcp://{addr}:{self.pub_port}")
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EADDRINUSE and time.monotonic() < deadline:
+                    assert self._loop is not None
+                    self._loop.call_later(delay, self._bind_pub_again, sock, hosts, deadline,
+                                          min(delay * 2, _REBIND_MAX_DELAY))
+                    return
+                self.counters["error.pub-rebind"] += 1
+                log.error("node %s cannot bind its PUB socket again on %s:%d (%s): its "
+                          "broadcasts reach nobody; restart the node", self.name, host,
+                          self.pub_port, exc.strerror)
+                return
+            hosts.pop(0)
+        if self._security is not None:
+            self._watch_handshake(sock, None)
+        self._watch(sock, self._drain_xpub)
 
     # ------------------------------------------------------------------ handshakes
 
@@ -2103,6 +2168,9 @@ class Node:
             if store.generation != self._trust_generation:
                 self._trust_generation = store.generation
                 self._revalidate_links()
+            if store.removals != self._trust_removals:
+                self._trust_removals = store.removals
+                self._reopen_pub()
         if force_beat:
             self._apply_peer_events(self._peers.tick(now))
         if now >= self._recontact.next_due:

@@ -145,6 +145,22 @@ def test_the_store_follows_the_directory_without_a_restart(tmp_path: pathlib.Pat
     assert not (trusted / "a.key_secret").exists()
 
 
+def test_the_store_counts_keys_that_leave_it(tmp_path: pathlib.Path) -> None:
+    """Removals (which must cut open connections) are told apart from additions."""
+    trusted, _ = provision_mesh(tmp_path / "keys", ["a", "b"])
+    store = TrustStore(trusted)
+    store.refresh()
+    before = store.removals
+    public, _ = create_key_pair(tmp_path / "more", "c")
+    trust_key(public, trusted)
+    assert store.refresh() and store.removals == before  # an addition cuts nobody
+    (trusted / "b.key").unlink()
+    assert store.refresh() and store.removals == before + 1
+    newer, _ = create_key_pair(tmp_path / "newer", "c")
+    trust_key(newer, trusted, force=True)  # c's old key is no longer trusted
+    assert store.refresh() and store.removals == before + 2
+
+
 def test_a_stray_file_or_an_ambiguous_key_does_not_hide_the_others(tmp_path: pathlib.Path
                                                                    ) -> None:
     trusted, _ = provision_mesh(tmp_path / "keys", ["a", "b"])
