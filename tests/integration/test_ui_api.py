@@ -340,6 +340,36 @@ async def peer_state(session: aiohttp.ClientSession, ui: UI, name: str) -> str |
     return next((p["state"] for p in peers if p["name"] == name), None)
 
 
+def test_every_answer_says_no_referrer(ui: UI) -> None:
+    """The page is opened with the token in its URL: no answer, error or file may let a
+    browser pass that URL on as a Referer (to a link's site, say)."""
+    async def body(session: aiohttp.ClientSession) -> None:
+        base, auth = ui.base, ui.auth
+        requests: list[tuple[str, str, dict[str, str], int]] = [
+            ("GET", f"/?token={ui.token}", {}, 302),
+            ("GET", "/?token=wrong-token", {}, 401),
+            ("GET", "/", auth, 200),
+            ("GET", "/static/app.js", {}, 200),
+            ("GET", "/static/no-such-file.js", {}, 404),
+            ("GET", "/no-such-page", {}, 404),
+            ("GET", "/api/peers", {}, 401),
+            ("GET", "/api/peers", auth, 200),
+            ("GET", "/api/no-such-route", auth, 404),
+            ("GET", "/api/send", auth, 405),
+            ("GET", "/api/peers", {**auth, "Host": "evil.example"}, 403),
+            ("POST", "/api/send", {**auth, "Origin": "http://evil.example"}, 403),
+        ]
+        for method, path, headers, status in requests:
+            async with session.request(method, base + path, headers=headers,
+                                       allow_redirects=False) as resp:
+                assert resp.status == status, (method, path, resp.status)
+                assert resp.headers.get("Referrer-Policy") == "no-referrer", (method, path)
+        async with session.get(base + "/api/stream", headers=auth) as resp:
+            assert resp.status == 200
+            assert resp.headers.get("Referrer-Policy") == "no-referrer"
+    run(body)
+
+
 def test_offer_reply_review_and_control(ui: UI, worker: LineProcess) -> None:
     async def body(session: aiohttp.ClientSession) -> None:
         w1 = await until(lambda: _peer(session, ui, "w1"), 30, "w1 on the roster")

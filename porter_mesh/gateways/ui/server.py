@@ -32,7 +32,9 @@ Security (every rule is checked by a middleware before any handler runs):
 * ``/api/*`` needs the token, as ``Authorization: Bearer TOKEN`` or the HttpOnly,
   SameSite=Strict cookie set when ``/?token=TOKEN`` is opened (then a 302 to ``/``);
 * a ``POST`` whose ``Origin`` (or ``Sec-Fetch-Site``) says another site sent it gets 403;
-  state changes are POST only, with a JSON body of at most :data:`MAX_BODY` bytes.
+  state changes are POST only, with a JSON body of at most :data:`MAX_BODY` bytes;
+* every answer carries ``Referrer-Policy: no-referrer``, so the URL with the token never
+  leaves the browser as a ``Referer``.
 
 Errors are JSON, ``{"error": "<code>", "reason": "<what to do>"}``; ``docs/ui.md``
 lists every route. The gateway uses the node's public API only and owns no mesh rule.
@@ -134,6 +136,12 @@ class ApiError(Exception):
         self.status = status
         self.error = error
         self.reason = reason
+
+
+async def _no_referrer(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer (errors, redirects, files and the stream included) tells the browser
+    never to send a ``Referer``: the page is first opened with the token in its URL."""
+    response.headers["Referrer-Policy"] = "no-referrer"
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -496,6 +504,7 @@ class Dashboard:
 
     def _make_app(self) -> web.Application:
         app = web.Application(middlewares=[self._guard], client_max_size=MAX_BODY)
+        app.on_response_prepare.append(_no_referrer)
         api: list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = [
             ("GET", "/api/info", self._info),
             ("GET", "/api/peers", self._peers),
