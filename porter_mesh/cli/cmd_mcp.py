@@ -83,10 +83,12 @@ class _StdoutToStderr:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        from porter_mesh.gateways.mcp.server import McpGateway
+        from porter_mesh.gateways.mcp.server import McpGateway, seal_descriptors
     except ImportError as exc:
         return _usage(f"the MCP SDK is missing ({exc}); install it with: pip install "
                       "'porter-mesh[mcp]'")
+    # Before anything is started: no command may open the JSON-RPC pipes through /proc.
+    seal_descriptors()
     if args.recent < 1:
         return _usage("--recent must be at least 1")
     workspace: pathlib.Path | None = None
