@@ -91,6 +91,8 @@ __all__ = ["BATCH_INTERVAL", "COOKIE", "MAX_BODY", "PROFILE_QUERY", "Dashboard",
 
 log = logging.getLogger("porter_mesh.gateways.ui")
 
+#: Seconds between two attempts to write the message log while its writes fail.
+LOG_RETRY_INTERVAL: Final = 1.0
 #: Seconds between two stream flushes (the most a record waits before it is sent).
 BATCH_INTERVAL: Final = 0.1
 #: Seconds between keep-alive comments on an idle stream.
@@ -259,6 +261,8 @@ class Dashboard:
         self._peers_dirty = False
         self._roster_sig: tuple[Any, ...] = ()
         self._flush_handle: asyncio.TimerHandle | None = None
+        self._log_retry: asyncio.TimerHandle | None = None
+        self._closing = False
         self._roster_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self._allowed_hosts: frozenset[str] = frozenset()
@@ -307,6 +311,10 @@ class Dashboard:
 
     async def aclose(self) -> None:
         """Close every stream, stop HTTP, flush the log (the node is the caller's)."""
+        self._closing = True
+        if self._log_retry is not None:
+            self._log_retry.cancel()
+            self._log_retry = None
         for remove in self._remove:
             with contextlib.suppress(ValueError):
                 remove()
@@ -428,14 +436,25 @@ class Dashboard:
             loop = asyncio.get_running_loop()
             self._flush_handle = loop.call_later(BATCH_INTERVAL, self._flush)
 
+    def _roster_event(self) -> bytes:
+        """The stream's ``peers`` event: the roster and the message log's health."""
+        return _sse("peers", orjson.dumps({"peers": self.peers(), "log": self.log.status()}))
+
+    def _retry_log(self) -> None:
+        self._log_retry = None
+        self._schedule_flush()
+
     def _flush(self) -> None:
         self._flush_handle = None
-        try:
-            self.log.flush()
-        except OSError as exc:
+        was_ok = self.log.status()["ok"]
+        if not self.log.flush():
             self.counters["log-write-failed"] += 1
-            log.error("message log: cannot write %s: %s (records stay in memory)",
-                      self.log.directory, exc)
+            if not self._closing and self._log_retry is None:
+                # Nothing new may come to flush: try again on a timer until space returns.
+                loop = asyncio.get_running_loop()
+                self._log_retry = loop.call_later(LOG_RETRY_INTERVAL, self._retry_log)
+        if self.log.status()["ok"] != was_ok:
+            self._peers_dirty = True  # the roster event carries the log's health
         events: list[bytes] = []
         if self._pending:
             pending, self._pending = self._pending, []
@@ -445,7 +464,7 @@ class Dashboard:
             events.append(_sse("tasks", orjson.dumps(tasks)))
         if self._peers_dirty:
             self._peers_dirty = False
-            events.append(_sse("peers", orjson.dumps({"peers": self.peers()})))
+            events.append(self._roster_event())
         if events:
             self.counters["events"] += len(events)
             for client in list(self._clients):
@@ -456,8 +475,7 @@ class Dashboard:
         """Register a stream client and the events it must get first (no await between,
         so nothing is missed or sent twice)."""
         client = _Client()
-        first = [b"retry: 1000\n\n",
-                 _sse("peers", orjson.dumps({"peers": self.peers()}))]
+        first = [b"retry: 1000\n\n", self._roster_event()]
         if last_id:
             gap = self.log.after(last_id)
             if gap is None:
@@ -587,7 +605,8 @@ class Dashboard:
                       "batch_interval": BATCH_INTERVAL})
 
     async def _peers(self, request: web.Request) -> web.StreamResponse:
-        return _json({"self": self.me, "mesh": self.node.config.mesh, "peers": self.peers()})
+        return _json({"self": self.me, "mesh": self.node.config.mesh, "peers": self.peers(),
+                      "log": self.log.status()})
 
     async def _tasks(self, request: web.Request) -> web.StreamResponse:
         return _json({"tasks": self.tracker.tasks()})
