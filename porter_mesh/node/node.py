@@ -231,6 +231,15 @@ class Message(NamedTuple):
 _T = TypeVar("_T")
 
 
+def _tcp_address(sock: zmq.Socket[bytes], host: str) -> str:
+    """``tcp://HOST`` for binding ``sock`` on ``host`` (without the port); an IPv6 host
+    is bracketed and turns IPv6 on for the socket."""
+    if ":" in host:
+        sock.setsockopt(zmq.IPV6, 1)
+        return f"tcp://[{host}]"
+    return f"tcp://{host}"
+
+
 def _first(item: tuple[Activity, Any, Any]) -> Activity:
     return item[0]
 
@@ -467,12 +476,7 @@ class Node:
             self._trust_generation = security.store.generation
             self._trust_removals = security.store.removals
         try:
-            # XPUB rather than PUB: it tells us who subscribed to what, so callers can
-            # wait for subscribers instead of guessing (the "slow joiner" problem).
-            self._pub = self._server_socket(zmq.XPUB)
-            self._pub.setsockopt(zmq.XPUB_VERBOSER, 1)
-            # Bound in bytes: messages are at most broadcast_message_bytes (see _batches).
-            self._pub.setsockopt(zmq.SNDHWM, cfg.pub_hwm)
+            self._pub = self._new_pub()
             self.pub_port = self._bind(self._pub, cfg.pub_port)
             self._router = self._server_socket(zmq.ROUTER)
             self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
@@ -685,17 +689,22 @@ class Node:
             self._security.client(sock, server_key)
         return sock
 
+    def _new_pub(self) -> zmq.Socket[bytes]:
+        # XPUB rather than PUB: it tells us who subscribed to what, so callers can wait
+        # for subscribers instead of guessing (the "slow joiner" problem).
+        sock = self._server_socket(zmq.XPUB)
+        sock.setsockopt(zmq.XPUB_VERBOSER, 1)
+        # Bound in bytes: messages are at most broadcast_message_bytes (see _batches).
+        sock.setsockopt(zmq.SNDHWM, self.config.pub_hwm)
+        return sock
+
     def _bind(self, sock: zmq.Socket[bytes], port: int) -> int:
         chosen = port
         for host in self.config.interfaces:
-            addr = f"[{host}]" if ":" in host else host
-            if ":" in host:
-                sock.setsockopt(zmq.IPV6, 1)
             if chosen == 0:
-                endpoint = sock.bind_to_random_port(f"tcp://{addr}")
-                chosen = endpoint
+                chosen = sock.bind_to_random_port(_tcp_address(sock, host))
             else:
-                sock.bind(f"tcp://{addr}:{chosen}")
+                sock.bind(f"{_tcp_address(sock, host)}:{chosen}")
         return chosen
 
     def _watch(self, sock: zmq.Socket[bytes], drain: Callable[[], None]) -> None:
@@ -907,9 +916,7 @@ class Node:
         self._subscribers.clear()
         self._subscribed.clear()
         self._direct_watched = False
-        sock = self._pub = self._server_socket(zmq.XPUB)
-        sock.setsockopt(zmq.XPUB_VERBOSER, 1)
-        sock.setsockopt(zmq.SNDHWM, self.config.pub_hwm)
+        sock = self._pub = self._new_pub()
         self.counters["security.pub-reopened"] += 1
         log.info("node %s: a key left the trusted directory; every subscriber of this "
                  "node's PUB was cut and must reconnect", self.name)
@@ -925,11 +932,8 @@ class Node:
             return  # the node closed, or cut its subscribers again, meanwhile
         while hosts:
             host = hosts[0]
-            if ":" in host:
-                sock.setsockopt(zmq.IPV6, 1)
-            addr = f"[{host}]" if ":" in host else host
             try:
-                sock.bind(f"tcp://{addr}:{self.pub_port}")
+                sock.bind(f"{_tcp_address(sock, host)}:{self.pub_port}")
             except zmq.ZMQError as exc:
                 if exc.errno == zmq.EADDRINUSE and time.monotonic() < deadline:
                     assert self._loop is not None
