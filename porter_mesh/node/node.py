@@ -582,6 +582,11 @@ class Node:
         """True when this node runs CurveZMQ."""
         return self._security is not None
 
+    @property
+    def security(self) -> MeshSecurity | None:
+        """The running node's keys, trusted directory and audit log (None if unsecured)."""
+        return self._security
+
     async def aclose(self) -> None:
         """Leave gracefully: say goodbye, unregister from mDNS, fail pending sends,
         close every socket. Idempotent."""
