@@ -506,15 +506,22 @@ class _Applier:
             self._pending += len(task.add)
             self._cond.notify_all()
 
-    def drain(self) -> None:
+    def drain(self, recovery_timeout: float = 0.0) -> None:
         """Wait until every submitted batch is in the store.
+
+        Args:
+            recovery_timeout: how long to wait for a failed store to be recovered (never
+                wait for that while holding the shard's lock: recovery needs it).
 
         Raises:
             KnowledgeError: the store failed (and, if it can, is being recovered).
         """
+        deadline = time.monotonic() + recovery_timeout
         with self._cond:
-            while (self._queue or self._busy) and self._error is None:
-                self._cond.wait()
+            while (self._queue or self._busy) and (
+                    self._error is None or time.monotonic() < deadline):
+                self._cond.wait(None if self._error is None
+                                else max(0.0, deadline - time.monotonic()))
             self._raise_error()
 
     def _raise_error(self) -> None:
@@ -549,12 +556,14 @@ class _Applier:
                 if self._error is None:
                     self._write(task)
             except Exception as exc:  # kept (as text) and raised to the next caller
-                log.error("shard store write failed: %s", exc)
+                # Only the words, here and in the log: the exception's frames would keep
+                # the failed store object alive (a log handler may keep its records), and
+                # with it RocksDB's lock on the directory, so it could not be reopened.
+                text = str(exc)
+                log.error("shard store write failed: %s", text)
                 failed = True
                 with self._cond:
-                    # Only the words: the exception's frames would keep the failed store
-                    # object alive, and with it RocksDB's lock on the directory.
-                    self._error = KnowledgeError(str(exc))
+                    self._error = KnowledgeError(text)
                     # What waits is in the journal: recovery applies it from there.
                     self._queue.clear()
                     self._pending = 0
@@ -584,7 +593,7 @@ class _Applier:
             try:
                 self._recover()
             except Exception as exc:
-                log.debug("shard store not recovered yet: %s", exc)
+                log.debug("shard store not recovered yet: %s", str(exc))
                 delay = min(delay * 2, 5.0)
                 continue
             with self._cond:
@@ -1211,6 +1220,16 @@ class Shard:
         """
         self._check_open()
         self._applier.drain()
+
+    def wait_store(self, timeout: float) -> None:
+        """Like :meth:`sync`, but give a failed store up to ``timeout`` seconds to be
+        recovered (after a full disk was given space again).
+
+        Raises:
+            KnowledgeError: the shard is closed, or the store is still failing.
+        """
+        self._check_open()
+        self._applier.drain(timeout)
 
     def close(self) -> None:
         """Stop the query worker, release the store and the directory lock."""
