@@ -215,6 +215,13 @@ class Identity:
     signing_public: bytes | None = None
     signing_secret: bytes | None = field(default=None, repr=False)
 
+    @property
+    def signing_key_z85(self) -> str | None:
+        """The public signing key as Z85 text (what adverts carry), or None."""
+        if self.signing_public is None:
+            return None
+        return zmq.utils.z85.encode(self.signing_public).decode("ascii")
+
 
 def load_identity(path: pathlib.Path) -> Identity:
     """Load a secret certificate made by ``porter-mesh keygen``.
@@ -556,6 +563,18 @@ class TrustStore:
             self._warned.add(filename)
             log.warning(message, *args)
 
+    def _signing_problem(self, advert: PeerAdvert, owner: str) -> tuple[str, str] | None:
+        """An advert whose CURVE key is right but whose signing key is not the trusted one
+        (an advert without one is fine: replicas never take the key from adverts)."""
+        trusted = self._signing.get(owner)
+        if advert.signing_key is None or (
+                trusted is not None
+                and zmq.utils.z85.encode(trusted).decode("ascii") == advert.signing_key):
+            return None
+        return ("advert-key-mismatch",
+                f"advert of {advert.name!r} carries signing key {advert.signing_key[:8]}..., "
+                f"which is not the one trusted for {owner!r}")
+
     def advert_problem(self, advert: PeerAdvert) -> tuple[str, str] | None:
         """Why a secured node must ignore ``advert``, or None when its key is trusted for
         its name.
@@ -572,7 +591,7 @@ class TrustStore:
         holder = self._by_key.get(advert.public_key)
         owner = key_name(advert.name)  # a seat of the human holds porter-ui's key
         if holder == owner:
-            return None
+            return self._signing_problem(advert, owner)
         expected = self._by_name.get(owner)
         if holder is None and expected is None:
             return ("untrusted-advert",

@@ -726,6 +726,7 @@ class Node:
             addresses=tuple(self.config.interfaces), slots=self.config.slots,
             tools=tuple(self.config.tools),
             public_key=self._security.identity.public_key if self._security else None,
+            signing_key=self._security.identity.signing_key_z85 if self._security else None,
         )
 
     def _on_discovered(self, advert: PeerAdvert) -> None:

@@ -47,9 +47,10 @@ def public_of(path: pathlib.Path) -> str:
     return zmq.auth.load_certificate(path)[0].decode()
 
 
-def advert(name: str, key: str | None) -> PeerAdvert:
+def advert(name: str, key: str | None, signing: str | None = None) -> PeerAdvert:
     return PeerAdvert(name=name, role="agent", mesh="m", pub_port=1, router_port=2,
-                      version=C.PROTOCOL_VERSION, incarnation=1, public_key=key)
+                      version=C.PROTOCOL_VERSION, incarnation=1, public_key=key,
+                      signing_key=signing)
 
 
 # -- libzmq ------------------------------------------------------------------------------------
@@ -173,6 +174,12 @@ def test_adverts_are_checked_against_the_binding(tmp_path: pathlib.Path) -> None
     assert store.advert_problem(advert("alice", stranger))[0] == "advert-key-mismatch"  # type: ignore[index]
     assert store.advert_problem(advert("carol", stranger))[0] == "untrusted-advert"  # type: ignore[index]
     assert store.advert_problem(advert("carol", bob))[0] == "advert-key-mismatch"  # type: ignore[index]
+    # The signing key, when an advert carries one, must be the one trusted for the name.
+    alice_signs = load_identity(secrets["alice"]).signing_key_z85
+    bob_signs = load_identity(secrets["bob"]).signing_key_z85
+    assert store.advert_problem(advert("alice", alice, alice_signs)) is None
+    assert store.advert_problem(advert("alice", alice, bob_signs))[0] == (  # type: ignore[index]
+        "advert-key-mismatch")
 
 
 # -- the audit log -----------------------------------------------------------------------------
