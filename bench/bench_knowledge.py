@@ -98,6 +98,7 @@ from porter_mesh.core.knowledge import (
     format_timestamp,
     record_signing_bytes,
 )
+from porter_mesh.errors import SyncError
 
 NAME = "knowledge"
 TARGETS = {"merge_obs_per_s": 20_000.0, "profile_p50_ms_100k": 2.0,
@@ -142,9 +143,19 @@ def make_records(n: int) -> list[Record]:
 
 
 def messages(records: Sequence[Record], batch: int) -> list[bytes]:
-    """The records as ``Records`` sync messages of ``batch`` records."""
-    return [encode_sync(Records(tuple(records[i:i + batch])))
-            for i in range(0, len(records), batch)]
+    """The records as ``Records`` sync messages of ``batch`` records (halved while a
+    message would exceed the size limit: signed records are some 66 bytes larger)."""
+    out: list[bytes] = []
+    for i in range(0, len(records), batch):
+        pending = [tuple(records[i:i + batch])]
+        while pending:
+            part = pending.pop(0)
+            try:
+                out.append(encode_sync(Records(part)))
+            except SyncError:
+                half = len(part) // 2
+                pending[:0] = [part[:half], part[half:]]
+    return out
 
 
 def signed(records: Sequence[Record], root: pathlib.Path

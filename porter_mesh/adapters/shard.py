@@ -778,13 +778,7 @@ class Shard:
         try:
             if self._closed:
                 return
-            self._engine.close()
-            if self._graph is not None:
-                view_store: Any = self._graph.store
-                view_store._store = ox.Store()
-                self._graph = None
-            del self._store
-            gc.collect()  # the RocksDB lock goes with the last reference to the store
+            self._release_store()
             try:
                 self._store = ox.Store(str(self.data_dir / "oxigraph"))
             except OSError:
@@ -1231,6 +1225,18 @@ class Shard:
         self._check_open()
         self._applier.drain(timeout)
 
+    def _release_store(self) -> None:
+        """Let go of the store: the query engine's, the rdflib view's and our reference."""
+        self._engine.close()
+        if self._graph is not None:
+            # A caller may still hold the graph: point it at an empty store so that the
+            # RocksDB files are released, and make it refuse to answer.
+            view_store: Any = self._graph.store
+            view_store._store = ox.Store()
+            self._graph = None
+        del self._store
+        gc.collect()  # the RocksDB lock goes with the last reference to the store
+
     def close(self) -> None:
         """Stop the query worker, release the store and the directory lock."""
         with self._lock:
@@ -1238,15 +1244,7 @@ class Shard:
                 return
             self._closed = True
             self._applier.close()
-            self._engine.close()
-            if self._graph is not None:
-                # A caller may still hold the graph: point it at an empty store so that the
-                # RocksDB files are released, and make it refuse to answer.
-                view_store: Any = self._graph.store
-                view_store._store = ox.Store()
-                self._graph = None
-            del self._store
-            gc.collect()  # the RocksDB lock goes with the last reference to the store
+            self._release_store()
             self._journal.close()
             shutil.rmtree(self.data_dir / "checkpoints", ignore_errors=True)
             self._dir_lock.release()

@@ -48,7 +48,7 @@ from porter_mesh.core.peers import PeerEvent
 from porter_mesh.errors import PorterError
 from porter_mesh.node.knowledge import Knowledge
 from porter_mesh.node.node import Node
-from tests.integration.harness import NodeProcess
+from tests.integration.harness import NodeProcess, peers_seen
 
 KG_PROC = pathlib.Path(__file__).resolve()
 
@@ -219,6 +219,15 @@ def poll(cond: Callable[[], Any], timeout: float, what: str) -> Any:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout}s (last: {value!r})")
+
+
+def see_each_other(nodes: list[KgProcess], timeout: float = 20) -> None:
+    """Wait until every node has seen every other one join."""
+    names = {n.name for n in nodes}
+    for node in nodes:
+        others = names - {node.name}
+        node.wait_until(lambda ev, o=others: peers_seen(ev) >= o, timeout,
+                        f"{node.name} finds {sorted(others)}")
 
 
 class KgProcess(NodeProcess):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,22 +28,13 @@ from porter_mesh.core.knowledge import (
     record_signing_bytes,
 )
 from porter_mesh.node.config import ENV_KEY, ENV_TRUSTED
-from tests.integration.harness import peers_seen
-from tests.integration.kg_proc import KgProcess, poll
+from tests.integration.kg_proc import KgProcess, poll, see_each_other
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
 
 _ids = itertools.count()
 TIMINGS = ("--heartbeat", "0.2", "--evasive-after", "1.5", "--expire-after", "5")
 BACKDOOR = "deploy the backdoor"
-
-
-@pytest.fixture
-def procs() -> Iterator[list[KgProcess]]:
-    started: list[KgProcess] = []
-    yield started
-    for p in started:
-        p.stop()
 
 
 class SecuredMesh:
@@ -86,21 +76,13 @@ def held(node: KgProcess, origin: str, seq: int) -> str | None:
     return None
 
 
-def see_each_other(nodes: list[KgProcess], timeout: float = 30) -> None:
-    names = {n.name for n in nodes}
-    for node in nodes:
-        others = names - {node.name}
-        node.wait_until(lambda ev, o=others: peers_seen(ev) >= o, timeout,
-                        f"{node.name} finds {sorted(others)}")
-
-
 def test_an_insider_cannot_plant_records_in_another_agents_name(
         tmp_path: Path, procs: list[KgProcess]) -> None:
     mesh = SecuredMesh(tmp_path)
     alice_name, carol_name = mesh.agents["alice"], mesh.agents["carol"]
     alice, bob, carol, mallory = (mesh.start(procs, a)
                                   for a in ("alice", "bob", "carol", "mallory"))
-    see_each_other([alice, bob, carol, mallory])
+    see_each_other([alice, bob, carol, mallory], 30)
 
     alice.command(op="remember", n=1, prefix="alice genuine ")
     first = alice.wait_for(lambda e: e["ev"] == "stored", 20, "alice's first record")
