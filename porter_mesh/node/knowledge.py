@@ -529,11 +529,11 @@ class Knowledge:
                 except StorageError:
                     self.counters["storage.write-failed"] += 1
         if report is not None:
-            self._merged(report, inbound[-1][0])
+            self._merged(report, inbound[-1][0], broadcast=True)
 
-    def _merged(self, report: MergeReport, peer: str) -> None:
+    def _merged(self, report: MergeReport, peer: str, *, broadcast: bool = False) -> None:
         if report.refused:
-            self._forged(report, peer)
+            self._forged(report, peer, broadcast=broadcast)
         self.counters["merged.records"] += report.accepted
         self.counters["merged.duplicates"] += report.duplicates
         if report.accepted:
@@ -541,10 +541,19 @@ class Knowledge:
             self._notify("merged", report)
             self._wake()
 
-    def _forged(self, report: MergeReport, peer: str) -> None:
-        """Count and audit records refused for their signatures (relayed by ``peer``)."""
+    def _forged(self, report: MergeReport, peer: str, *, broadcast: bool) -> None:
+        """Count and audit records refused for their signatures.
+
+        Args:
+            report: the merge that left them out.
+            peer: the peer whose message carried them.
+            broadcast: the records came in a batch of broadcasts, where each sender
+                carries only its own records: each was sent by its claimed author.
+        """
         security = self.node.security
         for refused in report.refused:
+            if broadcast:
+                peer = refused.origin
             self.counters["refused." + refused.reason] += 1
             origin = refused.origin
             if (origin not in self.refused_by_origin
@@ -824,11 +833,22 @@ class Knowledge:
             ``observations``, ``observation_records``, ``retractions``,
             ``version_vector``, ``digest`` (hex), ``records``, ``write_failures`` (journal
             writes that failed), ``checks_signatures``, ``refused_by_origin`` (records
-            refused for their signatures, per claimed author), and the counters
+            refused for their signatures, per claimed author), ``store_error`` (only while
+            the store is being recovered; ``observations`` is then ``None``), and the counters
             (``sent.*``, ``received.*``, ``merged.*``, ``timeout.*``, ``catchups``,
             ``refused.*``, ``storage.write-failed``...).
         """
-        st = self.shard.stats()
+        try:
+            st = self.shard.stats()
+        except KnowledgeError as exc:  # the store is being recovered: what the state says
+            state = self.shard.state
+            return {"observations": None, "observation_records": state.observation_records,
+                    "retractions": state.retraction_records,
+                    "records": state.record_count, "version_vector": state.version_vector(),
+                    "digest": state.digest().top.hex(),
+                    "write_failures": self.shard.write_failures, "store_error": str(exc),
+                    "checks_signatures": self.shard.checks_signatures,
+                    "refused_by_origin": dict(self.refused_by_origin), **dict(self.counters)}
         return {"observations": st.observations, "observation_records": st.observation_records,
                 "retractions": st.retractions, "records": st.observation_records
                 + st.retractions, "version_vector": st.version_vector, "digest": st.digest,
