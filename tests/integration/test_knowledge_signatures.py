@@ -147,3 +147,30 @@ def test_an_insider_cannot_plant_records_in_another_agents_name(
             warnings = [line for line in log.splitlines()
                         if "(forged-record)" in line and f"({origin}," in line]
             assert len(warnings) == 1, (who, origin, warnings)
+
+
+def test_a_node_whose_key_cannot_sign_refuses_to_write_knowledge_and_says_why(
+        tmp_path: Path) -> None:
+    import zmq.auth
+
+    from porter_mesh.errors import SecurityError
+    from porter_mesh.node.knowledge import attach_knowledge
+    from porter_mesh.node.sync import SyncNode
+
+    # A key pair as it was made before signing keys: trusted, but it cannot sign.
+    zmq.auth.create_certificates(str(tmp_path), "old", metadata={"name": "old"})
+    secret = tmp_path / "old.key_secret"
+    os.chmod(secret, 0o600)
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    (trusted / "old.key").write_bytes((tmp_path / "old.key").read_bytes())
+    with SyncNode(name="old", mesh=f"kgs{os.getpid()}-{next(_ids)}", discovery=False,
+                  secret_key_file=secret, trusted_dir=trusted) as node:
+        knowledge = attach_knowledge(node, tmp_path / "shard")
+        try:
+            with pytest.raises(SecurityError, match="add-signing-key"):
+                node.call_in_loop(lambda: knowledge.knowledge.async_observe(
+                    "urn:porter:file:x", "not signed, so not written"))
+            assert knowledge.knowledge.shard.state.record_count == 0
+        finally:
+            knowledge.close()
