@@ -52,6 +52,10 @@ from tests.integration.harness import NodeProcess, peers_seen
 
 KG_PROC = pathlib.Path(__file__).resolve()
 
+#: Peer timings for loaded machines (two cores running several nodes that fsync), as
+#: command-line options of this script.
+TIMINGS = ("--heartbeat", "0.2", "--evasive-after", "1.5", "--expire-after", "5")
+
 LIVE_QUERY = "SELECT ?o ?by WHERE { ?o a porter:Observation ; porter:discoveredBy ?by }"
 
 

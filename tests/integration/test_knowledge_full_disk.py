@@ -22,10 +22,9 @@ from porter_mesh.adapters.shard import Shard
 from porter_mesh.core.knowledge import Observation, Record, format_timestamp
 from porter_mesh.errors import KnowledgeError, StorageError
 from tests.integration.harness import peers_seen
-from tests.integration.kg_proc import KgProcess, poll
+from tests.integration.kg_proc import TIMINGS, KgProcess, poll
 
 _ids = itertools.count()
-TIMINGS = ("--heartbeat", "0.2", "--evasive-after", "1.5", "--expire-after", "5")
 #: A finding larger than a page, so that its frame cannot hide in the journal's last one.
 BIG = "x" * 10_000
 

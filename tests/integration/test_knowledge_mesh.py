@@ -44,13 +44,11 @@ from porter_mesh.core.knowledge import (
 from porter_mesh.node.node import Reply
 from porter_mesh.node.sync import SyncNode
 from tests.integration.harness import peers_seen
-from tests.integration.kg_proc import KgProcess, poll, see_each_other
+from tests.integration.kg_proc import TIMINGS, KgProcess, poll, see_each_other
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 
 _mesh_ids = itertools.count()
-#: Peer timings for loaded machines: two cores run five nodes that fsync.
-TIMINGS = ("--heartbeat", "0.2", "--evasive-after", "1.5", "--expire-after", "5")
 
 
 @pytest.fixture

@@ -28,12 +28,11 @@ from porter_mesh.core.knowledge import (
     record_signing_bytes,
 )
 from porter_mesh.node.config import ENV_KEY, ENV_TRUSTED
-from tests.integration.kg_proc import KgProcess, poll, see_each_other
+from tests.integration.kg_proc import TIMINGS, KgProcess, poll, see_each_other
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
 
 _ids = itertools.count()
-TIMINGS = ("--heartbeat", "0.2", "--evasive-after", "1.5", "--expire-after", "5")
 BACKDOOR = "deploy the backdoor"
 
 
