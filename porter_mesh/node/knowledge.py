@@ -819,12 +819,16 @@ class Knowledge:
     def summary(self) -> dict[str, Any]:
         """The replica's size and digest, cheaply (the node's view shows it):
         ``observations`` and ``retractions`` recorded, ``origins``, ``digest`` (hex),
-        ``data_dir`` and the peer a catch-up runs from (or ``None``)."""
+        ``data_dir``, the peer a catch-up runs from (or ``None``), ``write_failures``
+        (journal writes that failed: a full disk) and ``forged`` (records refused for
+        their signatures)."""
         state = self.shard.state
         return {"observations": state.observation_records,
                 "retractions": state.retraction_records,
                 "origins": len(state.version_vector()), "digest": state.digest().top.hex(),
-                "data_dir": str(self.shard.data_dir), "catching_up_from": self._catchup_peer}
+                "data_dir": str(self.shard.data_dir), "catching_up_from": self._catchup_peer,
+                "write_failures": self.shard.write_failures,
+                "forged": sum(self.refused_by_origin.values())}
 
     def stats(self) -> dict[str, Any]:
         """Shard summary plus replication counters.
