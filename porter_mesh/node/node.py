@@ -593,6 +593,11 @@ class Node:
         """True when this node runs CurveZMQ."""
         return self._security is not None
 
+    @property
+    def security(self) -> MeshSecurity | None:
+        """The running node's keys, trusted directory and audit log (None if unsecured)."""
+        return self._security
+
     async def aclose(self) -> None:
         """Leave gracefully: say goodbye, unregister from mDNS, fail pending sends,
         close every socket. Idempotent."""
@@ -737,6 +742,7 @@ class Node:
             addresses=tuple(self.config.interfaces), slots=self.config.slots,
             tools=tuple(self.config.tools),
             public_key=self._security.identity.public_key if self._security else None,
+            signing_key=self._security.identity.signing_key_z85 if self._security else None,
         )
 
     def _on_discovered(self, advert: PeerAdvert) -> None:

@@ -50,7 +50,9 @@ def test_round_trip_minimal() -> None:
 
 
 def test_round_trip_full() -> None:
-    ad = advert(public_key=KEY, slots=3, tools=("bash", "read_file", "memory.query"))
+    ad = advert(public_key=KEY, slots=3, tools=("bash", "read_file", "memory.query"),
+                signing_key=KEY[::-1])
+    assert encode_txt(ad)["sk"] == KEY[::-1]
     assert decode_txt(wire(encode_txt(ad)), addresses=("127.0.0.1",)) == ad
     assert decode_txt(encode_txt(ad), addresses=("127.0.0.1",)) == ad  # str keys too
 
@@ -116,6 +118,7 @@ def test_mesh_names() -> None:
         ({"addresses": ("localhost",)}, "not an IP address"),
         ({"addresses": ["127.0.0.1"]}, "tuple"),
         ({"public_key": "short"}, "Z85"),
+        ({"signing_key": "short"}, "Z85"),
         ({"slots": -1}, "slots"),
         ({"tools": ("a,b",)}, "tool name"),
         ({"tools": tuple(f"t{i}" for i in range(65))}, "tools"),
