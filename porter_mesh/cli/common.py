@@ -251,21 +251,36 @@ def names(items: Iterable[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
+#: The exit status of a command stopped by Ctrl-C (SIGINT), as shells report it (128 + 2).
+EXIT_INTERRUPTED = 130
+
+
 def run(main: Callable[[], Awaitable[int]]) -> int:
     """Run ``main`` until it returns or SIGINT/SIGTERM arrives.
 
+    Returns:
+        ``main``'s status; :data:`EXIT_INTERRUPTED` when SIGINT (Ctrl-C) stopped it, so
+        that a script can tell an interrupted command from one that finished; 0 when
+        SIGTERM stopped it (the way a supervisor asks a long-running command to end).
+
     Errors are left to :func:`report_error` (the entry point calls it).
     """
+    stopped_by: list[signal.Signals] = []
 
     async def runner() -> int:
         loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(main())
+
+        def stop(sig: signal.Signals) -> None:
+            stopped_by.append(sig)
+            task.cancel()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
+            loop.add_signal_handler(sig, stop, sig)
         try:
             return await task
         except asyncio.CancelledError:
-            return 0
+            return EXIT_INTERRUPTED if signal.SIGINT in stopped_by[:1] else 0
 
     return asyncio.run(runner())
 
