@@ -340,6 +340,44 @@ def channel_name(text: str) -> str:
     return text
 
 
+#: The profile's channels a user sends on or watches, besides ``task:<agent>``.
+PROFILE_CHANNELS = (C.CHANNEL_LOG, C.CHANNEL_TASK, C.CHANNEL_REVIEW)
+#: The option that lets a channel outside the profile through.
+ANY_CHANNEL = "--any-channel"
+
+
+def add_any_channel_option(parser: argparse.ArgumentParser) -> None:
+    """``--any-channel``: a channel outside the profile's set is meant, not misspelt."""
+    parser.add_argument(ANY_CHANNEL, action="store_true",
+                        help="allow a channel outside the profile's (log, task, "
+                        "task:<agent>, review): one of your own, used on purpose")
+
+
+def check_profile_channel(channel: str, *, allowed: Iterable[str] = ()) -> None:
+    """Refuse a channel outside the profile's set: most likely a misspelling.
+
+    Nobody subscribes to a channel of one's own invention, so a send to ``lgo`` would
+    "succeed" to nobody; the user says it is deliberate with ``--any-channel``.
+
+    Args:
+        channel: the channel given.
+        allowed: more channels the command accepts (``tail`` watches ``control`` too).
+
+    Raises:
+        ConfigError: not one of the profile's channels; the message lists them and
+            suggests the close spelling.
+    """
+    known = (*PROFILE_CHANNELS, *allowed)
+    if channel in known or channel.startswith(C.DIRECT_PREFIX):
+        return
+    import difflib
+
+    close = difflib.get_close_matches(channel, known, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(f"{channel!r} is not a channel of the profile ({', '.join(known)} or "
+                      f"task:<agent>); {hint}give {ANY_CHANNEL} to use it all the same")
+
+
 def peer_event_line(event: PeerEvent, *, verbose: bool = False) -> str | None:
     """A roster change as a line for people, or None when it is not news: a command
     line's seat coming and going (shown with ``-v``)."""

@@ -9,7 +9,9 @@ handful of cases also run as real processes.
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
+import signal
 import subprocess
 from collections.abc import Iterator
 
@@ -17,7 +19,7 @@ import pytest
 
 from porter_mesh.cli import common
 from porter_mesh.cli.main import build_parser, main
-from tests.integration.cli_proc import cli
+from tests.integration.cli_proc import Running, cli
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -110,6 +112,9 @@ def test_a_bad_value_is_one_line_and_exit_2(argv: list[str], bad: str,
     ["validate", "/nonexistent/file.jsonl"],
     ["request", "task:w1", "hi", "--type", "Note"],
     ["send", "log", "hi", "--type", "Shout"],
+    ["send", "lgo", "hello"],
+    ["request", "lgo", "anyone?", "--context", "abc"],
+    ["tail", "log", "reveiw"],
     ["nosuchcommand"],
 ])
 def test_as_a_process(argv: list[str]) -> None:
@@ -117,6 +122,21 @@ def test_as_a_process(argv: list[str]) -> None:
     assert out.returncode == 2, (out.returncode, out.stderr)
     assert "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_a_channel_outside_the_profile_is_a_mistake_unless_meant(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["send", "lgo", "hello"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("porter-mesh send: 'lgo' is not a channel of the profile (log, task, "
+                   "review or task:<agent>); did you mean 'log'? give --any-channel to use "
+                   "it all the same"), err
+    assert main(["tail", "control", "logs"]) == 2  # tail may watch control
+    assert "'logs' is not a channel of the profile" in capsys.readouterr().err
+    # Meant: it goes on to look for the mesh, which is empty.
+    mesh = f"anychannel{os.getpid()}"
+    assert main(["send", "lgo", "hello", "--any-channel", "--wait", "0", "--mesh", mesh]) == 1
+    assert f"nobody on mesh '{mesh}'" in capsys.readouterr().err
 
 
 def test_bad_files_and_data_directories(tmp_path: pathlib.Path) -> None:
@@ -174,3 +194,25 @@ def test_bash_completion_completes_sub_commands_and_options(tmp_path: pathlib.Pa
     lines = out.stdout.splitlines()
     assert lines[0].split() == ["request"], out
     assert "--timeout" in lines[1].split(), out
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("argv", [
+    ["peers", "--wait", "30"],
+    ["tail"],
+    ["request", "log", "anyone?", "--context", "ctrl-c", "--wait", "30"],
+    ["send", "log", "hello", "--wait", "30"],
+], ids=lambda argv: argv[0])
+def test_ctrl_c_exits_130(argv: list[str]) -> None:
+    """An interrupted command is told apart from one that finished (status 0)."""
+    mesh = f"ctrlc{os.getpid()}-{argv[0]}"
+    running = Running("-v", *argv, "--mesh", mesh)  # a mesh of its own: nobody answers
+    try:
+        running.wait_until(lambda: any(" up: pub " in line for line in running.err), 30,
+                           "the command's node up")
+        running.proc.send_signal(signal.SIGINT)
+        status = running.proc.wait(30)
+    finally:
+        running.stop()
+    assert status == 130, (status, running.err[-5:])
+    assert not any("Traceback" in line for line in running.err), running.err
