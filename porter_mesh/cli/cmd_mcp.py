@@ -22,6 +22,7 @@ from porter_mesh.cli.common import (
     agent_name,
     count,
     data_dir_of,
+    install_command,
     node_config,
     seconds,
 )
@@ -85,8 +86,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         from porter_mesh.gateways.mcp.server import McpGateway
     except ImportError as exc:
-        return _usage(f"the MCP SDK is missing ({exc}); install it with: pip install "
-                      "'porter-mesh[mcp]'")
+        return _usage(f"the MCP SDK is missing ({exc}); install it with: "
+                      f"{install_command('mcp')}")
     if args.recent < 1:
         return _usage("--recent must be at least 1")
     workspace: pathlib.Path | None = None

@@ -309,6 +309,27 @@ def report_error(command: str | None, exc: BaseException) -> int:
     return 1
 
 
+def install_command(extra: str) -> str:
+    """The command that installs the optional part ``extra`` (``mcp``...) where this
+    ``porter-mesh`` runs: with its own interpreter (so into its virtualenv, whatever
+    ``pip`` the shell finds first), and from the checkout when it runs from one (the
+    project is not taken from a package index then).
+
+    Args:
+        extra: the name of the extra in ``pyproject.toml``.
+
+    Returns:
+        One shell command line.
+    """
+    import shlex
+
+    checkout = pathlib.Path(__file__).resolve().parents[2]
+    target = (f"{checkout}[{extra}]" if (checkout / "pyproject.toml").is_file()
+              and (checkout / "porter_mesh").is_dir() else f"porter-mesh[{extra}]")
+    editable = "-e " if target.startswith(str(checkout)) else ""
+    return f"{shlex.quote(sys.executable)} -m pip install {editable}{shlex.quote(target)}"
+
+
 def default_data_root() -> pathlib.Path:
     """Where nodes keep their data unless told otherwise."""
     return data_root()

@@ -139,6 +139,52 @@ def test_a_channel_outside_the_profile_is_a_mistake_unless_meant(
     assert f"nobody on mesh '{mesh}'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("action", ["stats", "export"])
+def test_kg_without_a_shard_named_is_a_usage_mistake(action: str) -> None:
+    out = cli("kg", action, timeout=30)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert out.stderr.startswith("porter-mesh kg: say which shard: --data-dir DIR, or "
+                                 "--agent NAME"), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_the_mcp_install_hint_works_where_the_command_runs() -> None:
+    import sys
+
+    # The SDK masked, as if the extra were not installed: the command says what to run.
+    masked = ("import sys; sys.modules['mcp'] = None\n"
+              "from porter_mesh.cli.main import main\n"
+              "sys.exit(main(['mcp', '--name', 'x']))")
+    out = subprocess.run([sys.executable, "-c", masked], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    # This interpreter's pip (the venv's, whatever 'pip' the shell finds) and this
+    # checkout (the project is on no package index).
+    assert out.stderr.strip().endswith(
+        f"install it with: {sys.executable} -m pip install -e '{repo}[mcp]'"), out.stderr
+
+
+@pytest.mark.network
+def test_a_second_dashboard_is_told_to_use_another_mesh() -> None:
+    mesh = f"twoui{os.getpid()}"
+    first = Running("ui", "--mesh", mesh, "--port", "0")
+    try:
+        first.wait_until(lambda: any("porter-ui: open" in line for line in first.out), 60,
+                         "the first dashboard's address")
+        second = cli("ui", "--mesh", mesh, "--port", "0", timeout=60)
+    finally:
+        first.stop()
+    assert second.returncode == 2, second.stderr
+    line, = second.stderr.strip().splitlines()
+    assert line.startswith(f"porter-mesh ui: another porter-mesh ui (pid {first.proc.pid}) "
+                           f"already serves mesh {mesh!r} from "), line
+    assert line.endswith(f": open the address it printed, stop it (kill {first.proc.pid}), "
+                         "or run this one on another --mesh"), line
+    assert "--data-dir" not in line, line
+
+
 def test_bad_files_and_data_directories(tmp_path: pathlib.Path) -> None:
     not_json = tmp_path / "a.json"
     not_json.write_text("hello")

@@ -53,6 +53,12 @@ def _write(tmp_path: Path, text: str, name: str = "team.toml") -> Path:
     return path
 
 
+def _good_team(tmp_path: Path) -> tuple[str, Path]:
+    """A mesh of its own and the GOOD team file on it."""
+    mesh = _mesh()
+    return mesh, _write(tmp_path, GOOD.format(mesh=mesh, max_restarts=5))
+
+
 # -- the file --------------------------------------------------------------------------------
 
 BASE = """
@@ -222,8 +228,7 @@ def _gone(pids: list[int], timeout: float = 10) -> list[int]:
 @pytest.mark.timeout(120)
 def test_up_runs_the_team_restarts_a_killed_agent_and_stops_on_ctrl_c(
         tmp_path: Path) -> None:
-    mesh = _mesh()
-    path = _write(tmp_path, GOOD.format(mesh=mesh, max_restarts=5))
+    mesh, path = _good_team(tmp_path)
     up = Running("up", str(path))
     pids: list[int] = []
     try:
@@ -256,8 +261,7 @@ def test_up_runs_the_team_restarts_a_killed_agent_and_stops_on_ctrl_c(
 @pytest.mark.network
 @pytest.mark.timeout(120)
 def test_a_second_up_refuses_at_once_and_mesh_runs_a_second_copy(tmp_path: Path) -> None:
-    mesh = _mesh()
-    path = _write(tmp_path, GOOD.format(mesh=mesh, max_restarts=5))
+    mesh, path = _good_team(tmp_path)
     first = Running("up", str(path))
     copy: Running | None = None
     try:
@@ -296,8 +300,7 @@ def test_a_second_up_refuses_at_once_and_mesh_runs_a_second_copy(tmp_path: Path)
 @pytest.mark.network
 @pytest.mark.timeout(120)
 def test_an_agent_that_refuses_its_settings_is_not_restarted(tmp_path: Path) -> None:
-    mesh = _mesh()
-    path = _write(tmp_path, GOOD.format(mesh=mesh, max_restarts=5))
+    mesh, path = _good_team(tmp_path)
     # A node of another data directory already holds the name w1 on the mesh: w1 will
     # refuse to start (exit status 2), however often it is started.
     holder = Running("node", "--name", "w1", "--mesh", mesh,
@@ -322,6 +325,34 @@ def test_an_agent_that_refuses_its_settings_is_not_restarted(tmp_path: Path) -> 
     assert not any(" w1 " in line and ("restarting" in line or "crashed" in line)
                    for line in up.out), up.out
     assert _gone([rev]) == []
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+def test_a_draining_worker_says_so_when_it_refuses_a_task(tmp_path: Path) -> None:
+    mesh, path = _good_team(tmp_path)
+    up = Running("up", str(path))
+    try:
+        w1 = _pid(up, "w1", "alive on the mesh")
+        drained = cli("control", "drain", "--to", "w1", "--mesh", mesh, timeout=30)
+        assert drained.returncode == 0, drained.stderr
+        deadline = time.monotonic() + 30
+        while True:  # the roster says so once the worker has taken the drain
+            peers = cli("peers", "--mesh", mesh, "--json", "--wait", "3", timeout=30)
+            rows = {orjson.loads(row)["name"]: orjson.loads(row)
+                    for row in peers.stdout.splitlines()}
+            if rows.get("w1", {}).get("draining"):
+                break
+            assert time.monotonic() < deadline, peers.stdout
+        asked = cli("request", "task:w1", "Write notes.md", "--mesh", mesh, "--timeout", "20",
+                    timeout=60)
+        assert asked.returncode == 1, (asked.stdout, asked.stderr)  # a Reject
+        reject, = [line for line in asked.stdout.splitlines() if " Reject " in line]
+        assert "Draining: I finish the tasks I hold and take no new ones" in reject, reject
+        assert "Busy" not in asked.stdout
+    finally:
+        up.stop()
+    assert _gone([w1]) == []
 
 
 @pytest.mark.network
