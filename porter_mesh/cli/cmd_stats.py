@@ -23,6 +23,7 @@ from porter_mesh.cli.common import (
     add_mesh_options,
     ephemeral_name,
     node_config,
+    quiet_node_logs,
     refuse_negative,
     run,
 )
@@ -54,6 +55,7 @@ def register(sub: Any) -> None:
 
 def observer_config(args: argparse.Namespace, prefix: str) -> Any:
     """An observer's config: on no roster, announced nowhere (``peers``, ``stats``)."""
+    quiet_node_logs(args)
     return node_config(args, name=ephemeral_name(prefix), role="observer", observer=True,
                        channels=(), inbox_size=0)
 

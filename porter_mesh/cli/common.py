@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import logging
 import math
 import os
 import pathlib
@@ -182,6 +183,33 @@ def node_config(args: argparse.Namespace, **settings: Any) -> NodeConfig:
     )
 
 
+#: The environment variable that sets the log level (DEBUG, INFO, WARNING, ERROR).
+ENV_LOG = "PORTER_MESH_LOG"
+
+
+def chosen_log_level(verbose: int) -> int | None:
+    """The log level the user asked for: ``-v`` INFO, ``-vv`` DEBUG, or ``$PORTER_MESH_LOG``
+    (the lower of the two); ``None`` when they asked for none."""
+    levels = [logging.WARNING - 10 * min(verbose, 2)] if verbose > 0 else []
+    named = os.environ.get(ENV_LOG, "").upper()
+    if named in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        levels.append(getattr(logging, named))
+    return min(levels) if levels else None
+
+
+def quiet_node_logs(args: argparse.Namespace) -> None:
+    """Keep a short-lived command's own node quiet unless the user asked for its logs.
+
+    The node of a one-shot command (a seat, a ``peers`` or ``stats`` observer) is a
+    means, not the result: what it meets on its way (a peer's late sync refused while the
+    command closes its throw-away replica, say) is no news for the person reading the
+    result. Its library logs show from ERROR up, unless ``-v`` or ``$PORTER_MESH_LOG``
+    chose a level (see :func:`chosen_log_level`).
+    """
+    if chosen_log_level(getattr(args, "verbose", 0)) is None:
+        logging.getLogger("porter_mesh").setLevel(logging.ERROR)
+
+
 @functools.cache
 def own_seat() -> str:
     """This process's seat name, ``porter-ui-<6 hex digits>``: chosen once, so that the
@@ -202,6 +230,7 @@ def seat_config(args: argparse.Namespace, **settings: Any) -> NodeConfig:
     compare knowledge digests with it.
     """
     settings.setdefault("channels", ())
+    quiet_node_logs(args)
     return node_config(args, name=own_seat(), role=C.ROLE_SEAT, advertise=False,
                        **settings)
 
