@@ -144,7 +144,7 @@ def main(args: argparse.Namespace) -> int:
             if isinstance(view, BaseException):
                 why = (f"no answer within {args.timeout}s" if isinstance(view, TimeoutError)
                        else str(view))
-                print(f"porter-mesh: {name}: {why}", file=sys.stderr)
+                print(f"porter-mesh stats: {name}: {why}", file=sys.stderr)
                 status = 1
             elif args.json:
                 print(orjson.dumps(view).decode())

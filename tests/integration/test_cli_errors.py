@@ -139,6 +139,14 @@ def test_a_channel_outside_the_profile_is_a_mistake_unless_meant(
     assert f"nobody on mesh '{mesh}'" in capsys.readouterr().err
 
 
+def test_recall_names_an_unknown_prefix() -> None:
+    out = cli("recall", "SELECT ?x WHERE { ?x foo:bar ?y }", timeout=30)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("porter-mesh recall: unknown prefix foo: declare it with "
+                                 "PREFIX foo: <...> (line 1, column "), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
 @pytest.mark.parametrize("action", ["stats", "export"])
 def test_kg_without_a_shard_named_is_a_usage_mistake(action: str) -> None:
     out = cli("kg", action, timeout=30)
