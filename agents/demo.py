@@ -313,9 +313,19 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
     loop = asyncio.get_running_loop()
     dashboard: Agent | None = None
     url = ""
+    stopped_by: list[signal.Signals] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        stopped_by.append(sig)
+        stop.set()
+
+    def interrupted() -> int:
+        """Ctrl-C is 130, as for every command; SIGTERM, a request to stop, is 0."""
+        return 130 if stopped_by[:1] == [signal.SIGINT] else 0
+
     if ui:
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
     try:
         await node.astart()
         node.observe_direct()
@@ -351,7 +361,7 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
         while architect.proc.poll() is None:
             if stop.is_set():
                 print("\ninterrupted: stopping every process the demo started", file=stream)
-                return 130
+                return interrupted()
             if dashboard is not None:
                 _check_running([dashboard])
             if time.monotonic() - started > timeout:
@@ -378,7 +388,7 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.2)
             print("\nstopping every process the demo started", file=stream, flush=True)
-            return 0
+            return interrupted()
         node.async_control("halt")
         for agent in agents:
             deadline = time.monotonic() + 5.0
