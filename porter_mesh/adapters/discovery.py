@@ -483,17 +483,18 @@ class Discovery:
         where = ", ".join(holder.parsed_addresses()) or "an unknown address"
         try:
             other = decode_txt(holder.properties)
+            # In hex, as ``porter-mesh peers`` shows it, so the two can be matched.
             detail = (
-                f"mesh {other.mesh!r}, role {other.role!r}, incarnation {other.incarnation}, "
-                f"at {where}"
+                f"mesh {other.mesh!r}, role {other.role!r}, incarnation "
+                f"{other.incarnation:x}, at {where}"
             )
         except FrameError:
             detail = f"at {where}; its TXT record was not received or is not an advert"
         agent = agent_from_service_name(name)
         return ConfigError(
             f"duplicate agent name {agent!r}: another live node already announces it "
-            f"({detail}). Agent names must be unique on the network segment, across meshes; "
-            "choose another name or stop the other process"
+            f"({detail}). Agent names are unique per mesh (here {self._mesh!r}); choose "
+            "another name, stop the other process, or use another --mesh"
         )
 
     def _keep(self, future: Awaitable[Any]) -> None:

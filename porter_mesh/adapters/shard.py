@@ -149,6 +149,8 @@ VerifyRecord = Callable[[str, bytes, "bytes | None"], "str | None"]
 log = logging.getLogger("porter_mesh.shard")
 
 _FORMAT: Final = 1
+#: The lock file of a shard's directory (see the layout above), held while it is open.
+SHARD_LOCK: Final = "shard.lock"
 _MAGIC: Final = b"porter-mesh knowledge journal 1\n"
 _FRAME: Final = struct.Struct(">II")  # payload length, CRC-32 of the payload
 _MAX_FRAME: Final = 1 << 20
@@ -660,7 +662,7 @@ class Shard:
                     "its shard when it first starts)"
                 )
             self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._dir_lock = DirLock(self.data_dir, filename="shard.lock",
+        self._dir_lock = DirLock(self.data_dir, filename=SHARD_LOCK,
                                  what="the knowledge shard in", error=KnowledgeError)
         journal: _Journal | None = None
         try:

@@ -22,6 +22,7 @@ from porter_mesh.cli.common import (
     agent_name,
     count,
     data_dir_of,
+    install_command,
     node_config,
     seconds,
 )
@@ -85,8 +86,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         from porter_mesh.gateways.mcp.server import McpGateway, seal_descriptors
     except ImportError as exc:
-        return _usage(f"the MCP SDK is missing ({exc}); install it with: pip install "
-                      "'porter-mesh[mcp]'")
+        return _usage(f"the MCP SDK is missing ({exc}); install it with: "
+                      f"{install_command('mcp')}")
     # Before anything is started: no command may open the JSON-RPC pipes through /proc.
     seal_descriptors()
     if args.recent < 1:

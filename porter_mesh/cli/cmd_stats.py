@@ -23,6 +23,7 @@ from porter_mesh.cli.common import (
     add_mesh_options,
     ephemeral_name,
     node_config,
+    quiet_node_logs,
     refuse_negative,
     run,
 )
@@ -54,6 +55,7 @@ def register(sub: Any) -> None:
 
 def observer_config(args: argparse.Namespace, prefix: str) -> Any:
     """An observer's config: on no roster, announced nowhere (``peers``, ``stats``)."""
+    quiet_node_logs(args)
     return node_config(args, name=ephemeral_name(prefix), role="observer", observer=True,
                        channels=(), inbox_size=0)
 
@@ -142,7 +144,7 @@ def main(args: argparse.Namespace) -> int:
             if isinstance(view, BaseException):
                 why = (f"no answer within {args.timeout}s" if isinstance(view, TimeoutError)
                        else str(view))
-                print(f"porter-mesh: {name}: {why}", file=sys.stderr)
+                print(f"porter-mesh stats: {name}: {why}", file=sys.stderr)
                 status = 1
             elif args.json:
                 print(orjson.dumps(view).decode())

@@ -11,8 +11,10 @@ from typing import Any
 import orjson
 
 from porter_mesh.cli.common import (
+    add_any_channel_option,
     add_mesh_options,
     agent_name,
+    check_profile_channel,
     count,
     node_config,
     peer_event_line,
@@ -36,6 +38,7 @@ def register(sub: Any) -> None:
     parser.add_argument("--name", type=agent_name,
                         help="this watcher's name on the mesh (default porter-tail-<pid>; "
                         "on a secured mesh, the name its key is bound to)")
+    add_any_channel_option(parser)
     add_mesh_options(parser)
     parser.set_defaults(func=main)
 
@@ -74,6 +77,9 @@ def message_line(msg: Message) -> str:
 
 def main(args: argparse.Namespace) -> int:
     wanted = list(args.channels) or [C.CHANNEL_LOG, C.CHANNEL_TASK, C.CHANNEL_REVIEW, "task:"]
+    if not args.any_channel:
+        for channel in wanted:  # a misspelt channel would be watched in silence forever
+            check_profile_channel(channel, allowed=(C.CHANNEL_CONTROL,))
     watch_direct = "task:" in wanted
     channels = tuple(c for c in wanted if c != "task:")
     # A watcher announces itself, so that 'send' knows it and waits for it to subscribe

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import logging
 import math
 import os
 import pathlib
@@ -182,6 +183,33 @@ def node_config(args: argparse.Namespace, **settings: Any) -> NodeConfig:
     )
 
 
+#: The environment variable that sets the log level (DEBUG, INFO, WARNING, ERROR).
+ENV_LOG = "PORTER_MESH_LOG"
+
+
+def chosen_log_level(verbose: int) -> int | None:
+    """The log level the user asked for: ``-v`` INFO, ``-vv`` DEBUG, or ``$PORTER_MESH_LOG``
+    (the lower of the two); ``None`` when they asked for none."""
+    levels = [logging.WARNING - 10 * min(verbose, 2)] if verbose > 0 else []
+    named = os.environ.get(ENV_LOG, "").upper()
+    if named in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        levels.append(getattr(logging, named))
+    return min(levels) if levels else None
+
+
+def quiet_node_logs(args: argparse.Namespace) -> None:
+    """Keep a short-lived command's own node quiet unless the user asked for its logs.
+
+    The node of a one-shot command (a seat, a ``peers`` or ``stats`` observer) is a
+    means, not the result: what it meets on its way (a peer's late sync refused while the
+    command closes its throw-away replica, say) is no news for the person reading the
+    result. Its library logs show from ERROR up, unless ``-v`` or ``$PORTER_MESH_LOG``
+    chose a level (see :func:`chosen_log_level`).
+    """
+    if chosen_log_level(getattr(args, "verbose", 0)) is None:
+        logging.getLogger("porter_mesh").setLevel(logging.ERROR)
+
+
 @functools.cache
 def own_seat() -> str:
     """This process's seat name, ``porter-ui-<6 hex digits>``: chosen once, so that the
@@ -202,6 +230,7 @@ def seat_config(args: argparse.Namespace, **settings: Any) -> NodeConfig:
     compare knowledge digests with it.
     """
     settings.setdefault("channels", ())
+    quiet_node_logs(args)
     return node_config(args, name=own_seat(), role=C.ROLE_SEAT, advertise=False,
                        **settings)
 
@@ -251,21 +280,36 @@ def names(items: Iterable[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
+#: The exit status of a command stopped by Ctrl-C (SIGINT), as shells report it (128 + 2).
+EXIT_INTERRUPTED = 130
+
+
 def run(main: Callable[[], Awaitable[int]]) -> int:
     """Run ``main`` until it returns or SIGINT/SIGTERM arrives.
 
+    Returns:
+        ``main``'s status; :data:`EXIT_INTERRUPTED` when SIGINT (Ctrl-C) stopped it, so
+        that a script can tell an interrupted command from one that finished; 0 when
+        SIGTERM stopped it (the way a supervisor asks a long-running command to end).
+
     Errors are left to :func:`report_error` (the entry point calls it).
     """
+    stopped_by: list[signal.Signals] = []
 
     async def runner() -> int:
         loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(main())
+
+        def stop(sig: signal.Signals) -> None:
+            stopped_by.append(sig)
+            task.cancel()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
+            loop.add_signal_handler(sig, stop, sig)
         try:
             return await task
         except asyncio.CancelledError:
-            return 0
+            return EXIT_INTERRUPTED if signal.SIGINT in stopped_by[:1] else 0
 
     return asyncio.run(runner())
 
@@ -292,6 +336,27 @@ def report_error(command: str | None, exc: BaseException) -> int:
     print(f"{prog}: internal error: {type(exc).__name__}: {exc} (please report it; "
           "-vv shows where it happened)", file=sys.stderr)
     return 1
+
+
+def install_command(extra: str) -> str:
+    """The command that installs the optional part ``extra`` (``mcp``...) where this
+    ``porter-mesh`` runs: with its own interpreter (so into its virtualenv, whatever
+    ``pip`` the shell finds first), and from the checkout when it runs from one (the
+    project is not taken from a package index then).
+
+    Args:
+        extra: the name of the extra in ``pyproject.toml``.
+
+    Returns:
+        One shell command line.
+    """
+    import shlex
+
+    checkout = pathlib.Path(__file__).resolve().parents[2]
+    target = (f"{checkout}[{extra}]" if (checkout / "pyproject.toml").is_file()
+              and (checkout / "porter_mesh").is_dir() else f"porter-mesh[{extra}]")
+    editable = "-e " if target.startswith(str(checkout)) else ""
+    return f"{shlex.quote(sys.executable)} -m pip install {editable}{shlex.quote(target)}"
 
 
 def default_data_root() -> pathlib.Path:
@@ -323,6 +388,44 @@ def channel_name(text: str) -> str:
             + (" ('control' carries the mesh's own messages: use 'porter-mesh control')"
                if text == C.CHANNEL_CONTROL else ""))
     return text
+
+
+#: The profile's channels a user sends on or watches, besides ``task:<agent>``.
+PROFILE_CHANNELS = (C.CHANNEL_LOG, C.CHANNEL_TASK, C.CHANNEL_REVIEW)
+#: The option that lets a channel outside the profile through.
+ANY_CHANNEL = "--any-channel"
+
+
+def add_any_channel_option(parser: argparse.ArgumentParser) -> None:
+    """``--any-channel``: a channel outside the profile's set is meant, not misspelt."""
+    parser.add_argument(ANY_CHANNEL, action="store_true",
+                        help="allow a channel outside the profile's (log, task, "
+                        "task:<agent>, review): one of your own, used on purpose")
+
+
+def check_profile_channel(channel: str, *, allowed: Iterable[str] = ()) -> None:
+    """Refuse a channel outside the profile's set: most likely a misspelling.
+
+    Nobody subscribes to a channel of one's own invention, so a send to ``lgo`` would
+    "succeed" to nobody; the user says it is deliberate with ``--any-channel``.
+
+    Args:
+        channel: the channel given.
+        allowed: more channels the command accepts (``tail`` watches ``control`` too).
+
+    Raises:
+        ConfigError: not one of the profile's channels; the message lists them and
+            suggests the close spelling.
+    """
+    known = (*PROFILE_CHANNELS, *allowed)
+    if channel in known or channel.startswith(C.DIRECT_PREFIX):
+        return
+    import difflib
+
+    close = difflib.get_close_matches(channel, known, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(f"{channel!r} is not a channel of the profile ({', '.join(known)} or "
+                      f"task:<agent>); {hint}give {ANY_CHANNEL} to use it all the same")
 
 
 def peer_event_line(event: PeerEvent, *, verbose: bool = False) -> str | None:

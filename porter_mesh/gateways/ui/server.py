@@ -60,6 +60,7 @@ from aiohttp import web
 
 from porter_mesh import __version__
 from porter_mesh.core import constants as C
+from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.as2 import remember as remember_activity
 from porter_mesh.core.hlc import hlc_physical_ms
@@ -107,8 +108,13 @@ MAX_BODY: Final = 256 * 1024
 COOKIE: Final = "porter_ui_token"
 #: A message whose clock is this many seconds ahead of ours marks its sender clock-skew.
 CLOCK_SKEW_LIMIT: Final = 1.0
-#: Departed peers kept on the roster (as ``expired`` or ``left``).
+#: Departed agents kept on the roster (as ``expired`` or ``left``).
 MAX_DEPARTED: Final = 200
+#: Roles of the nodes that are not agents, and what the roster calls them: a command
+#: line's seat, and the nodes that only watch (``tail``, ``up``'s and ``stats``'s
+#: observers, the demo's own node). They take no tasks and obey no drain.
+NOT_AGENTS: Final = {C.ROLE_SEAT: "seat", "human": "seat", C.ROLE_WATCHER: "watcher",
+                     "observer": "watcher", "demo": "watcher"}
 #: Direct sends whose observed copy is still expected (to skip it when it comes).
 MAX_OWN_COPIES: Final = 1000
 #: The types the compose form may send.
@@ -202,15 +208,25 @@ def _peer_state(info: PeerInfo, skewed: bool) -> str:
     return "draining" if info.draining else "alive"
 
 
+def peer_kind(name: str, role: str) -> str:
+    """``agent``, or what else a node is: ``seat`` (the human's, a command line's) or
+    ``watcher`` (see :data:`NOT_AGENTS`)."""
+    if is_human(name):
+        return "seat"
+    return NOT_AGENTS.get(role, "agent")
+
+
 def peer_record(info: PeerInfo, *, now: float, state: str,
                 stats: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A roster entry as the API shows it (``last_heard``: seconds ago; ``stats``, the
-    peer's own numbers, only once it answered for them)."""
+    """A roster entry as the API shows it (``last_heard``: seconds ago; ``kind``: see
+    :func:`peer_kind`; ``stats``, the peer's own numbers, only once it answered for
+    them)."""
     advert = info.advert
     host = advert.addresses[0] if advert.addresses else ""
     if ":" in host:
         host = f"[{host}]"
-    record = {"name": advert.name, "role": advert.role, "state": state,
+    record = {"name": advert.name, "role": advert.role,
+              "kind": peer_kind(advert.name, advert.role), "state": state,
               "last_heard": round(max(0.0, now - info.last_heard), 3), "slots": advert.slots,
               "tools": list(advert.tools), "incarnation": f"{advert.incarnation:x}",
               "address": f"{host}:{advert.router_port}", "draining": info.draining}
@@ -383,7 +399,13 @@ class Dashboard:
 
     def _on_peer(self, event: PeerEvent) -> None:
         name = event.peer.name
-        if event.kind is PeerEventKind.LEFT:
+        if event.kind is PeerEventKind.LEFT and peer_kind(name, event.peer.advert.role) != "agent":
+            # A seat or a watcher that went is no news: each command has a seat of its
+            # own, and a roster of every one that ever ran says nothing.
+            self._departed.pop(name, None)
+            self.stats.left(name)
+            self._skew.pop(name, None)
+        elif event.kind is PeerEventKind.LEFT:
             state = "expired" if event.reason == "expired" else "left"
             record = peer_record(event.peer, now=time.monotonic(), state=state)
             record["reason"] = event.reason
