@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 import porter_mesh.cli as _cli_pkg
 from porter_mesh import __version__
-from porter_mesh.cli.common import CliParser, checked_numbers, exit_code_table, report_error
+from porter_mesh.cli.common import CliParser, checked_numbers, exit_code_table
+from porter_mesh.entrypoint import report_error
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
