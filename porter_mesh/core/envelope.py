@@ -104,9 +104,9 @@ import orjson
 
 from porter_mesh.core.as2 import (
     Activity,
-    _activity,
     activities_from_json_array,
     activities_to_json_array,
+    activity_from_decoded,
     parse_activity,
 )
 from porter_mesh.core.constants import (
@@ -165,7 +165,6 @@ _U64: Final = (1 << 64) - 1
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
 _loads = orjson.loads
-_dumps = orjson.dumps
 _tuple_new = tuple.__new__
 _JSONDecodeError = orjson.JSONDecodeError
 
@@ -783,19 +782,13 @@ def encode_payload(activities: Sequence[Activity]) -> bytes:
     n = len(activities)
     if n == 1:
         activity = activities[0]
-        # Activity.to_json() inline (this path is hot, and a method call costs more than
-        # the rest): the cached JSON when there is some, else serialised now and cached.
-        # Only an Activity has these slots.
-        try:
-            data = activity._json
-            if data is None:
-                data = activity._json = _dumps(activity._data)
-        except AttributeError:
+        if activity.__class__ is not Activity:
             raise FrameError(
                 f"a payload carries Activity values, not {type(activity).__name__}; "
                 f"build them with porter_mesh.core.as2",
                 reason="bad-count",
-            ) from None
+            )
+        data = activity.to_json()  # cached after the first call
     elif 1 < n <= MAX_BATCH:
         # Cached JSON joined, or one orjson call; it refuses non-Activity items itself.
         data = activities_to_json_array(activities)
@@ -831,7 +824,7 @@ def decode_payload(payload: bytes, count: int) -> list[Activity]:
         if type(payload) is bytes and len(payload) <= MAX_ACTIVITY_BYTES:
             # parse_activity's work for the usual payload, without its extra call.
             try:
-                return [_activity(_loads(payload))]
+                return [activity_from_decoded(_loads(payload))]
             except _JSONDecodeError:
                 pass  # not JSON: parse_activity delivers the profile's fallback Note
         return [parse_activity(payload)]

@@ -1,5 +1,7 @@
 """The layers of DESIGN.md hold in the imports: the agent programs, which the command line
-starts, do not import the command line's package."""
+starts, do not import the command line's package; the package uses zeroconf's public
+surface only; and nothing outside ``porter_mesh.core.as2`` reaches into its values'
+private slots or private names."""
 
 from __future__ import annotations
 
@@ -39,4 +41,30 @@ def test_the_package_uses_only_public_zeroconf_modules() -> None:
                  for name in imported_modules(path)
                  if name.startswith("zeroconf.") and any(
                      part.startswith("_") for part in name.split(".")[1:])]
+    assert not offenders, offenders
+
+
+#: The slots of Activity and ASObject (porter_mesh.core.as2.model).
+AS2_SLOTS = {"_d", "_json", "_s", "_src", "_i", "_data", "_kind"}
+
+
+def test_nothing_outside_as2_touches_its_private_parts() -> None:
+    import porter_mesh
+
+    package = pathlib.Path(porter_mesh.__file__).parent
+    as2_dir = package / "core" / "as2"
+    roots = [package, pathlib.Path(agents.__file__).parent, package.parent / "bench"]
+    offenders = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            if as2_dir in path.parents:
+                continue
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and node.attr in AS2_SLOTS:
+                    offenders.append(f"{path.name}:{node.lineno}: .{node.attr}")
+                elif (isinstance(node, ast.ImportFrom) and node.module
+                      and node.module.startswith("porter_mesh.core.as2")):
+                    offenders += [f"{path.name}:{node.lineno}: {a.name}" for a in node.names
+                                  if a.name.startswith("_")]
     assert not offenders, offenders
