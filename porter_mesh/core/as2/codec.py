@@ -12,6 +12,7 @@ from porter_mesh.core.as2.model import (
     Activity,
     _Batch,
     _new,
+    _one_json,
     _utf8,
     activity_from_decoded,
 )
@@ -56,10 +57,7 @@ def parse_activity(data: bytes | bytearray | memoryview | str) -> Activity:
             deep (``"too-deep"``), JSON that is not an object (``"not-an-object"``), or
             an object that is not a valid activity (``field``/``expected`` say why).
     """
-    if data.__class__ is not bytes:
-        data = _utf8(data)
-    if len(data) > MAX_ACTIVITY_BYTES:
-        _too_large(len(data), MAX_ACTIVITY_BYTES)
+    data = _one_json(data)
     try:
         decoded = _loads(data)
     except _JSONDecodeError as exc:

@@ -156,6 +156,15 @@ class _Batch:
         return dicts[index]
 
 
+def _one_json(data: bytes | bytearray | memoryview | str) -> bytes | bytearray | memoryview:
+    """The input of one activity's JSON as bytes orjson reads, refused when too large."""
+    if data.__class__ is not bytes:
+        data = _utf8(data)
+    if len(data) > MAX_ACTIVITY_BYTES:
+        _too_large(len(data), MAX_ACTIVITY_BYTES)
+    return data
+
+
 def _utf8(data: bytes | bytearray | memoryview | str) -> bytes | bytearray | memoryview:
     """Input that is not ``bytes`` as something orjson reads: str becomes UTF-8."""
     if isinstance(data, str):
@@ -579,10 +588,7 @@ class Activity:
             ActivityError: not JSON (``"bad-json"``), not an object, too large or too
                 deep, or not a valid activity.
         """
-        if data.__class__ is not bytes:
-            data = _utf8(data)
-        if len(data) > MAX_ACTIVITY_BYTES:
-            _too_large(len(data), MAX_ACTIVITY_BYTES)
+        data = _one_json(data)
         try:
             decoded = _loads(data)
         except _JSONDecodeError as exc:
