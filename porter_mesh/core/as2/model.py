@@ -364,7 +364,7 @@ class ASObject:
 
     @property
     def extra(self) -> Mapping[str, Any]:
-        """Read-only copy of the fields this module does not interpret."""
+        """Read-only copy of the fields this package does not interpret."""
         if self._kind == _RECORD:
             return _frozen_copy(self._data)
         return _unknown_fields(self._data, _OBJECT_KNOWN)

@@ -49,7 +49,7 @@ ACTIVITY_FIELDS: Final = (
     "tag",
 )
 
-#: Object fields this module checks, in the order builders write them.
+#: Object fields the rules check, in the order builders write them.
 OBJECT_FIELDS: Final = ("type", "name", "about", "url", "content", "summary", "items")
 
 _NESTED_TYPES: Final = OBJECT_TYPES | ACTIVITY_TYPES
