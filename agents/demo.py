@@ -44,9 +44,9 @@ import orjson
 
 from agents.scripted import LEARNED_HEADING
 from agents.team import Team, TeamError, agent_argv, load_team
-from porter_mesh.cli.cmd_tail import message_json
 from porter_mesh.core import constants as C
 from porter_mesh.node.node import Message, Node
+from porter_mesh.node.transcript import message_json
 
 #: The demo's team file.
 DEMO_TEAM = Path(__file__).resolve().parent.parent / "examples" / "demo-team.toml"

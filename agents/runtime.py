@@ -29,9 +29,9 @@ from collections.abc import Callable
 from typing import Any
 
 from agents.context import AgentContext, Brain, TappedPort
-from porter_mesh.cli.common import add_data_options, data_dir_of, report_error
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
+from porter_mesh.entrypoint import add_data_options, data_dir_of, report_error
 from porter_mesh.errors import ConfigError, OperationTimeout, PorterError
 from porter_mesh.node.config import knowledge_dir
 from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
@@ -304,7 +304,7 @@ def _metrics_of(brain: Brain) -> Callable[[], dict[str, Any]]:
 
 def main(args: argparse.Namespace) -> int:
     """Entry point used by ``porter-mesh agent``: a bad setting is exit status 2, what
-    the mesh did is 1 (see :func:`~porter_mesh.cli.common.report_error`)."""
+    the mesh did is 1 (see :func:`~porter_mesh.entrypoint.report_error`)."""
     try:
         return run(args)
     except (PorterError, OSError) as exc:

@@ -59,16 +59,20 @@ import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
+# DNSOutgoing, DNSQuestion and DNSRecord are part of zeroconf's top-level surface (kept
+# there for compatibility, used by its own benchmarks) but missing from its __all__;
+# pyproject.toml lets mypy accept them from there (implicit_reexport for zeroconf).
 from zeroconf import (
+    DNSOutgoing,
+    DNSQuestion,
     DNSQuestionType,
+    DNSRecord,
     IPVersion,
     ServiceInfo,
     ServiceStateChange,
     Zeroconf,
     current_time_millis,
 )
-from zeroconf._dns import DNSQuestion, DNSRecord  # re-exported by zeroconf without __all__
-from zeroconf._protocol.outgoing import DNSOutgoing
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
 from porter_mesh.core.advert import PeerAdvert, check_mesh_name, decode_txt, encode_txt

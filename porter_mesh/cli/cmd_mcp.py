@@ -17,15 +17,14 @@ import sys
 from typing import Any
 
 from porter_mesh.cli.common import (
-    add_data_options,
     add_mesh_options,
     agent_name,
     count,
-    data_dir_of,
     install_command,
     node_config,
     seconds,
 )
+from porter_mesh.entrypoint import add_data_options, data_dir_of
 from porter_mesh.gateways.mcp.mesh import DEFAULT_RECENT, DEFAULT_SETTLE, GatewayAgent
 from porter_mesh.tools.schemas import ROLE_TOOLS
 

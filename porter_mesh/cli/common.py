@@ -5,7 +5,7 @@ that names the problem and the fix, and exit status 2; never a traceback. The ch
 that need no mesh run while the arguments are parsed (:class:`CliParser` and the
 ``type=`` functions here), so a command that would join a mesh refuses bad values before
 it joins. What only the mesh can tell (nobody answered, the recipient is unknown) is exit
-status 1. :data:`EXIT_CODES` is the table ``porter-mesh --help`` prints.
+status 1. :data:`~porter_mesh.entrypoint.EXIT_CODES` is the table ``porter-mesh --help`` prints.
 """
 
 from __future__ import annotations
@@ -26,21 +26,11 @@ from typing import Any, NoReturn, TypeVar
 from porter_mesh.core import constants as C
 from porter_mesh.core.advert import check_agent_name, check_mesh_name, seat_name
 from porter_mesh.core.peers import PeerEvent
-from porter_mesh.errors import ConfigError, PorterError, SecurityError
-from porter_mesh.node.config import NodeConfig, data_root, default_data_dir, split_seed
+from porter_mesh.entrypoint import EXIT_CODES
+from porter_mesh.errors import ConfigError
+from porter_mesh.node.config import NodeConfig, data_root, split_seed
 
 T = TypeVar("T")
-
-#: Exit statuses of every ``porter-mesh`` command.
-EXIT_CODES = (
-    (0, "done: sent and acknowledged, found, valid"),
-    (1, "the mesh said no or did not answer: a timeout, a recipient not found or not "
-        "reached, a Reject, an invalid activity"),
-    (2, "a mistake on the command line or in a file, or keys the mesh needs: fix the "
-        "value or make the keys the message names"),
-    (130, "interrupted (Ctrl-C)"),
-)
-
 
 def exit_code_table() -> str:
     """:data:`EXIT_CODES` as the text block of ``porter-mesh --help``."""
@@ -235,24 +225,6 @@ def seat_config(args: argparse.Namespace, **settings: Any) -> NodeConfig:
                        **settings)
 
 
-def add_data_options(parser: argparse.ArgumentParser) -> None:
-    """``--data-dir`` and ``--no-knowledge``, as ``node`` and ``agent`` take them."""
-    parser.add_argument("--data-dir", type=pathlib.Path, metavar="DIR",
-                        help="the node's data directory: knowledge shard, delivery journal "
-                        "(default: $PORTER_MESH_DATA/<mesh>/<name>, else the user data "
-                        "directory, e.g. ~/.local/share/porter-mesh/<mesh>/<name>)")
-    parser.add_argument("--no-knowledge", action="store_true",
-                        help="keep no knowledge shard (remember/recall then need another "
-                        "node that keeps one)")
-
-
-def data_dir_of(args: argparse.Namespace) -> pathlib.Path:
-    """The data directory the options name (``--data-dir`` or the default)."""
-    if args.data_dir is not None:
-        return pathlib.Path(args.data_dir)
-    return default_data_dir(args.mesh, args.name)
-
-
 def refuse_negative(args: argparse.Namespace, *options: str) -> int | None:
     """Exit status 2, after a one-line complaint, when one of ``options`` (attribute
     names, e.g. ``"wait"``) is a negative number of seconds; else ``None``."""
@@ -292,7 +264,8 @@ def run(main: Callable[[], Awaitable[int]]) -> int:
         that a script can tell an interrupted command from one that finished; 0 when
         SIGTERM stopped it (the way a supervisor asks a long-running command to end).
 
-    Errors are left to :func:`report_error` (the entry point calls it).
+    Errors are left to :func:`~porter_mesh.entrypoint.report_error` (the entry point
+    calls it).
     """
     stopped_by: list[signal.Signals] = []
 
@@ -312,30 +285,6 @@ def run(main: Callable[[], Awaitable[int]]) -> int:
             return EXIT_INTERRUPTED if signal.SIGINT in stopped_by[:1] else 0
 
     return asyncio.run(runner())
-
-
-def report_error(command: str | None, exc: BaseException) -> int:
-    """Print ``exc`` as the one line a user sees; returns the exit status.
-
-    Settings the user gave (:class:`ConfigError`, keys and protected mode
-    (:class:`SecurityError`), paths the system refuses (:class:`OSError`)) are 2; what
-    the mesh did is 1. Anything else is a bug: one line too, and ``-vv`` shows more.
-    """
-    prog = f"porter-mesh {command}" if command else "porter-mesh"
-    if isinstance(exc, ConfigError | SecurityError):
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
-    if isinstance(exc, PorterError):
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 1
-    if isinstance(exc, OSError):
-        where = f" {exc.filename}" if exc.filename else ""
-        print(f"{prog}: cannot use{where}: {exc.strerror or exc}; check the path and its "
-              "permissions", file=sys.stderr)
-        return 2
-    print(f"{prog}: internal error: {type(exc).__name__}: {exc} (please report it; "
-          "-vv shows where it happened)", file=sys.stderr)
-    return 1
 
 
 def install_command(extra: str) -> str:

@@ -24,8 +24,8 @@ from porter_mesh.cli.common import (
     checked_numbers,
     chosen_log_level,
     exit_code_table,
-    report_error,
 )
+from porter_mesh.entrypoint import report_error
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

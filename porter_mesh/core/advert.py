@@ -56,6 +56,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
+from porter_mesh.core.addresses import url_host
 from porter_mesh.core.constants import HUMAN_AGENT
 from porter_mesh.errors import ConfigError, FrameError
 
@@ -330,8 +331,7 @@ class PeerAdvert:
                 f"advert of {self.name!r} has no address; fill addresses from the mDNS "
                 "record or the seed it came from before connecting"
             )
-        host = self.addresses[0]
-        return f"[{host}]" if ":" in host else host
+        return url_host(self.addresses[0])
 
 
 def _check_address(address: object) -> None:

@@ -217,3 +217,13 @@ def test_the_humans_names_and_the_key_they_speak_with() -> None:
     assert key_name("worker-1") == "worker-1"
     with pytest.raises(ConfigError):
         seat_name("Not A Label")
+
+
+def test_url_host_brackets_ipv6_only() -> None:
+    from porter_mesh.core.addresses import url_host
+
+    assert url_host("127.0.0.1") == "127.0.0.1"
+    assert url_host("localhost") == "localhost"
+    assert url_host("::1") == "[::1]"
+    assert url_host("fe80::1%lo") == "[fe80::1%lo]"
+    assert url_host("[::1]") == "[::1]"

@@ -60,6 +60,7 @@ from aiohttp import web
 
 from porter_mesh import __version__
 from porter_mesh.core import constants as C
+from porter_mesh.core.addresses import url_host
 from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.as2 import remember as remember_activity
@@ -222,9 +223,7 @@ def peer_record(info: PeerInfo, *, now: float, state: str,
     :func:`peer_kind`; ``stats``, the peer's own numbers, only once it answered for
     them)."""
     advert = info.advert
-    host = advert.addresses[0] if advert.addresses else ""
-    if ":" in host:
-        host = f"[{host}]"
+    host = url_host(advert.addresses[0]) if advert.addresses else ""
     record = {"name": advert.name, "role": advert.role,
               "kind": peer_kind(advert.name, advert.role), "state": state,
               "last_heard": round(max(0.0, now - info.last_heard), 3), "slots": advert.slots,
@@ -298,9 +297,7 @@ class Dashboard:
     @property
     def url(self) -> str:
         """The address to open, with the token."""
-        host = self.hosts[0]
-        host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}/?token={self.token}"
+        return f"http://{url_host(self.hosts[0])}:{self.port}/?token={self.token}"
 
     async def astart(self) -> None:
         """Bind HTTP on every host (the port of the first for all) and start the roster
@@ -318,7 +315,7 @@ class Dashboard:
             if self.port == 0:
                 self.port = int(runner.addresses[0][1])  # the OS's pick, for every host
         names = {"127.0.0.1", "localhost", "[::1]"} | {
-            f"[{h}]" if ":" in h else h for h in self.hosts}
+            url_host(h) for h in self.hosts}
         self._allowed_hosts = frozenset(
             [f"{n}:{self.port}" for n in names] + (list(names) if self.port == 80 else []))
         self._allowed_origins = frozenset(f"http://{h}" for h in self._allowed_hosts)
