@@ -15,6 +15,9 @@ An application that wants each message handled once even across a crash between 
 own record and the take checks ``Message.redelivered``: only such a message can have
 been handled before, so only then does it look in its own record.
 
+With ``--decline`` the handler declines every message (raises ``NotHandled``), so
+everything stays owed; it reports each offer as ``declined`` (``n``: offers so far).
+
 Prints JSON lines: ``up`` (ports, incarnation), ``handled`` (count so far, every 50).
 """
 
@@ -29,6 +32,7 @@ import sys
 
 import orjson
 
+from porter_mesh.errors import NotHandled
 from porter_mesh.node.node import Message, Node
 
 
@@ -48,14 +52,19 @@ async def main() -> None:
     parser.add_argument("--kill-point", choices=("before", "after"), default="before")
     parser.add_argument("--pub-port", type=int, default=0)
     parser.add_argument("--router-port", type=int, default=0)
+    parser.add_argument("--decline", action="store_true")
     args = parser.parse_args()
 
     out = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     seen: set[str] | None = None
-    handled = 0
+    handled = declined = 0
 
     def handle(msg: Message) -> None:
-        nonlocal seen, handled
+        nonlocal seen, handled, declined
+        if args.decline:
+            declined += 1
+            emit(ev="declined", n=declined)
+            raise NotHandled("declining on purpose")
         text = msg.activity.summary
         if text == args.kill_at and args.kill_point == "before":
             os.kill(os.getpid(), signal.SIGKILL)
