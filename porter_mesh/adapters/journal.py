@@ -62,12 +62,15 @@ import logging
 import mmap
 import os
 import pathlib
+import shutil
 import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import msgpack
+
+from porter_mesh.errors import StorageError
 
 __all__ = ["DeliveryJournal", "JournalRecord", "read_journal"]
 
@@ -237,6 +240,9 @@ class DeliveryJournal:
         self._fd = os.open(path, os.O_RDWR | os.O_APPEND)
         self._map = mmap.mmap(self._fd, _HEADER)
         self._slot = 0
+        # Bytes of whole records (and the header): where a failed append is cut back to.
+        self._size = os.fstat(self._fd).st_size
+        self._torn = False
 
     @staticmethod
     def _compacted(records: list[JournalRecord], positions: list[int], taken: int,
@@ -287,23 +293,63 @@ class DeliveryJournal:
     def append(self, records: list[JournalRecord]) -> int:
         """Write ``records`` with one system call (and ``fsync`` if configured).
 
+        All or nothing: a write that fails or stops short (a full disk) is cut back to
+        the last whole record, so the file is as it was and a later append is never
+        hidden behind a torn one.
+
         Returns:
             The position of the first activity of the first record (the others follow
             in order, each ``count`` further on).
+
+        Raises:
+            StorageError: nothing was kept (the message says why and what to do).
         """
         first = self.end
         if not records:
             return first
+        if self._torn:
+            self._cut(None)  # an earlier failure could not be cut back yet
         data = b"".join([self._encode(r) for r in records])
         view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
-        if self.fsync:
-            self._map.flush()
-            os.fsync(self._fd)
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+            if self.fsync:
+                self._map.flush()
+                os.fsync(self._fd)
+        except OSError as exc:
+            self._torn = True
+            self._cut(exc)
+        self._size += len(data)
         self.end = first + sum(r.count for r in records)
         return first
+
+    def _cut(self, error: OSError | None) -> None:
+        """Cut the file back to its last whole record, then raise :class:`StorageError`
+        for ``error`` (None: only cut; raise if that fails)."""
+        try:
+            os.ftruncate(self._fd, self._size)
+        except OSError as exc:
+            error = error or exc  # still torn: the next append tries again first
+        else:
+            self._torn = False
+        if error is None:
+            return
+        try:
+            free: int | None = shutil.disk_usage(self.path.parent).free
+        except OSError:
+            free = None
+        raise StorageError(
+            f"cannot write the delivery journal {self.path}: {error.strerror or error} "
+            f"({'unknown' if free is None else free} bytes free); nothing was kept; free "
+            "space on that filesystem (or move the data directory)",
+            path=str(self.path), free_bytes=free, errno_=error.errno) from error
+
+    @property
+    def size(self) -> int:
+        """The file's size in bytes (header and whole records)."""
+        return self._size
 
     def take(self, upto: int) -> None:
         """Mark every activity below position ``upto`` as taken (never moves back)."""

@@ -2038,19 +2038,17 @@ class Node:
         self.counters["refused.disk"] += refused
         first = self._storage_error is None
         self._storage_error = error
-        free = "unknown" if error.free_bytes is None else f"{error.free_bytes} bytes"
         log.log(logging.WARNING if first else logging.DEBUG,
-                "node %s: cannot write the delivery journal %s (%s free): %s; direct "
-                "messages are refused (not acknowledged, so their senders retry) until "
-                "there is space again: free some space on that filesystem%s", self.name,
-                error.path, free, error, "" if first else " (again)")
+                "node %s: %s; direct messages are refused (not acknowledged, so their "
+                "senders retry) until there is space again%s", self.name, error,
+                "" if first else " (again)")
 
     def _storage_recovered(self) -> None:
         error, self._storage_error = self._storage_error, None
         assert error is not None
         log.warning("node %s: the delivery journal %s can be written again; direct "
-                    "messages are accepted (%d were refused meanwhile)", self.name,
-                    error.path, self.counters["refused.disk"])
+                    "messages are accepted (%d refused so far, retries included)",
+                    self.name, error.path, self.counters["refused.disk"])
 
     def _on_direct(self, frames: list[bytes],
                    accepted: list[_Accepted], user: str | None = None) -> None:
@@ -2625,7 +2623,28 @@ class Node:
         out["outbox"] = len(self._outbox)
         out["retries"] = self._outbox.resent
         out["peers"] = len(self._peers)
+        if self._storage_error is not None:
+            out["storage.full"] = 1
+        if self._unread_warned:
+            out["inbox.unread"] = 1
         return out
+
+    def storage(self) -> dict[str, Any] | None:
+        """The delivery journal's state, or None without a data directory.
+
+        Returns:
+            ``state`` (``ok``, or ``full`` while the journal cannot be written and
+            direct messages are refused), ``path``, ``free_bytes`` (when full: the space
+            left at the last failure), ``refused`` (direct messages refused for it so
+            far), ``size`` (the journal's bytes).
+        """
+        journal = self._journal
+        if journal is None:
+            return None
+        error = self._storage_error
+        return {"state": "ok" if error is None else "full", "path": str(journal.path),
+                "free_bytes": None if error is None else error.free_bytes,
+                "refused": self.counters["refused.disk"], "size": journal.size}
 
     # ------------------------------------------------------------------ the node's view
 
@@ -2637,8 +2656,9 @@ class Node:
             ``incarnation`` (hex), ``uptime`` (seconds), ``draining``; ``peers`` (one map
             per roster entry: ``name``, ``role``, ``state``, ``draining``, ``last_heard``
             (seconds ago), ``lost``, ``dropped``); ``lost`` and ``dropped`` in total;
-            ``queues`` (``inbox``, ``outbox``, ``subscribers``); ``counters``; plus the
-            sections of :attr:`view_sections` (``knowledge``, when a replica runs).
+            ``queues`` (``inbox``, ``outbox``, ``subscribers``); ``counters``;
+            ``storage`` (:meth:`storage`, with a data directory); plus the sections of
+            :attr:`view_sections` (``knowledge``, when a replica runs).
         """
         from porter_mesh import __version__
 
@@ -2660,6 +2680,9 @@ class Node:
                        "subscribers": self._subscribers[encode_topic(C.CHANNEL_CONTROL)]},
             "counters": dict(self.counters),
         }
+        storage = self.storage()
+        if storage is not None:
+            out["storage"] = storage
         for section, provide in list(self.view_sections.items()):
             try:
                 out[section] = provide()

@@ -142,15 +142,24 @@ def test_a_new_handler_takes_what_another_declined(mesh_name: str,
         receiver.close()
 
 
-def test_declined_messages_survive_kill_9(procs: list[NodeProcess], mesh: str,
-                                          tmp_path: pathlib.Path) -> None:
-    data, out = tmp_path / "recv", tmp_path / "handled.txt"
+def declining_receiver(procs: list[NodeProcess], mesh: str, data: pathlib.Path,
+                       out: pathlib.Path) -> tuple[NodeProcess, NodeProcess, tuple[str, ...]]:
+    """A ``crash_receiver.py`` that declines everything (journaled in ``data``, handled
+    messages recorded in ``out``) and a sender that found it; and the receiver's
+    arguments but ``--decline``, to start it again."""
     common = ("--data-dir", str(data), "--out", str(out), "--mode", "handler")
     first = NodeProcess("recv", *common, "--decline", mesh=mesh, script=RECEIVER)
     procs.append(first)
     sender = NodeProcess("send", mesh=mesh)
     procs.append(sender)
     sender.wait_until(lambda ev: "recv" in peers_seen(ev), 20, "sender finds the receiver")
+    return first, sender, common
+
+
+def test_declined_messages_survive_kill_9(procs: list[NodeProcess], mesh: str,
+                                          tmp_path: pathlib.Path) -> None:
+    data, out = tmp_path / "recv", tmp_path / "handled.txt"
+    first, sender, common = declining_receiver(procs, mesh, data, out)
     sender.command(op="send", to="recv", start=0, n=40)
     done = sender.wait_for(lambda e: e["ev"] == "sent", 30, "the burst acknowledged")
     assert done["ok"] == 40  # journaled: acknowledged although declined

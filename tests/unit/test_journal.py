@@ -184,3 +184,32 @@ def test_a_file_cut_inside_the_header_is_started_afresh(tmp_path: Path, size: in
     assert again.append([rec("a", 1, 1)]) == 0
     again.close()
     assert os.path.getsize(path) > 64
+
+
+def test_a_failed_append_on_a_full_disk_leaves_the_journal_as_it_was(tmp_path: Path) -> None:
+    """A real full filesystem: the append raises StorageError, keeps nothing (no torn
+    record in the middle of the file), and appends work again once there is space."""
+    from porter_mesh.errors import StorageError
+    from tests.tinyfs import fill, tiny_filesystem
+
+    with tiny_filesystem(tmp_path / "fs") as fs:
+        path = fs / "inbox.journal"
+        j = DeliveryJournal(path)
+        assert j.append([rec("a", 1, 1)]) == 0
+        size = path.stat().st_size
+        filler = fill(fs, leave=100)  # room for part of a record, not all of it
+        big = JournalRecord("a", 1, 2, 1, "task:me", b"x" * 8192, b"env")
+        with pytest.raises(StorageError) as caught:
+            j.append([big])
+        assert caught.value.path == str(path)
+        assert caught.value.free_bytes is not None and caught.value.free_bytes < 8192
+        assert "free space" in str(caught.value)
+        assert path.stat().st_size == size  # cut back: nothing of it is left
+        assert j.end == 1
+        filler.unlink()
+        assert j.append([big, rec("a", 1, 3)]) == 1
+        j.close()
+        again = reopen(path)
+        assert [r.first_seq for _, r in again.pending] == [1, 2, 3]
+        assert again.pending[1][1].payload == b"x" * 8192
+        again.close()
