@@ -2421,8 +2421,38 @@ class Node:
                 self._revalidate_links()
         if force_beat:
             self._apply_peer_events(self._peers.tick(now))
+            if self.config.unread_warning:
+                self._check_unread(now)
         if now >= self._recontact.next_due:
             self._run_recontacts(now)
+
+    def _check_unread(self, now: float) -> None:
+        """Say once when owed messages wait for an application that does not read them:
+        an inbox nobody reads, or (without an inbox) no handler for what a restart
+        owes. Said again only after the application read in between."""
+        waiting = len(self._inbox) if self.config.inbox_size else sum(
+            r.count for _, r in self._replay)
+        if not waiting:
+            self._unread_warned = False
+            self._read_at = now
+            return
+        idle = now - self._read_at
+        if idle < self.config.unread_warning:
+            self._unread_warned = False
+            return
+        if self._unread_warned:
+            return
+        self._unread_warned = True
+        self.counters["warned.unread"] += 1
+        if self.config.inbox_size:
+            log.warning("node %s: %d message(s) have waited %.0fs in the inbox and nothing "
+                        "reads it (receive(), drain()); pass handlers to the constructor "
+                        "(handlers=[...]) to see them, or read the inbox", self.name,
+                        waiting, idle)
+        else:
+            log.warning("node %s: %d message(s) owed from before a restart have waited "
+                        "%.0fs for a handler; add one (or pass handlers=[...] to the "
+                        "constructor)", self.name, waiting, idle)
 
     # ------------------------------------------------------------------ application
 
@@ -2497,6 +2527,7 @@ class Node:
         """
         if ack:
             self.ack()
+        self._read_at = time.monotonic()
         inbox = self._inbox
         if limit is None or limit >= len(inbox):
             out = list(inbox)
@@ -2531,6 +2562,7 @@ class Node:
                 self._inbox_event.clear()
                 await self._inbox_event.wait()
         msg = self._inbox.popleft()
+        self._read_at = time.monotonic()
         if msg.offset >= 0:
             self._handed = msg.offset + 1
         return msg
