@@ -604,11 +604,20 @@ class Node:
         its first handler is added. Until then no new direct message is accepted.
         """
         window = self.config.idempotency_window
-        self._journal = journal = DeliveryJournal(path, key_window=window)
+        self._journal = journal = DeliveryJournal(
+            path, key_window=window, compact_bytes=self.config.journal_compact_bytes)
         self._handed = journal.taken
+        tracker = self._dtracker
         for record in journal.known:
-            self._dtracker.observe_range(record.sender, _DIRECT_STREAM, record.incarnation,
-                                         record.first_seq, record.count)
+            # Compaction merges a sender's taken messages into runs of any length; only
+            # the tracker's window of a run's end matters (older is a duplicate anyway).
+            last = record.first_seq + record.count - 1
+            first = max(record.first_seq, last - tracker.window + 1)
+            while first <= last:
+                count = min(C.MAX_BATCH, last - first + 1)
+                tracker.observe_range(record.sender, _DIRECT_STREAM, record.incarnation,
+                                      first, count)
+                first += count
             if record.key is not None:
                 self._keys[(record.sender, record.key)] = record.wall_ms / 1000 + window
         self._replay = journal.pending
