@@ -315,12 +315,22 @@ class DeliveryJournal:
             latest[record.sender] = record.incarnation
         compact = not data or legacy or torn or len(data) > compact_bytes
         if compact:
-            records, positions, base = _compacted(records, positions, taken,
-                                                  self._keys_after())
-            # Nothing refers to a position yet: number from 0 again.
-            positions = [p - base for p in positions]
-            taken -= base
-            self._rewrite(records, taken, 0)
+            kept, kept_positions, base = _compacted(records, positions, taken,
+                                                    self._keys_after())
+            try:
+                self._rewrite(kept, taken - base, 0)
+            except OSError as exc:
+                if not data or legacy:
+                    raise self._storage_error(exc) from exc
+                # A full disk: go on with the file as it is, its torn tail cut off.
+                log.warning("journal %s: cannot compact it (%s); using it as it is",
+                            path, exc)
+                if torn:
+                    os.truncate(path, end)
+            else:
+                # Nothing refers to a position yet: number from 0 again.
+                records, taken = kept, taken - base
+                positions = [p - base for p in kept_positions]
         self.taken = taken
         self.end = positions[-1] + records[-1].count if records else taken
         self.pending = [(p, r) for p, r in zip(positions, records, strict=True)
@@ -486,17 +496,19 @@ class DeliveryJournal:
             error = error or exc  # still torn: the next append tries again first
         else:
             self._torn = False
-        if error is None:
-            return
+        if error is not None:
+            raise self._storage_error(error) from error
+
+    def _storage_error(self, error: OSError) -> StorageError:
         try:
             free: int | None = shutil.disk_usage(self.path.parent).free
         except OSError:
             free = None
-        raise StorageError(
+        return StorageError(
             f"cannot write the delivery journal {self.path}: {error.strerror or error} "
             f"({'unknown' if free is None else free} bytes free); nothing was kept; free "
             "space on that filesystem (or move the data directory)",
-            path=str(self.path), free_bytes=free, errno_=error.errno) from error
+            path=str(self.path), free_bytes=free, errno_=error.errno)
 
     @property
     def size(self) -> int:

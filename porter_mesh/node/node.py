@@ -520,6 +520,7 @@ class Node:
 
         Raises:
             ConfigError: a port is taken or an interface cannot be bound.
+            StorageError: the delivery journal cannot be created (a full disk).
             SecurityError: libzmq is too old; the node would bind beyond loopback without
                 keys and without ``insecure``; or its key or trusted directory cannot be
                 used. Raised before any socket is bound.
@@ -571,7 +572,12 @@ class Node:
             self._watch_handshake(self._pub, None)
             self._watch_handshake(self._router, None)
         if cfg.data_dir is not None:
-            self._open_journal(cfg.data_dir / "inbox.journal")
+            try:
+                self._open_journal(cfg.data_dir / "inbox.journal")
+            except StorageError:
+                self._close_sockets()
+                self._release_data_dir()
+                raise
         if self._sub is not None:
             self._watch(self._sub, self._drain_sub)
         self._watch(self._router, self._drain_router)
@@ -686,6 +692,9 @@ class Node:
         with contextlib.suppress(Exception):
             self._flush()
             self._publish_control(K_BYE, {})
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(BaseException):

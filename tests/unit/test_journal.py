@@ -302,3 +302,27 @@ def test_every_crash_point_of_a_compaction_leaves_a_whole_journal(tmp_path: Path
             tmp.write_bytes(temporary)
         assert owed_and_known() == expected
         assert not tmp.exists()  # the interrupted rewrite is cleared away
+
+
+def test_opening_on_a_full_disk(tmp_path: Path) -> None:
+    """A journal with a torn tail opens on a full filesystem (cut in place, no
+    rewrite); a new one that cannot be created says so with a StorageError."""
+    from porter_mesh.errors import StorageError
+    from tests.tinyfs import fill, tiny_filesystem
+
+    with tiny_filesystem(tmp_path / "fs") as fs:
+        path = fs / "inbox.journal"
+        j = DeliveryJournal(path)
+        j.append([rec("a", 1, 1), rec("a", 1, 2)])
+        j.take(1)
+        j.close()
+        with open(path, "ab") as fh:
+            fh.write(b"\x00\x00\x01\x00partial")
+        filler = fill(fs)
+        again = reopen(path)
+        assert [r.first_seq for _, r in again.pending] == [2] and again.taken == 1
+        again.close()
+        assert read_journal(path)[-1].first_seq == 2
+        with pytest.raises(StorageError, match="free space"):
+            DeliveryJournal(fs / "other" / "inbox.journal")
+        filler.unlink()
