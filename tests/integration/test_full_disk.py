@@ -10,6 +10,7 @@ import pathlib
 import pytest
 
 from porter_mesh.adapters.journal import _parse
+from tests.integration.cli_proc import cli
 from tests.integration.harness import NodeProcess, peers_seen
 from tests.integration.test_crash_delivery import RECEIVER, wait_for_lines
 from tests.integration.test_declined import declining_receiver
@@ -59,6 +60,13 @@ def test_a_full_disk_refuses_direct_messages_until_space_returns(
         assert st["storage.full"] == 1 and st["refused.disk"] >= COUNT
         assert st.get("received.direct", 0) == 0
         journal_intact(fs / "recv" / "inbox.journal")
+        # The operator sees it where the node's own state shows.
+        net = ("--mesh", mesh, "--no-discovery", "--peer", f"127.0.0.1:{receiver.up['router']}")
+        human = cli("stats", "recv", *net)
+        assert human.returncode == 0, human.stderr
+        assert "storage    full: cannot write" in human.stdout, human.stdout
+        table = cli("peers", *net, "--wait", "1")
+        assert "recv: storage full" in table.stdout, table.stdout
 
         filler.unlink()  # space returns: the senders' retries land
         done = sender.wait_for(lambda e: e["ev"] == "sent", 40, "every send acknowledged")
@@ -70,6 +78,7 @@ def test_a_full_disk_refuses_direct_messages_until_space_returns(
         st = stats(receiver)
         assert "storage.full" not in st
         assert st["received.direct"] == COUNT
+        assert "storage    ok" in cli("stats", "recv", *net).stdout
         journal_intact(fs / "recv" / "inbox.journal")
         receiver.stop()
         sender.stop()
