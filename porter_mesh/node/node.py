@@ -1842,8 +1842,10 @@ class Node:
             held = _Held(env, msgs, offset, end, direct, ident)
         held.index, held.done, held.done_batch = index, done, done_batch
         if offset >= 0:
-            # With batch handlers nothing of the message is taken before they return.
-            single = done_batch is None and not self._batch_handlers and index < len(msgs)
+            # Only handlers alone take a message at a time: with batch handlers nothing
+            # of it is taken before they return, and the inbox gets all of it at once.
+            single = (done_batch is None and not self._batch_handlers and index < len(msgs)
+                      and not self.config.inbox_size)
             held.floor = msgs[index].offset if single else offset
         self.counters["declined." + ("direct" if direct else "broadcast")] += 1
         if log.isEnabledFor(logging.DEBUG):

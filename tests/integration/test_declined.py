@@ -174,3 +174,46 @@ def test_declined_messages_survive_kill_9(procs: list[NodeProcess], mesh: str,
     procs.append(second)
     handled = wait_for_lines(out, 40, second, 30)
     assert handled == [f"m{i}" for i in range(40)]
+
+
+def test_the_taken_mark_stays_below_a_declined_message(mesh_name: str,
+                                                       tmp_path: pathlib.Path) -> None:
+    """On a node with an inbox and a journal, another sender's messages are read and
+    acknowledged while one is declined: the mark on disk must not pass the declined
+    one (a crash then would lose it), and moves on once it is taken."""
+    from porter_mesh.adapters.journal import read_taken
+
+    ready = threading.Event()
+
+    def picky(msg: Message) -> None:
+        if msg.sender == "tx" and not ready.is_set():
+            raise NotHandled("tx's side is not ready")
+
+    data = tmp_path / "rx"
+    receiver = SyncNode(name="rx", mesh=mesh_name, discovery=False, data_dir=data,
+                        handlers=[picky])
+    seed = (f"127.0.0.1:{receiver.node.router_port}",)
+    senders = [SyncNode(name=name, mesh=mesh_name, discovery=False, seeds=seed,
+                        retry_initial=0.05, retry_max=0.2) for name in ("tx", "tx2")]
+    try:
+        receiver.wait_for_peers(["tx", "tx2"], 10)
+        for sender in senders:
+            sender.wait_for_peers(["rx"], 10)
+        senders[0].send("rx", note(0))  # journaled at position 0, declined
+        receiver.wait_for_stats(lambda st: st.get("declined.direct", 0) >= 1, 10)
+        for i in range(5):
+            senders[1].send("rx", note(100 + i))
+        got = [receiver.receive(10).activity.summary for _ in range(5)]
+        assert got == [f"m{100 + i}" for i in range(5)]
+        receiver.ack()
+        journal = data / "inbox.journal"
+        assert read_taken(journal) == 0
+        ready.set()
+        receiver.redeliver()
+        assert receiver.receive(10).activity.summary == "m0"
+        receiver.ack()
+        assert read_taken(journal) == 6
+    finally:
+        for sender in senders:
+            sender.close()
+        receiver.close()
