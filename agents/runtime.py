@@ -31,7 +31,12 @@ from typing import Any
 from agents.context import AgentContext, Brain, TappedPort
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
-from porter_mesh.entrypoint import add_data_options, data_dir_of, report_error
+from porter_mesh.entrypoint import (
+    EXIT_INTERRUPTED,
+    add_data_options,
+    data_dir_of,
+    report_error,
+)
 from porter_mesh.errors import ConfigError, OperationTimeout, PorterError
 from porter_mesh.node.config import knowledge_dir
 from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
@@ -231,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     go = threading.Event() if args.wait_go else None
     toolbox_ref: list[Toolbox] = []
+    stopped_by: list[int] = []
 
     def on_control(kind: str, sender: str, body: dict[str, Any]) -> None:
         # Registered before anything else, so no control message is missed while the
@@ -272,8 +278,12 @@ def run(args: argparse.Namespace) -> int:
             "work_command": args.work_command, "withdraw_timeout": args.withdraw_timeout,
         }
         ctx = AgentContext(args.name, args.role, toolbox, tapped, stop, options)
+        def on_signal(signum: int, _frame: object) -> None:
+            stopped_by.append(signum)
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, on_signal)
         ctx.say(f"{args.role} up on mesh {args.mesh!r} "
                 f"(pub {node.node.pub_port}, router {node.node.router_port})")
         slots = f", {args.slots} slot(s)" if args.role == "worker" else ""
@@ -284,7 +294,10 @@ def run(args: argparse.Namespace) -> int:
         node.publish(C.CHANNEL_LOG, Activity.from_dict({
             "type": "Announce", "actor": args.name,
             "summary": f"{args.name} online as {args.role}{slots}"}))
-        return brain.run(ctx)
+        status = brain.run(ctx)
+        # Ctrl-C is 130, as for every porter-mesh command; SIGTERM (a supervisor's way
+        # of asking) is the brain's own status.
+        return EXIT_INTERRUPTED if stopped_by[:1] == [signal.SIGINT] else status
     finally:
         if external is not None:
             external.close()

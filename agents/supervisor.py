@@ -50,6 +50,7 @@ from typing import IO, Any
 from agents.team import AgentSpec, Team, TeamError
 from porter_mesh.adapters.dirlock import lock_holder
 from porter_mesh.core.peers import PeerState
+from porter_mesh.entrypoint import EXIT_INTERRUPTED, EXIT_SETTINGS
 from porter_mesh.node.config import ENV_KEY, ENV_TRUSTED, NodeConfig, default_data_dir
 from porter_mesh.node.node import DATA_DIR_LOCK, Node
 
@@ -57,10 +58,6 @@ from porter_mesh.node.node import DATA_DIR_LOCK, Node
 UP_MARK = " up on mesh "
 #: The supervisor's own node name with ``security = "curve"`` (its key is made once).
 SUPERVISOR_NAME = "porter-up"
-#: The exit status of an agent that refused its settings (the CLI's usage status).
-EXIT_SETTINGS = 2
-#: The supervisor's status after SIGINT (Ctrl-C), as for every porter-mesh command.
-EXIT_INTERRUPTED = 130
 
 
 @dataclass

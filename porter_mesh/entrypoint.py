@@ -15,7 +15,13 @@ import sys
 from porter_mesh.errors import ConfigError, PorterError, SecurityError
 from porter_mesh.node.config import default_data_dir
 
-__all__ = ["EXIT_CODES", "add_data_options", "data_dir_of", "report_error"]
+__all__ = ["EXIT_CODES", "EXIT_INTERRUPTED", "EXIT_SETTINGS", "add_data_options",
+           "data_dir_of", "report_error"]
+
+#: The status of a mistake in the settings (the command line, a file, missing keys).
+EXIT_SETTINGS = 2
+#: The status of a command stopped by Ctrl-C (SIGINT), as shells report it (128 + 2).
+EXIT_INTERRUPTED = 130
 
 #: Exit statuses of every ``porter-mesh`` command.
 EXIT_CODES = (

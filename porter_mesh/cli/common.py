@@ -26,7 +26,7 @@ from typing import Any, NoReturn, TypeVar
 from porter_mesh.core import constants as C
 from porter_mesh.core.advert import check_agent_name, check_mesh_name, seat_name
 from porter_mesh.core.peers import PeerEvent
-from porter_mesh.entrypoint import EXIT_CODES
+from porter_mesh.entrypoint import EXIT_CODES, EXIT_INTERRUPTED
 from porter_mesh.errors import ConfigError
 from porter_mesh.node.config import NodeConfig, data_root, split_seed
 
@@ -252,8 +252,6 @@ def names(items: Iterable[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
-#: The exit status of a command stopped by Ctrl-C (SIGINT), as shells report it (128 + 2).
-EXIT_INTERRUPTED = 130
 
 
 def run(main: Callable[[], Awaitable[int]]) -> int:

@@ -256,6 +256,7 @@ def test_bash_completion_completes_sub_commands_and_options(tmp_path: pathlib.Pa
     ["tail"],
     ["request", "log", "anyone?", "--context", "ctrl-c", "--wait", "30"],
     ["send", "log", "hello", "--wait", "30"],
+    ["agent", "worker", "--name", "ctrl-c-worker", "--no-knowledge"],
 ], ids=lambda argv: argv[0])
 def test_ctrl_c_exits_130(argv: list[str]) -> None:
     """An interrupted command is told apart from one that finished (status 0)."""
