@@ -262,8 +262,11 @@ def test_ctrl_c_exits_130(argv: list[str]) -> None:
     """An interrupted command is told apart from one that finished (status 0)."""
     mesh = f"ctrlc{os.getpid()}-{argv[0]}"
     running = Running("-v", *argv, "--mesh", mesh)  # a mesh of its own: nobody answers
+    # An agent is ready for Ctrl-C once it says so (after its node, its toolbox and its
+    # signal handlers); a command, once its node is up.
+    ready = " up on mesh " if argv[0] == "agent" else " up: pub "
     try:
-        running.wait_until(lambda: any(" up: pub " in line for line in running.err), 30,
+        running.wait_until(lambda: any(ready in line for line in running.err), 30,
                            "the command's node up")
         running.proc.send_signal(signal.SIGINT)
         status = running.proc.wait(30)
