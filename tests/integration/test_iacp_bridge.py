@@ -5,6 +5,7 @@ architect as a process)."""
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -600,4 +601,73 @@ def test_an_offer_in_flight_across_a_bridge_restart_reaches_the_forager_once(
     # Once: one assign of that task, and no repeat of it.
     assert [m["body"]["node"] for m in forager.received("task.assign")] == [context]
     assert not [e for e in forager.events if e["ev"] == "repeat"]
+    assert not forager.received("ctl.halt")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of few inodes, mounted for this test: new files fail there with ENOSPC
+    once it is filled, while files already open (a journal) can still grow."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root; not root here")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,nr_inodes=200", "tmpfs",
+                    str(mount)], check=True, timeout=30)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False, timeout=30)
+
+
+def fill_inodes(directory: Path) -> list[Path]:
+    """Create empty files until the filesystem has no inode left; returns them."""
+    made = []
+    for i in range(10_000):
+        path = directory / f"filler-{i}"
+        try:
+            path.touch()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+            return made
+        made.append(path)
+    raise AssertionError("the filesystem never filled up")
+
+
+def test_an_offer_the_bridge_cannot_record_is_declined_not_lost(
+        mesh: str, tiny_disk: Path, started: list[Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PORTER_MESH_DATA", str(tiny_disk))
+    bridge = bridge_for(started, mesh, "--no-knowledge")
+    forager = forager_for(started, bridge, "forager-s", "--mode", "hold", "--reconnect", "60")
+    node = queen_side(started, mesh, "forager-s")
+    assert (tiny_disk / mesh / "forager-s" / "iacp-forager.json").exists()
+    fillers = fill_inodes(tiny_disk)
+    # The node's journal (an open file) still takes the Offer and acknowledges it; the
+    # bridge cannot write the forager's record, so it declines the Offer, never sends it.
+    context = offer(node, "forager-s")
+    def declines() -> list[Event]:
+        return [e for e in bridge.events() if e["ev"] == "dropped"
+                and e["reason"] == "storage" and "declined" in e["detail"]]
+    # Offered again after a backoff, and declined again: it is still owed.
+    bridge.wait_until(lambda: len(declines()) >= 2, 30, "the Offer declined twice")
+    assert "cannot write" in declines()[0]["detail"]
+    assert "free space" in declines()[0]["detail"]
+    assert not forager.received("task.assign")
+    # Killed while the disk is full, restarted once there is room again: the Offer was
+    # owed in the journal, and reaches the forager once.
+    kill_bridge(bridge)
+    for path in fillers:
+        path.unlink()
+    again = restart_bridge(started, bridge, mesh, "--no-knowledge")
+    again.wait_event(lambda e: e["ev"] == "registered" and e["forager"] == "forager-s",
+                     "forager-s back on the mesh")
+    assign = forager.wait_recv("task.assign", timeout=30)
+    assert assign["body"]["node"] == context
+    seen: list[Message] = []
+    accept = collect(node, about(context, "Accept", "forager-s"), "the Accept", seen=seen)
+    assert accept.activity.extra.get("attempt") == 1
+    forager.command(op="go")
+    collect(node, about(context, "Create", "forager-s"), "the result", seen=seen)
+    assert [m["body"]["node"] for m in forager.received("task.assign")] == [context]
     assert not forager.received("ctl.halt")
