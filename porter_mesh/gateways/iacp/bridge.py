@@ -11,8 +11,12 @@ bytes and activities. One asyncio loop runs everything:
   a name already on the mesh, and it publishes the bridge's view (``porter-mesh stats``
   shows it under ``iacp``) and counts every dropped line (``dropped.iacp.<reason>``);
 * per forager, a node named after it (role ``worker``, its slots and tools advertised,
-  handlers only, no inbox) with a knowledge replica in ``<data root>/<mesh>/<forager>``
-  unless knowledge is off; its deliveries and control messages go to the session;
+  handlers only, no inbox) with its data directory ``<data root>/<mesh>/<forager>``
+  (delivery journal, knowledge replica unless knowledge is off, and the forager's
+  record, :mod:`.record`); its deliveries and control messages go to the session. A
+  delivery the session cannot act on yet (:class:`~.protocol.Owed`), or whose change to
+  the record cannot be written, is declined with ``NotHandled``: the node keeps it owed
+  and offers it again, so the bridge never acknowledges and drops;
 * a ticker that gives every session the time (heartbeats, liveness, assign timeouts).
 
 A forager's node leaves the mesh (saying goodbye) when the forager disconnects, expires

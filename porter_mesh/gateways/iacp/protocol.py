@@ -56,6 +56,14 @@ is too long, or lacks a required field is :class:`Dropped` (the driver logs it o
 counts it) and answered nothing; more than ``bad_line_limit`` of them within
 ``bad_line_window`` seconds close that connection only.
 
+**Not yet, not lost.** An activity that reaches the session before it has joined, or
+after it expired, was halted or closed, is answered :class:`Owed`: the driver declines
+it and the node offers it again later. A driver that cannot keep what an activity
+changed (:meth:`ForagerSession.carried`, written to disk) undoes it
+(:meth:`ForagerSession.checkpoint`, :meth:`ForagerSession.rollback`) and declines too.
+After a bridge restart, :meth:`ForagerSession.restore` takes back the assigns the last
+process left open for the forager (:func:`assign_from_record`).
+
 **Liveness.** Both sides send ``hb`` every ``heartbeat`` seconds. A forager silent for
 ``evasive_after`` is rejected new work and shown as draining on the mesh
 (:class:`SetDraining`); silent for ``expire_after``, its open assigns are fenced and its
