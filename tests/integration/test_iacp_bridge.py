@@ -62,6 +62,11 @@ class Forager(NodeProcess):
         super().__init__(name, "--port", str(bridge.port), "--hb", "0.5", *extra,
                          script=FORAGER)
 
+    def catch_up(self) -> None:
+        """Read the events printed so far, without waiting for more."""
+        while not self._queue.empty() and self._pump(0):
+            pass
+
     def received(self, kind: str) -> list[dict[str, Any]]:
         return [e["msg"] for e in self.events if e["ev"] == "recv" and e["msg"]["kind"] == kind]
 
@@ -523,25 +528,33 @@ def restart_bridge(started: list[Any], old: Bridge, mesh: str, *extra: str) -> B
 
 def holding(forager: Forager) -> list[str]:
     """Ids of the assigns the forager holds unanswered (neither cancelled nor answered)."""
+    forager.catch_up()
     ended = {m["ref"] for m in forager.received("task.cancel")}
     ended |= {e["ref"] for e in forager.sent("task.result")}
     return [m["id"] for m in forager.received("task.assign") if m["id"] not in ended]
 
 
-def test_a_bridge_killed_and_restarted_takes_its_forager_back(mesh: str,
-                                                              started: list[Any]) -> None:
+@pytest.mark.parametrize("board_notices", [False, True], ids=["given-back", "re-offered"])
+def test_a_bridge_killed_and_restarted_takes_its_forager_back(
+        mesh: str, started: list[Any], board_notices: bool) -> None:
     bridge = bridge_for(started, mesh)
     forager = forager_for(started, bridge, "forager-a", "--mode", "hold", "--reconnect", "60")
     reviewer = queen_side(started, mesh, "forager-a", name="reviewer")
-    # Its roster notices a silent worker only after 30 s: the board still has the task
-    # held by forager-a when it comes back through the restarted bridge.
-    arch = architect(started, mesh, 1, "--expire-after", "30", "--evasive-after", "20")
+    # given-back: the architect's roster notices a silent worker only after 30 s, so the
+    # board still has the task held by forager-a when it comes back through the
+    # restarted bridge. re-offered: it expires forager-a's dead node (4 s) and fences
+    # the claim before the bridge is back.
+    timings = () if board_notices else ("--expire-after", "30", "--evasive-after", "20")
+    arch = architect(started, mesh, 1, *timings)
     first = forager.wait_recv("task.assign", timeout=60)
     forager.wait_sent("task.accept")
     arch.wait_until(lambda: any("-> accepted" in line for line in arch.err), 30,
                     "the board seeing the Accept")
     kill_bridge(bridge)
     restarted = time.monotonic()
+    if board_notices:
+        arch.wait_until(lambda: any("fenced forager-a attempt 1" in line for line in arch.err),
+                        30, "the board fencing the dead node's claim")
     again = restart_bridge(started, bridge, mesh)
     again.wait_event(lambda e: e["ev"] == "registered" and e["forager"] == "forager-a",
                      "forager-a back on the mesh through the new bridge")
@@ -563,7 +576,11 @@ def test_a_bridge_killed_and_restarted_takes_its_forager_back(mesh: str,
     approved = review_until(reviewer, arch, 90, each=work)
     assert arch.proc.wait(30) == 0, "\n".join(arch.err[-30:])
     took = time.monotonic() - restarted
-    assert [w for w, _, _ in approved] == ["forager-a"], approved
+    assert [(w, a) for w, _, a in approved] == [("forager-a", 2 if board_notices else 1)]
+    if board_notices:
+        # The board's withdrawal of the fenced attempt reached the forager as a cancel of
+        # the assign it held from before the restart.
+        assert first["id"] in [m["ref"] for m in forager.received("task.cancel")]
     assert took < 60, f"the task finished {took:.0f}s after the restart"
     assert not forager.received("ctl.halt")
     assert not [e for e in again.events() if e["ev"] == "refused"]
