@@ -581,6 +581,8 @@ def test_a_bridge_killed_and_restarted_takes_its_forager_back(
         # The board's withdrawal of the fenced attempt reached the forager as a cancel of
         # the assign it held from before the restart.
         assert first["id"] in [m["ref"] for m in forager.received("task.cancel")]
+    print(f"task done {took:.1f}s after the bridge was killed "
+          f"({'re-offered' if board_notices else 'given back'})")
     assert took < 60, f"the task finished {took:.0f}s after the restart"
     assert not forager.received("ctl.halt")
     assert not [e for e in again.events() if e["ev"] == "refused"]
