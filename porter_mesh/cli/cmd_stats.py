@@ -91,6 +91,18 @@ def format_brain(brain: dict[str, Any]) -> str:
             f"{brain.get('errors', 0)} error(s), {brain.get('retries', 0)} retry(ies)")
 
 
+def format_storage(storage: dict[str, Any]) -> str:
+    """The ``storage`` section of a view (the delivery journal) as one line."""
+    refused = storage.get("refused", 0)
+    if storage.get("state") == "full":
+        return (f"storage    full: cannot write {storage.get('path')} "
+                f"({storage.get('free_bytes')} bytes free); {refused} direct message(s) "
+                "refused so far (their senders retry): free space there")
+    return (f"storage    ok, journal {storage.get('size')} bytes"
+            + (f", {refused} direct message(s) refused earlier for want of space"
+               if refused else ""))
+
+
 def format_view(view: dict[str, Any]) -> str:
     """A view as lines for people."""
     kg = view.get("knowledge")
@@ -109,6 +121,9 @@ def format_view(view: dict[str, Any]) -> str:
         f"loss       {view.get('lost')} broadcast(s) lost, {view.get('dropped')} "
         "message(s) dropped",
     ]
+    storage = view.get("storage")
+    if isinstance(storage, dict):
+        lines.append(format_storage(storage))
     brain = view.get("agent")
     if isinstance(brain, dict):
         lines.append(format_brain(brain))

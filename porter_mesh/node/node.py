@@ -520,6 +520,7 @@ class Node:
 
         Raises:
             ConfigError: a port is taken or an interface cannot be bound.
+            StorageError: the delivery journal cannot be created (a full disk).
             SecurityError: libzmq is too old; the node would bind beyond loopback without
                 keys and without ``insecure``; or its key or trusted directory cannot be
                 used. Raised before any socket is bound.
@@ -571,7 +572,12 @@ class Node:
             self._watch_handshake(self._pub, None)
             self._watch_handshake(self._router, None)
         if cfg.data_dir is not None:
-            self._open_journal(cfg.data_dir / "inbox.journal")
+            try:
+                self._open_journal(cfg.data_dir / "inbox.journal")
+            except StorageError:
+                self._close_sockets()
+                self._release_data_dir()
+                raise
         if self._sub is not None:
             self._watch(self._sub, self._drain_sub)
         self._watch(self._router, self._drain_router)
@@ -604,11 +610,20 @@ class Node:
         its first handler is added. Until then no new direct message is accepted.
         """
         window = self.config.idempotency_window
-        self._journal = journal = DeliveryJournal(path, key_window=window)
+        self._journal = journal = DeliveryJournal(
+            path, key_window=window, compact_bytes=self.config.journal_compact_bytes)
         self._handed = journal.taken
+        tracker = self._dtracker
         for record in journal.known:
-            self._dtracker.observe_range(record.sender, _DIRECT_STREAM, record.incarnation,
-                                         record.first_seq, record.count)
+            # Compaction merges a sender's taken messages into runs of any length; only
+            # the tracker's window of a run's end matters (older is a duplicate anyway).
+            last = record.first_seq + record.count - 1
+            first = max(record.first_seq, last - tracker.window + 1)
+            while first <= last:
+                count = min(C.MAX_BATCH, last - first + 1)
+                tracker.observe_range(record.sender, _DIRECT_STREAM, record.incarnation,
+                                      first, count)
+                first += count
             if record.key is not None:
                 self._keys[(record.sender, record.key)] = record.wall_ms / 1000 + window
         self._replay = journal.pending
@@ -677,6 +692,9 @@ class Node:
         with contextlib.suppress(Exception):
             self._flush()
             self._publish_control(K_BYE, {})
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(BaseException):
@@ -1824,8 +1842,10 @@ class Node:
             held = _Held(env, msgs, offset, end, direct, ident)
         held.index, held.done, held.done_batch = index, done, done_batch
         if offset >= 0:
-            # With batch handlers nothing of the message is taken before they return.
-            single = done_batch is None and not self._batch_handlers and index < len(msgs)
+            # Only handlers alone take a message at a time: with batch handlers nothing
+            # of it is taken before they return, and the inbox gets all of it at once.
+            single = (done_batch is None and not self._batch_handlers and index < len(msgs)
+                      and not self.config.inbox_size)
             held.floor = msgs[index].offset if single else offset
         self.counters["declined." + ("direct" if direct else "broadcast")] += 1
         if log.isEnabledFor(logging.DEBUG):
@@ -2038,19 +2058,17 @@ class Node:
         self.counters["refused.disk"] += refused
         first = self._storage_error is None
         self._storage_error = error
-        free = "unknown" if error.free_bytes is None else f"{error.free_bytes} bytes"
         log.log(logging.WARNING if first else logging.DEBUG,
-                "node %s: cannot write the delivery journal %s (%s free): %s; direct "
-                "messages are refused (not acknowledged, so their senders retry) until "
-                "there is space again: free some space on that filesystem%s", self.name,
-                error.path, free, error, "" if first else " (again)")
+                "node %s: %s; direct messages are refused (not acknowledged, so their "
+                "senders retry) until there is space again%s", self.name, error,
+                "" if first else " (again)")
 
     def _storage_recovered(self) -> None:
         error, self._storage_error = self._storage_error, None
         assert error is not None
         log.warning("node %s: the delivery journal %s can be written again; direct "
-                    "messages are accepted (%d were refused meanwhile)", self.name,
-                    error.path, self.counters["refused.disk"])
+                    "messages are accepted (%d refused so far, retries included)",
+                    self.name, error.path, self.counters["refused.disk"])
 
     def _on_direct(self, frames: list[bytes],
                    accepted: list[_Accepted], user: str | None = None) -> None:
@@ -2423,8 +2441,38 @@ class Node:
                 self._revalidate_links()
         if force_beat:
             self._apply_peer_events(self._peers.tick(now))
+            if self.config.unread_warning:
+                self._check_unread(now)
         if now >= self._recontact.next_due:
             self._run_recontacts(now)
+
+    def _check_unread(self, now: float) -> None:
+        """Say once when owed messages wait for an application that does not read them:
+        an inbox nobody reads, or (without an inbox) no handler for what a restart
+        owes. Said again only after the application read in between."""
+        waiting = len(self._inbox) if self.config.inbox_size else sum(
+            r.count for _, r in self._replay)
+        if not waiting:
+            self._unread_warned = False
+            self._read_at = now
+            return
+        idle = now - self._read_at
+        if idle < self.config.unread_warning:
+            self._unread_warned = False
+            return
+        if self._unread_warned:
+            return
+        self._unread_warned = True
+        self.counters["warned.unread"] += 1
+        if self.config.inbox_size:
+            log.warning("node %s: %d message(s) have waited %.0fs in the inbox and nothing "
+                        "reads it (receive(), drain()); pass handlers to the constructor "
+                        "(handlers=[...]) to see them, or read the inbox", self.name,
+                        waiting, idle)
+        else:
+            log.warning("node %s: %d message(s) owed from before a restart have waited "
+                        "%.0fs for a handler; add one (or pass handlers=[...] to the "
+                        "constructor)", self.name, waiting, idle)
 
     # ------------------------------------------------------------------ application
 
@@ -2499,6 +2547,7 @@ class Node:
         """
         if ack:
             self.ack()
+        self._read_at = time.monotonic()
         inbox = self._inbox
         if limit is None or limit >= len(inbox):
             out = list(inbox)
@@ -2533,6 +2582,7 @@ class Node:
                 self._inbox_event.clear()
                 await self._inbox_event.wait()
         msg = self._inbox.popleft()
+        self._read_at = time.monotonic()
         if msg.offset >= 0:
             self._handed = msg.offset + 1
         return msg
@@ -2625,7 +2675,28 @@ class Node:
         out["outbox"] = len(self._outbox)
         out["retries"] = self._outbox.resent
         out["peers"] = len(self._peers)
+        if self._storage_error is not None:
+            out["storage.full"] = 1
+        if self._unread_warned:
+            out["inbox.unread"] = 1
         return out
+
+    def storage(self) -> dict[str, Any] | None:
+        """The delivery journal's state, or None without a data directory.
+
+        Returns:
+            ``state`` (``ok``, or ``full`` while the journal cannot be written and
+            direct messages are refused), ``path``, ``free_bytes`` (when full: the space
+            left at the last failure), ``refused`` (direct messages refused for it so
+            far), ``size`` (the journal's bytes).
+        """
+        journal = self._journal
+        if journal is None:
+            return None
+        error = self._storage_error
+        return {"state": "ok" if error is None else "full", "path": str(journal.path),
+                "free_bytes": None if error is None else error.free_bytes,
+                "refused": self.counters["refused.disk"], "size": journal.size}
 
     # ------------------------------------------------------------------ the node's view
 
@@ -2637,8 +2708,9 @@ class Node:
             ``incarnation`` (hex), ``uptime`` (seconds), ``draining``; ``peers`` (one map
             per roster entry: ``name``, ``role``, ``state``, ``draining``, ``last_heard``
             (seconds ago), ``lost``, ``dropped``); ``lost`` and ``dropped`` in total;
-            ``queues`` (``inbox``, ``outbox``, ``subscribers``); ``counters``; plus the
-            sections of :attr:`view_sections` (``knowledge``, when a replica runs).
+            ``queues`` (``inbox``, ``outbox``, ``subscribers``); ``counters``;
+            ``storage`` (:meth:`storage`, with a data directory); plus the sections of
+            :attr:`view_sections` (``knowledge``, when a replica runs).
         """
         from porter_mesh import __version__
 
@@ -2660,6 +2732,9 @@ class Node:
                        "subscribers": self._subscribers[encode_topic(C.CHANNEL_CONTROL)]},
             "counters": dict(self.counters),
         }
+        storage = self.storage()
+        if storage is not None:
+            out["storage"] = storage
         for section, provide in list(self.view_sections.items()):
             try:
                 out[section] = provide()

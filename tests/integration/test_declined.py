@@ -142,15 +142,24 @@ def test_a_new_handler_takes_what_another_declined(mesh_name: str,
         receiver.close()
 
 
-def test_declined_messages_survive_kill_9(procs: list[NodeProcess], mesh: str,
-                                          tmp_path: pathlib.Path) -> None:
-    data, out = tmp_path / "recv", tmp_path / "handled.txt"
+def declining_receiver(procs: list[NodeProcess], mesh: str, data: pathlib.Path,
+                       out: pathlib.Path) -> tuple[NodeProcess, NodeProcess, tuple[str, ...]]:
+    """A ``crash_receiver.py`` that declines everything (journaled in ``data``, handled
+    messages recorded in ``out``) and a sender that found it; and the receiver's
+    arguments but ``--decline``, to start it again."""
     common = ("--data-dir", str(data), "--out", str(out), "--mode", "handler")
     first = NodeProcess("recv", *common, "--decline", mesh=mesh, script=RECEIVER)
     procs.append(first)
     sender = NodeProcess("send", mesh=mesh)
     procs.append(sender)
     sender.wait_until(lambda ev: "recv" in peers_seen(ev), 20, "sender finds the receiver")
+    return first, sender, common
+
+
+def test_declined_messages_survive_kill_9(procs: list[NodeProcess], mesh: str,
+                                          tmp_path: pathlib.Path) -> None:
+    data, out = tmp_path / "recv", tmp_path / "handled.txt"
+    first, sender, common = declining_receiver(procs, mesh, data, out)
     sender.command(op="send", to="recv", start=0, n=40)
     done = sender.wait_for(lambda e: e["ev"] == "sent", 30, "the burst acknowledged")
     assert done["ok"] == 40  # journaled: acknowledged although declined
@@ -165,3 +174,46 @@ def test_declined_messages_survive_kill_9(procs: list[NodeProcess], mesh: str,
     procs.append(second)
     handled = wait_for_lines(out, 40, second, 30)
     assert handled == [f"m{i}" for i in range(40)]
+
+
+def test_the_taken_mark_stays_below_a_declined_message(mesh_name: str,
+                                                       tmp_path: pathlib.Path) -> None:
+    """On a node with an inbox and a journal, another sender's messages are read and
+    acknowledged while one is declined: the mark on disk must not pass the declined
+    one (a crash then would lose it), and moves on once it is taken."""
+    from porter_mesh.adapters.journal import read_taken
+
+    ready = threading.Event()
+
+    def picky(msg: Message) -> None:
+        if msg.sender == "tx" and not ready.is_set():
+            raise NotHandled("tx's side is not ready")
+
+    data = tmp_path / "rx"
+    receiver = SyncNode(name="rx", mesh=mesh_name, discovery=False, data_dir=data,
+                        handlers=[picky])
+    seed = (f"127.0.0.1:{receiver.node.router_port}",)
+    senders = [SyncNode(name=name, mesh=mesh_name, discovery=False, seeds=seed,
+                        retry_initial=0.05, retry_max=0.2) for name in ("tx", "tx2")]
+    try:
+        receiver.wait_for_peers(["tx", "tx2"], 10)
+        for sender in senders:
+            sender.wait_for_peers(["rx"], 10)
+        senders[0].send("rx", note(0))  # journaled at position 0, declined
+        receiver.wait_for_stats(lambda st: st.get("declined.direct", 0) >= 1, 10)
+        for i in range(5):
+            senders[1].send("rx", note(100 + i))
+        got = [receiver.receive(10).activity.summary for _ in range(5)]
+        assert got == [f"m{100 + i}" for i in range(5)]
+        receiver.ack()
+        journal = data / "inbox.journal"
+        assert read_taken(journal) == 0
+        ready.set()
+        receiver.redeliver()
+        assert receiver.receive(10).activity.summary == "m0"
+        receiver.ack()
+        assert read_taken(journal) == 6
+    finally:
+        for sender in senders:
+            sender.close()
+        receiver.close()
