@@ -5,7 +5,6 @@ architect as a process)."""
 
 from __future__ import annotations
 
-import errno
 import itertools
 import json
 import os
@@ -28,6 +27,7 @@ from porter_mesh.node.node import Message
 from porter_mesh.node.sync import SyncNode
 from tests.integration.cli_proc import COMMAND, Running, cli
 from tests.integration.harness import NodeProcess
+from tests.tinyfs import fill_inodes, tiny_filesystem
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 
@@ -625,32 +625,9 @@ def test_an_offer_in_flight_across_a_bridge_restart_reaches_the_forager_once(
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    """A tmpfs of few inodes, mounted for this test: new files fail there with ENOSPC
-    once it is filled, while files already open (a journal) can still grow."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root; not root here")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,nr_inodes=200", "tmpfs",
-                    str(mount)], check=True, timeout=30)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False, timeout=30)
-
-
-def fill_inodes(directory: Path) -> list[Path]:
-    """Create empty files until the filesystem has no inode left; returns them."""
-    made = []
-    for i in range(10_000):
-        path = directory / f"filler-{i}"
-        try:
-            path.touch()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
-            return made
-        made.append(path)
-    raise AssertionError("the filesystem never filled up")
+    """A tmpfs of few inodes for this test (it outlives the processes in ``started``)."""
+    with tiny_filesystem(tmp_path / "disk", size="16m", inodes=200) as disk:
+        yield disk
 
 
 def test_an_offer_the_bridge_cannot_record_is_declined_not_lost(
