@@ -3,7 +3,9 @@
 ``tiny_filesystem(dir)`` mounts a tmpfs of a few MiB on ``dir`` (root only: the test is
 skipped with the reason printed otherwise) and unmounts it afterwards; ``fill(dir)``
 writes a file until the filesystem has no space left, and returns it so the test can
-free the space again by removing it.
+free the space again by removing it. ``tiny_filesystem(dir, inodes=N)`` also bounds its
+files; ``fill_inodes(dir)`` then creates empty files until no new file can be made,
+while files already open can still grow (a journal appends, a new file fails).
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ import pytest
 
 
 @contextlib.contextmanager
-def tiny_filesystem(path: pathlib.Path, size: str = "2m") -> Iterator[pathlib.Path]:
-    """Mount a tmpfs of ``size`` on ``path`` (created) for the duration."""
+def tiny_filesystem(path: pathlib.Path, size: str = "2m",
+                    inodes: int | None = None) -> Iterator[pathlib.Path]:
+    """Mount a tmpfs of ``size`` (and at most ``inodes`` files) on ``path`` (created) for
+    the duration."""
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a tmpfs (a real full disk); run as root")
     path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+    options = f"size={size}" + (f",nr_inodes={inodes}" if inodes is not None else "")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs on {path}: {done.stderr.strip()}")
@@ -56,3 +61,19 @@ def fill(path: pathlib.Path, leave: int = 0) -> pathlib.Path:
     finally:
         os.close(fd)
     return filler
+
+
+def fill_inodes(path: pathlib.Path) -> list[pathlib.Path]:
+    """Create empty files in ``path`` until the filesystem has no inode left; returns
+    them, so the test can free the inodes again by removing them."""
+    made = []
+    for i in range(100_000):
+        filler = path / f"filler-{i}"
+        try:
+            filler.touch()
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            return made
+        made.append(filler)
+    raise AssertionError(f"{path} never ran out of inodes; mount it with inodes=N")

@@ -113,7 +113,7 @@ def main(args: argparse.Namespace) -> int:
 
     async def body() -> int:
         bridge = IacpBridge(config, host=host, port=port, settings=settings,
-                            data_root=None if args.no_knowledge else data_root(),
+                            data_root=data_root(), knowledge=not args.no_knowledge,
                             on_event=on_event if args.events else None)
         try:
             bound_host, bound_port = await bridge.astart()

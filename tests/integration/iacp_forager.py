@@ -11,13 +11,18 @@ It connects to the queen, sends ``hb`` every ``--hb`` seconds with its heartbeat
 * ``silent``: answer nothing;
 * ``no-accept``: the final result without accepting first.
 
+``--reconnect SECONDS`` makes it connect again when the queen goes away (EOF or a reset),
+trying for that long, keeping the tasks it holds; it stops for good only on ``ctl.halt``,
+as IACP requires. An assign whose ``id`` it already received is the same assign (ids are
+unique per sender): it is reported (``repeat``) and not worked again.
 ``--die-after-accept`` makes it SIGKILL itself right after accepting;
 ``--ignore-cancel`` keeps a held task after ``task.cancel`` (IACP: "best effort"). ``--version``
 sends another protocol version. Each line read on stdin is a JSON command (``op``):
 ``go``, ``raw`` (send ``text`` as one line, as is, ``n`` times), ``send`` (a message of
 ``kind`` with ``ref`` and ``body``), ``hb-stop``, ``hb-start``, ``quit``. Every line it
 prints is a JSON event (``ev``): ``up`` (connected), ``recv`` (a message from the queen,
-whole), ``sent`` (kind, id, ref), ``closed`` (why).
+whole), ``sent`` (kind, id, ref), ``repeat`` (an assign id seen before), ``reconnected``,
+``closed`` (why).
 """
 
 from __future__ import annotations
@@ -41,14 +46,35 @@ class Forager:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.name = args.name
-        self.sock = socket.create_connection((args.host, args.port), timeout=10)
-        self.sock.setblocking(False)
+        self.sock = self.connect()
+        self.assigned: set[str] = set()
         self.counter = 0x4f91c0
         self.buf = b""
         self.commands = b""
         self.held: list[dict] = []
         self.beating = True
         self.next_hb = 0.0
+
+    def connect(self) -> socket.socket:
+        sock = socket.create_connection((self.args.host, self.args.port), timeout=10)
+        sock.setblocking(False)
+        return sock
+
+    def reconnect(self) -> bool:
+        """Connect again for up to ``--reconnect`` seconds; True when connected."""
+        self.sock.close()
+        deadline = time.monotonic() + self.args.reconnect
+        while time.monotonic() < deadline:
+            try:
+                self.sock = self.connect()
+            except OSError:
+                time.sleep(0.1)  # the queen is not listening yet: try again shortly
+                continue
+            self.buf = b""
+            self.next_hb = 0.0
+            emit(ev="reconnected")
+            return True
+        return False
 
     def send(self, kind: str, ref: str | None = None, body: dict | None = None) -> str:
         self.counter += 1
@@ -66,6 +92,9 @@ class Forager:
         self.sock.setblocking(True)
         try:
             self.sock.sendall(data)
+        except OSError as exc:
+            # The queen went away; reading says so next (and reconnects if told to).
+            emit(ev="write-failed", why=str(exc))
         finally:
             self.sock.setblocking(False)
 
@@ -111,7 +140,11 @@ class Forager:
         emit(ev="recv", msg=msg)
         kind = msg.get("kind")
         if kind == "task.assign":
-            self.on_assign(msg)
+            if msg["id"] in self.assigned:
+                emit(ev="repeat", id=msg["id"])
+            else:
+                self.assigned.add(msg["id"])
+                self.on_assign(msg)
         elif kind == "task.cancel" and not self.args.ignore_cancel:
             self.held = [m for m in self.held if m["id"] != msg.get("ref")]
         elif kind == "ctl.halt":
@@ -165,10 +198,15 @@ class Forager:
                 except (BlockingIOError, InterruptedError):
                     continue
                 except OSError as exc:
-                    emit(ev="closed", why=str(exc))
-                    return 0
+                    data, why = b"", str(exc)
+                else:
+                    why = "eof"
                 if not data:
-                    emit(ev="closed", why="eof")
+                    sel.unregister(self.sock)
+                    if self.args.reconnect and self.reconnect():
+                        sel.register(self.sock, selectors.EVENT_READ, "sock")
+                        break
+                    emit(ev="closed", why=why)
                     return 0
                 self.buf += data
                 while b"\n" in self.buf:
@@ -192,6 +230,8 @@ def main() -> int:
                         choices=("work", "reject", "partial", "hold", "silent", "no-accept"))
     parser.add_argument("--reason", default="no crawler for that index")
     parser.add_argument("--remember", help="send mem.sync with this finding after accepting")
+    parser.add_argument("--reconnect", type=float, default=0.0, metavar="SECONDS",
+                        help="connect again when the queen goes away, for this long")
     parser.add_argument("--die-after-accept", action="store_true")
     parser.add_argument("--ignore-cancel", action="store_true",
                         help="keep working on a cancelled task (cancel is best effort)")

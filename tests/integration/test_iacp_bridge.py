@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from porter_mesh.node.node import Message
 from porter_mesh.node.sync import SyncNode
 from tests.integration.cli_proc import COMMAND, Running, cli
 from tests.integration.harness import NodeProcess
+from tests.tinyfs import fill_inodes, tiny_filesystem
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 
@@ -59,6 +61,11 @@ class Forager(NodeProcess):
     def __init__(self, bridge: Bridge, name: str, *extra: str) -> None:
         super().__init__(name, "--port", str(bridge.port), "--hb", "0.5", *extra,
                          script=FORAGER)
+
+    def catch_up(self) -> None:
+        """Read the events printed so far, without waiting for more."""
+        while not self._queue.empty() and self._pump(0):
+            pass
 
     def received(self, kind: str) -> list[dict[str, Any]]:
         return [e["msg"] for e in self.events if e["ev"] == "recv" and e["msg"]["kind"] == kind]
@@ -264,6 +271,7 @@ def architect(started: list[Any], mesh: str, workers: int, *extra: str) -> Runni
 
 
 def review_until(reviewer: SyncNode, arch: Running, timeout: float,
+                 each: Callable[[], None] | None = None,
                  ) -> list[tuple[str, str, int | None]]:
     """Approve every review request until the architect exits; returns (worker, context,
     attempt) of each approved request.
@@ -279,6 +287,8 @@ def review_until(reviewer: SyncNode, arch: Running, timeout: float,
     while not done():
         if time.monotonic() > deadline:
             raise AssertionError(f"not done within {timeout}s; approved {approved}")
+        if each is not None:
+            each()
         try:
             msg = reviewer.receive(timeout=0.5)
         except TimeoutError:
@@ -500,3 +510,160 @@ def test_bad_listen_address_is_a_one_line_error() -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--insecure" in out.stderr, out.stderr
     assert sys.executable
+
+
+# ----------------------------------------------------------------------------- restarts
+
+
+def kill_bridge(bridge: Bridge) -> None:
+    """SIGKILL the bridge: its foragers' nodes vanish without a goodbye."""
+    os.kill(bridge.proc.pid, signal.SIGKILL)
+    assert bridge.proc.wait(10) == -signal.SIGKILL
+
+
+def restart_bridge(started: list[Any], old: Bridge, mesh: str, *extra: str) -> Bridge:
+    """A new bridge process on the old one's port and data root."""
+    return bridge_for(started, mesh, "--listen", f"127.0.0.1:{old.port}", *extra)
+
+
+def holding(forager: Forager) -> list[str]:
+    """Ids of the assigns the forager holds unanswered (neither cancelled nor answered)."""
+    forager.catch_up()
+    ended = {m["ref"] for m in forager.received("task.cancel")}
+    ended |= {e["ref"] for e in forager.sent("task.result")}
+    return [m["id"] for m in forager.received("task.assign") if m["id"] not in ended]
+
+
+@pytest.mark.parametrize("board_notices", [False, True], ids=["given-back", "re-offered"])
+def test_a_bridge_killed_and_restarted_takes_its_forager_back(
+        mesh: str, started: list[Any], board_notices: bool) -> None:
+    bridge = bridge_for(started, mesh)
+    forager = forager_for(started, bridge, "forager-a", "--mode", "hold", "--reconnect", "60")
+    reviewer = queen_side(started, mesh, "forager-a", name="reviewer")
+    # given-back: the architect's roster notices a silent worker only after 30 s, so the
+    # board still has the task held by forager-a when it comes back through the
+    # restarted bridge. re-offered: it expires forager-a's dead node (4 s) and fences
+    # the claim before the bridge is back.
+    timings = () if board_notices else ("--expire-after", "30", "--evasive-after", "20")
+    arch = architect(started, mesh, 1, *timings)
+    first = forager.wait_recv("task.assign", timeout=60)
+    forager.wait_sent("task.accept")
+    arch.wait_until(lambda: any("-> accepted" in line for line in arch.err), 30,
+                    "the board seeing the Accept")
+    kill_bridge(bridge)
+    restarted = time.monotonic()
+    if board_notices:
+        arch.wait_until(lambda: any("fenced forager-a attempt 1" in line for line in arch.err),
+                        30, "the board fencing the dead node's claim")
+    again = restart_bridge(started, bridge, mesh)
+    again.wait_event(lambda e: e["ev"] == "registered" and e["forager"] == "forager-a",
+                     "forager-a back on the mesh through the new bridge")
+    forager.wait_for(lambda e: e["ev"] == "reconnected", 10, "the forager reconnected")
+    # Its own dead node on the roster is not a name clash: the forager is not halted.
+    assert not forager.received("ctl.halt")
+    restored = again.wait_event(lambda e: e["ev"] == "restored", "the held assign carried over")
+    assert restored["ref"] == first["id"] and restored["state"] == "accepted"
+
+    def work() -> None:
+        # The forager works whatever it holds (the restored assign, or a new attempt's).
+        held = holding(forager)
+        if held and not any(e["ev"] == "sent" and e["kind"] == "task.result"
+                            and e["ref"] == held[0] for e in forager.events):
+            forager.command(op="go")
+            forager.wait_until(lambda _: held[0] not in holding(forager), 10,
+                               f"the result for {held[0]}")
+
+    approved = review_until(reviewer, arch, 90, each=work)
+    assert arch.proc.wait(30) == 0, "\n".join(arch.err[-30:])
+    took = time.monotonic() - restarted
+    assert [(w, a) for w, _, a in approved] == [("forager-a", 2 if board_notices else 1)]
+    if board_notices:
+        # The board's withdrawal of the fenced attempt reached the forager as a cancel of
+        # the assign it held from before the restart.
+        assert first["id"] in [m["ref"] for m in forager.received("task.cancel")]
+    print(f"task done {took:.1f}s after the bridge was killed "
+          f"({'re-offered' if board_notices else 'given back'})")
+    assert took < 60, f"the task finished {took:.0f}s after the restart"
+    assert not forager.received("ctl.halt")
+    assert not [e for e in again.events() if e["ev"] == "refused"]
+    err = "\n".join(arch.err)
+    assert "in-review -> done" in err, err[-3000:]
+
+
+def test_an_offer_in_flight_across_a_bridge_restart_reaches_the_forager_once(
+        mesh: str, started: list[Any]) -> None:
+    bridge = bridge_for(started, mesh)
+    forager = forager_for(started, bridge, "forager-n", "--mode", "hold", "--reconnect", "60")
+    node = queen_side(started, mesh, "forager-n")
+    kill_bridge(bridge)
+    # The Offer leaves while forager-n's node is dead: the architect's node keeps it in
+    # flight and resends it to the node the restarted bridge starts for forager-n.
+    context = f"urn:porter:task:iacp{os.getpid()}x{next(_tasks)}"
+    settled: list[BaseException | None] = []
+    acknowledged = threading.Event()
+
+    def on_done(error: BaseException | None) -> None:
+        settled.append(error)
+        acknowledged.set()
+    node.send_nowait(C.DIRECT_PREFIX + "forager-n", with_attempt(as2.offer(
+        node.name, "crawl index 9", "crawl the ninth shard", target="forager-n",
+        context=context), 1), timeout=60, on_done=on_done)
+    again = restart_bridge(started, bridge, mesh)
+    again.wait_event(lambda e: e["ev"] == "registered" and e["forager"] == "forager-n",
+                     "forager-n back on the mesh through the new bridge")
+    assign = forager.wait_recv("task.assign", timeout=30)
+    assert assign["body"]["node"] == context
+    accept = collect(node, about(context, "Accept", "forager-n"), "the Accept")
+    assert accept.activity.extra.get("attempt") == 1
+    assert acknowledged.wait(30), "the Offer was never settled"
+    assert settled == [None]
+    # Once: one assign of that task, and no repeat of it.
+    assert [m["body"]["node"] for m in forager.received("task.assign")] == [context]
+    assert not [e for e in forager.events if e["ev"] == "repeat"]
+    assert not forager.received("ctl.halt")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of few inodes for this test (it outlives the processes in ``started``)."""
+    with tiny_filesystem(tmp_path / "disk", size="16m", inodes=200) as disk:
+        yield disk
+
+
+def test_an_offer_the_bridge_cannot_record_is_declined_not_lost(
+        mesh: str, tiny_disk: Path, started: list[Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PORTER_MESH_DATA", str(tiny_disk))
+    bridge = bridge_for(started, mesh, "--no-knowledge")
+    forager = forager_for(started, bridge, "forager-s", "--mode", "hold", "--reconnect", "60")
+    node = queen_side(started, mesh, "forager-s")
+    assert (tiny_disk / mesh / "forager-s" / "iacp-forager.json").exists()
+    fillers = fill_inodes(tiny_disk)
+    # The node's journal (an open file) still takes the Offer and acknowledges it; the
+    # bridge cannot write the forager's record, so it declines the Offer, never sends it.
+    context = offer(node, "forager-s")
+    def declines() -> list[Event]:
+        return [e for e in bridge.events() if e["ev"] == "dropped"
+                and e["reason"] == "storage" and "declined" in e["detail"]]
+    # Offered again after a backoff, and declined again: it is still owed.
+    bridge.wait_until(lambda: len(declines()) >= 2, 30, "the Offer declined twice")
+    assert "cannot write" in declines()[0]["detail"]
+    assert "free space" in declines()[0]["detail"]
+    assert not forager.received("task.assign")
+    # Killed while the disk is full, restarted once there is room again: the Offer was
+    # owed in the journal, and reaches the forager once.
+    kill_bridge(bridge)
+    for path in fillers:
+        path.unlink()
+    again = restart_bridge(started, bridge, mesh, "--no-knowledge")
+    again.wait_event(lambda e: e["ev"] == "registered" and e["forager"] == "forager-s",
+                     "forager-s back on the mesh")
+    assign = forager.wait_recv("task.assign", timeout=30)
+    assert assign["body"]["node"] == context
+    seen: list[Message] = []
+    accept = collect(node, about(context, "Accept", "forager-s"), "the Accept", seen=seen)
+    assert accept.activity.extra.get("attempt") == 1
+    forager.command(op="go")
+    collect(node, about(context, "Create", "forager-s"), "the result", seen=seen)
+    assert [m["body"]["node"] for m in forager.received("task.assign")] == [context]
+    assert not forager.received("ctl.halt")

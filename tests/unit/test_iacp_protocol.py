@@ -10,7 +10,7 @@ import pytest
 from porter_mesh.core import as2
 from porter_mesh.core import constants as C
 from porter_mesh.core.tasks import cancel_activity, with_attempt
-from porter_mesh.errors import ConfigError
+from porter_mesh.errors import ConfigError, ProtocolError
 from porter_mesh.gateways.iacp.protocol import (
     AssignState,
     BridgeSettings,
@@ -26,11 +26,14 @@ from porter_mesh.gateways.iacp.protocol import (
     Lookup,
     MeshSend,
     Output,
+    Owed,
     Phase,
     Register,
     SendLine,
     SetDraining,
     Store,
+    assign_from_record,
+    assign_to_record,
     decode_line,
     encode_message,
 )
@@ -195,6 +198,71 @@ def test_a_withdrawal_fences_and_cancels() -> None:
     withdraw = cancel_activity("architect", CTX, "Withdrawn: holder halted", attempt=1)
     outs = s.on_activity("task:forager-07", "architect", withdraw, now=1.0, wall=WALL)
     assert [m.ref for m in sent(outs, "task.cancel")] == [assign.id] and not mesh(outs)
+
+
+def test_an_activity_the_session_cannot_act_on_yet_is_owed_not_taken() -> None:
+    s = session()
+    assert of(offered(s), Owed)  # no hb yet
+    s.receive_line(line("hb", body={"slots": 1}), now=0.0, wall=WALL)
+    assert s.phase is Phase.JOINING
+    outs = offered(s)
+    assert [type(o) for o in outs] == [Owed] and "joining" in outs[0].reason
+    s.joined(now=0.0, wall=WALL)
+    assert sent(offered(s), "task.assign")  # the same Offer, offered again, is assigned
+    s.on_control("halt", "architect", now=1.0, wall=WALL)
+    assert of(offered(s, "urn:porter:task:b2"), Owed)  # closing: it waits for next time
+
+
+def test_a_rollback_undoes_what_an_activity_changed() -> None:
+    s = joined(session())
+    point = s.checkpoint()
+    (assign,) = sent(offered(s), "task.assign")
+    assert [a.qid for a in s.carried()] == [assign.id]
+    s.rollback(point)
+    assert s.carried() == [] and s.open_assigns == []
+    (again,) = sent(offered(s), "task.assign")  # not "the same offer again"
+    assert again.id != assign.id
+
+
+def test_a_new_session_carries_over_the_assigns_of_the_last_one() -> None:
+    old = joined(session(), slots=2)
+    (held,) = sent(offered(old), "task.assign")
+    old.receive_line(line("task.accept", ref=held.id), now=1.0, wall=WALL)
+    (waiting,) = sent(offered(old, "urn:porter:task:b7", sender="porter-ui"), "task.assign")
+    old.receive_line(line("task.result", ref=waiting.id), now=2.0, wall=WALL)
+    records = [json.loads(json.dumps(assign_to_record(a))) for a in old.carried()]
+    assert [r["state"] for r in records] == ["accepted", "in-review"]
+
+    new = joined(session())
+    carried = [assign_from_record(r, now=50.0) for r in records]
+    outs = new.restore(carried, now=50.0, wall=WALL)
+    (again,) = sent(outs, "task.assign")  # the open one, under its own id
+    assert again.id == held.id and again.body["node"] == CTX and again.body["attempt"] == 1
+    assert [e.fields["state"] for e in of(outs, Event) if e.kind == "restored"] == [
+        "accepted", "in-review"]
+    outs = new.receive_line(line("task.result", ref=held.id), now=51.0, wall=WALL)
+    assert [(a["type"], a["attempt"]) for _, a in mesh(outs)] == [("Create", 1), ("Offer", 1)]
+    # The one in review takes its reviewer's verdict (the human's, for the human's task).
+    verdict = as2.accept("porter-ui", "fine", context="urn:porter:task:b7")
+    outs = new.on_activity(C.CHANNEL_REVIEW, "porter-ui", verdict, now=52.0, wall=WALL)
+    assert [a["type"] for _, a in mesh(outs)] == ["Announce"]
+    # A new attempt of the carried-over task supersedes it.
+    outs = offered(new, attempt=2, now=53.0)
+    assert [m.ref for m in sent(outs, "task.cancel")] == [held.id] and sent(outs, "task.assign")
+    assert new.assign(held.id).state is AssignState.FENCED  # type: ignore[union-attr]
+
+
+def test_a_session_not_joined_restores_nothing_and_bad_records_are_named() -> None:
+    s = session()
+    rec = {"qid": "q-1", "context": CTX, "attempt": 1, "offered_by": "architect",
+           "summary": "x", "content": None, "tag": [], "revision": 0, "changes": None,
+           "state": "sent"}
+    assert s.restore([assign_from_record(rec, now=0.0)], now=0.0, wall=WALL) == []
+    for bad in ({**rec, "state": "done"}, {**rec, "attempt": "1"}, {**rec, "tag": "x"},
+                {k: v for k, v in rec.items() if k != "qid"}, {**rec, "revision": -1}):
+        with pytest.raises(ProtocolError) as err:
+            assign_from_record(bad, now=0.0)
+        assert err.value.reason == "bad-record"
 
 
 def test_silence_evasive_then_expired_then_back() -> None:

@@ -11,8 +11,12 @@ bytes and activities. One asyncio loop runs everything:
   a name already on the mesh, and it publishes the bridge's view (``porter-mesh stats``
   shows it under ``iacp``) and counts every dropped line (``dropped.iacp.<reason>``);
 * per forager, a node named after it (role ``worker``, its slots and tools advertised,
-  handlers only, no inbox) with a knowledge replica in ``<data root>/<mesh>/<forager>``
-  unless knowledge is off; its deliveries and control messages go to the session;
+  handlers only, no inbox) with its data directory ``<data root>/<mesh>/<forager>``
+  (delivery journal, knowledge replica unless knowledge is off, and the forager's
+  record, :mod:`.record`); its deliveries and control messages go to the session. A
+  delivery the session cannot act on yet (:class:`~.protocol.Owed`), or whose change to
+  the record cannot be written, is declined with ``NotHandled``: the node keeps it owed
+  and offers it again, so the bridge never acknowledges and drops;
 * a ticker that gives every session the time (heartbeats, liveness, assign timeouts).
 
 A forager's node leaves the mesh (saying goodbye) when the forager disconnects, expires
@@ -37,8 +41,16 @@ from porter_mesh.adapters.shard import Shard
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.peers import PeerEvent, PeerEventKind
-from porter_mesh.errors import ConfigError, KnowledgeError, PorterError
+from porter_mesh.errors import (
+    ConfigError,
+    KnowledgeError,
+    NotHandled,
+    PorterError,
+    ProtocolError,
+    StorageError,
+)
 from porter_mesh.gateways.iacp.protocol import (
+    Assign,
     BridgeSettings,
     Close,
     Dropped,
@@ -50,12 +62,17 @@ from porter_mesh.gateways.iacp.protocol import (
     Lookup,
     MeshSend,
     Output,
+    Owed,
+    Phase,
     Register,
     SendLine,
     SetDraining,
     Store,
+    assign_from_record,
+    assign_to_record,
     encode_message,
 )
+from porter_mesh.gateways.iacp.record import ForagerRecord, load_record, save_record
 from porter_mesh.node.config import NodeConfig, knowledge_dir
 from porter_mesh.node.knowledge import Knowledge
 from porter_mesh.node.node import Message, Node
@@ -89,6 +106,9 @@ class _Forager:
         self.closing = False
         self.logged: set[str] = set()
         self._leaving: set[asyncio.Task[None]] = set()
+        #: What is on disk for this forager (``None``: nothing kept, no data directory).
+        self._record: ForagerRecord | None = None
+        self._data_dir: pathlib.Path | None = None
 
     # -- the connection ------------------------------------------------------------------
 
@@ -106,11 +126,16 @@ class _Forager:
                     self.bridge.counters["lines.in"] += 1
                     outs = self.session.receive_line(line, now=time.monotonic(),
                                                      wall=time.time())
+                    # IACP acknowledges nothing, so a forager's line is not refused when
+                    # its record cannot be kept: the mesh side is what must not lose.
+                    self.keep(strict=False)
                     await self.carry_out(outs)
                     if self.closing:
                         break
         finally:
-            self.carry_out_now(self.session.disconnected(time.monotonic()))
+            outs = self.session.disconnected(time.monotonic())
+            self.keep(strict=False)
+            self.carry_out_now(outs)
             await self.aclose()
 
     async def carry_out(self, outs: list[Output]) -> None:
@@ -118,6 +143,10 @@ class _Forager:
         for out in outs:
             if isinstance(out, Register):
                 await self.carry_out(await self.register(out))
+                if self.node is not None and self.session.phase is Phase.JOINED:
+                    # What the session declined while it was joining (the journal's
+                    # owed messages, an Offer resent meanwhile) is offered again now.
+                    self.node.redeliver()
             else:
                 self.carry_out_now([out])
 
@@ -143,6 +172,8 @@ class _Forager:
                 self.leave(out.reason)
             elif isinstance(out, Close):
                 self.close(out.reason)
+            elif isinstance(out, Owed):
+                log.debug("iacp %s: %s", self.session.name or self.peer, out.reason)
             else:  # Register from a timer or the mesh cannot happen
                 raise AssertionError(f"unexpected output {out!r}")
 
@@ -195,28 +226,63 @@ class _Forager:
         if problem is not None:
             return self.session.refused(problem, wall=wall)
         try:
-            await self.join(reg)
+            carried = await self.join(reg)
+        except StorageError as exc:
+            self.dropped(Dropped("storage", f"{reg.name} cannot join now: {exc}"))
+            return self.session.deferred(f"{reg.name} cannot join now: {exc}")
         except PorterError as exc:
             return self.session.refused(f"refused: {reg.name} cannot join the mesh: {exc}",
                                         wall=wall)
-        return self.session.joined(now=time.monotonic(), wall=time.time())
+        now = time.monotonic()
+        outs = self.session.joined(now=now, wall=time.time())
+        outs += self.session.restore(carried, now=now, wall=time.time())
+        self.keep(strict=False)
+        return outs
 
-    async def join(self, reg: Register) -> None:
+    def _carried_over(self, record: ForagerRecord) -> list[Assign]:
+        """The assigns an earlier bridge process left open for this forager."""
+        now, out = time.monotonic(), []
+        for item in record.assigns:
+            try:
+                out.append(assign_from_record(item, now=now))
+            except ProtocolError as exc:
+                log.warning("iacp %s: an assign in its record is skipped: %s",
+                            self.session.name, exc)
+        return out
+
+    async def join(self, reg: Register) -> list[Assign]:
+        """Start the forager's node; returns the assigns carried over from an earlier
+        bridge process.
+
+        Raises:
+            StorageError: its record (with the new node's incarnation) cannot be written.
+            PorterError: the node cannot start.
+        """
         for leaving in list(self._leaving):  # the node of an earlier join, still closing
             with contextlib.suppress(BaseException):
                 await leaving
         bridge = self.bridge
-        data_dir = (bridge.data_root / bridge.config.mesh / reg.name
-                    if bridge.data_root is not None else None)
+        data_dir = bridge.forager_dir(reg.name)
         config = bridge.config.with_changes(
             name=reg.name, role="worker", slots=reg.slots, tools=reg.tools,
             channels=(C.CHANNEL_REVIEW,), inbox_size=0, data_dir=data_dir)
         node = Node(config)
+        carried: list[Assign] = []
+        if data_dir is not None:
+            # The new incarnation is on disk before anyone can see it, so that a bridge
+            # restarted after a crash knows this node as its own (see record.py).
+            old = load_record(data_dir)
+            carried = self._carried_over(old)
+            record = old.with_incarnation(node.incarnation)
+            save_record(data_dir, record)
+            self._record, self._data_dir = record, data_dir
+        # The handler is there before the node starts, so the journal's owed messages
+        # are offered at once; until the session has joined it declines them (Owed).
         node.add_handler(self.on_message)
         node.add_control_listener(self.on_control)
         knowledge = None
         try:
-            if data_dir is not None:
+            if data_dir is not None and bridge.knowledge:
                 shard = Shard(knowledge_dir(data_dir), agent=reg.name)
                 knowledge = Knowledge(node, shard)
                 knowledge.start()
@@ -233,10 +299,62 @@ class _Forager:
             "type": "Announce", "actor": reg.name,
             "summary": f"{reg.name} online as worker ({slots}; an IACP 1.1 forager at "
                        f"{self.peer} through {bridge.node.name})"}))
+        return carried
 
     def on_message(self, msg: Message) -> None:
-        self.carry_out_now(self.session.on_activity(msg.channel, msg.sender, msg.activity,
-                                                    now=time.monotonic(), wall=time.time()))
+        """Hand a delivered activity to the session.
+
+        Raises:
+            NotHandled: the session cannot act on it now (the forager has not joined, or
+                its connection is going), or what it changed cannot be kept on disk: the
+                node keeps the message owed and offers it again, so nothing is
+                acknowledged and dropped.
+        """
+        name = self.session.name or self.peer
+        if self.closing or self.writer.is_closing():
+            raise NotHandled(f"{name}'s connection is closing; the {msg.activity.type} "
+                             "waits for the forager's next connection")
+        checkpoint = self.session.checkpoint()
+        outs = self.session.on_activity(msg.channel, msg.sender, msg.activity,
+                                        now=time.monotonic(), wall=time.time())
+        owed = next((o for o in outs if isinstance(o, Owed)), None)
+        if owed is not None:
+            raise NotHandled(owed.reason)
+        try:
+            self.keep(strict=True)
+        except StorageError as exc:
+            self.session.rollback(checkpoint)
+            self.dropped(Dropped("storage", f"the {msg.activity.type} from {msg.sender} "
+                                 f"is declined until it can be kept: {exc}"))
+            raise NotHandled(str(exc)) from None
+        self.carry_out_now(outs)
+
+    def keep(self, *, strict: bool) -> None:
+        """Write the forager's record if its carried-over assigns changed.
+
+        Args:
+            strict: raise when the write fails (a mesh message is being handled: it is
+                then declined); otherwise log it once and count it.
+
+        Raises:
+            StorageError: ``strict`` and the record could not be written.
+        """
+        record, data_dir = self._record, self._data_dir
+        if record is None or data_dir is None:
+            return
+        assigns = [assign_to_record(a) for a in self.session.carried()]
+        if assigns == record.assigns:
+            return
+        new = ForagerRecord(list(record.incarnations), assigns)
+        try:
+            save_record(data_dir, new)
+        except StorageError as exc:
+            if strict:
+                raise
+            self.dropped(Dropped("storage", f"the forager's record is not up to date: "
+                                 f"{exc}"))
+            return
+        self._record = new
 
     def on_control(self, kind: str, sender: str, body: dict[str, Any]) -> None:
         self.carry_out_now(self.session.on_control(kind, sender, now=time.monotonic(),
@@ -303,8 +421,11 @@ class IacpBridge:
         host / port: where to listen (port 0: the OS picks).
         settings: the protocol's timings and limits.
         data_root: where foragers' data directories go (``<data_root>/<mesh>/<name>``,
-            holding each one's knowledge replica and delivery journal); ``None`` keeps
-            no knowledge (``mem.sync`` is then only published).
+            holding each one's delivery journal, knowledge replica and record; see
+            :mod:`.record`); ``None`` keeps nothing on disk (no knowledge, and a
+            restarted bridge cannot take its foragers back).
+        knowledge: keep a knowledge replica per forager (otherwise ``mem.sync`` is only
+            published).
         on_event: called with ``(kind, fields)`` for each thing worth reporting.
 
     Raises:
@@ -313,7 +434,7 @@ class IacpBridge:
 
     def __init__(self, config: NodeConfig, *, host: str = "127.0.0.1", port: int = 7421,
                  settings: BridgeSettings | None = None,
-                 data_root: pathlib.Path | None = None,
+                 data_root: pathlib.Path | None = None, knowledge: bool = True,
                  on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
         if not 0 <= port <= 65535:
             raise ConfigError(f"--listen port {port} is not a TCP port (0-65535)")
@@ -321,6 +442,7 @@ class IacpBridge:
         self.host, self.port = host, port
         self.settings = settings or BridgeSettings()
         self.data_root = data_root
+        self.knowledge = knowledge
         self.on_event = on_event
         self.mint = IdMint(secrets.randbits(24) << 8)
         self.counters: collections.Counter[str] = collections.Counter()
@@ -400,10 +522,25 @@ class IacpBridge:
         if name == self.node.name:
             return f"refused: {name} is the bridge's own name on mesh {mesh!r}; choose another"
         peer = self.node.peer(name)
-        if peer is not None and self._gone.get(name) != peer.incarnation:
+        if peer is not None and not self._was_ours(name, peer.incarnation):
             return (f"refused: the name {name} is already on mesh {mesh!r} (role "
                     f"{peer.advert.role}); give this forager another name")
         return None
+
+    def forager_dir(self, name: str) -> pathlib.Path | None:
+        """The forager's data directory (``None`` when the bridge keeps no data)."""
+        if self.data_root is None:
+            return None
+        return self.data_root / self.config.mesh / name
+
+    def _was_ours(self, name: str, incarnation: int) -> bool:
+        """Whether ``name``'s node of ``incarnation`` was one this bridge ran: it left
+        (the roster still shows it for a moment), or an earlier bridge process ran it
+        on this data directory (killed, it said no goodbye)."""
+        if self._gone.get(name) == incarnation:
+            return True
+        directory = self.forager_dir(name)
+        return directory is not None and incarnation in load_record(directory).incarnations
 
     def adverts(self) -> dict[str, list[str]]:
         """Every agent on the mesh (and the bridge's foragers) with its advertised tools."""
@@ -471,7 +608,9 @@ class IacpBridge:
                 if deadline is None or deadline > now:
                     continue
                 try:
-                    forager.carry_out_now(forager.session.tick(now=now, wall=wall))
+                    outs = forager.session.tick(now=now, wall=wall)
+                    forager.keep(strict=False)
+                    forager.carry_out_now(outs)
                 except Exception:
                     log.exception("iacp tick failed for %s", forager.peer)
 

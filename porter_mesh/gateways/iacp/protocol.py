@@ -56,6 +56,14 @@ is too long, or lacks a required field is :class:`Dropped` (the driver logs it o
 counts it) and answered nothing; more than ``bad_line_limit`` of them within
 ``bad_line_window`` seconds close that connection only.
 
+**Not yet, not lost.** An activity that reaches the session before it has joined, or
+after it expired, was halted or closed, is answered :class:`Owed`: the driver declines
+it and the node offers it again later. A driver that cannot keep what an activity
+changed (:meth:`ForagerSession.carried`, written to disk) undoes it
+(:meth:`ForagerSession.checkpoint`, :meth:`ForagerSession.rollback`) and declines too.
+After a bridge restart, :meth:`ForagerSession.restore` takes back the assigns the last
+process left open for the forager (:func:`assign_from_record`).
+
 **Liveness.** Both sides send ``hb`` every ``heartbeat`` seconds. A forager silent for
 ``evasive_after`` is rejected new work and shown as draining on the mesh
 (:class:`SetDraining`); silent for ``expire_after``, its open assigns are fenced and its
@@ -69,7 +77,7 @@ import enum
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import orjson
@@ -107,11 +115,14 @@ __all__ = [
     "Lookup",
     "MeshSend",
     "Output",
+    "Owed",
     "Phase",
     "Register",
     "SendLine",
     "SetDraining",
     "Store",
+    "assign_from_record",
+    "assign_to_record",
     "decode_line",
     "encode_message",
 ]
@@ -410,6 +421,15 @@ class Dropped:
 
 
 @dataclass(frozen=True, slots=True)
+class Owed:
+    """The session cannot act on a mesh activity now (the forager is not joined yet, or
+    not any more): the driver declines it, so the node keeps it owed and offers it again
+    later, rather than acknowledging a message nobody handled."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Event:
     """Something worth reporting (``kind``: ``registered``, ``assigned``, ``fenced``,
     ``refused``...) with its details."""
@@ -419,7 +439,7 @@ class Event:
 
 
 Output = SendLine | Register | MeshSend | Store | Lookup | SetDraining | Leave | Close | \
-    Dropped | Event
+    Dropped | Owed | Event
 
 
 # ----------------------------------------------------------------------------- settings
@@ -529,6 +549,59 @@ class Assign:
     note: str = ""
 
 
+#: Assigns a restarted bridge carries over: the forager may still hold them.
+_CARRIED: Final = frozenset({*_OPEN, AssignState.IN_REVIEW})
+_RECORD_FIELDS: Final = ("qid", "context", "attempt", "offered_by", "summary", "content",
+                         "tag", "revision", "changes", "state")
+
+
+def assign_to_record(a: Assign) -> dict[str, Any]:
+    """``a`` as a JSON-ready record (what a restarted bridge needs to carry it over)."""
+    return {"qid": a.qid, "context": a.context, "attempt": a.attempt,
+            "offered_by": a.offered_by, "summary": a.summary, "content": a.content,
+            "tag": list(a.tag), "revision": a.revision, "changes": a.changes,
+            "state": a.state.value}
+
+
+def assign_from_record(record: Mapping[str, Any], *, now: float) -> Assign:
+    """The assign a record written by :func:`assign_to_record` describes.
+
+    Args:
+        record: the decoded record.
+        now: monotonic seconds; the assign's clock restarts here.
+
+    Returns:
+        The assign (its ``answered_at`` is ``now``).
+
+    Raises:
+        ProtocolError: the record is not one (``reason="bad-record"``).
+    """
+    try:
+        missing = [k for k in _RECORD_FIELDS if k not in record]
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)}")
+        state = AssignState(record["state"])
+        if state not in _CARRIED:
+            raise ValueError(f"state {state.value} is not carried over")
+        strings = ("qid", "context", "offered_by", "summary")
+        if not all(isinstance(record[k], str) and record[k] for k in strings):
+            raise ValueError(f"{', '.join(strings)} must be non-empty strings")
+        attempt, revision = record["attempt"], record["revision"]
+        if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)):
+            raise ValueError("attempt must be a whole number or null")
+        if isinstance(revision, bool) or not isinstance(revision, int) or revision < 0:
+            raise ValueError("revision must be a whole number >= 0")
+        tag, content, changes = record["tag"], record["content"], record["changes"]
+        if not (isinstance(tag, list) and all(isinstance(t, str) for t in tag)):
+            raise ValueError("tag must be a list of strings")
+        if not all(v is None or isinstance(v, str) for v in (content, changes)):
+            raise ValueError("content and changes must be strings or null")
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError(f"not an assign record ({exc})", reason="bad-record") from None
+    return Assign(record["qid"], record["context"], attempt, record["offered_by"],
+                  record["summary"], content, tuple(tag), revision, changes, state, now)
+
+
 def _text_of(act: Activity) -> str | None:
     obj = act.object
     if isinstance(obj, str):
@@ -604,6 +677,22 @@ class ForagerSession:
     def open_assigns(self) -> list[Assign]:
         """Assigns waiting for the forager's answer (they use its slots)."""
         return [a for a in self._assigns.values() if a.state in _OPEN]
+
+    def carried(self) -> list[Assign]:
+        """The assigns a restarted bridge must carry over (sent, accepted or in review):
+        what its driver keeps on disk."""
+        return [a for a in self._assigns.values() if a.state in _CARRIED]
+
+    def checkpoint(self) -> tuple[dict[str, Assign], dict[str, str]]:
+        """A copy of the assigns, for :meth:`rollback` (a driver that cannot keep what an
+        input changed undoes it, and declines the input)."""
+        return ({q: replace(a) for q, a in self._assigns.items()}, dict(self._current))
+
+    def rollback(self, checkpoint: tuple[dict[str, Assign], dict[str, str]]) -> None:
+        """Put the assigns back as :meth:`checkpoint` copied them."""
+        assigns, current = checkpoint
+        self._assigns = {q: replace(a) for q, a in assigns.items()}
+        self._current = dict(current)
 
     def next_deadline(self) -> float | None:
         """The earliest time :meth:`tick` has something to do, or ``None``."""
@@ -696,6 +785,49 @@ class ForagerSession:
                 "reason": "the bridge is draining"})]
         return out
 
+    def restore(self, assigns: Sequence[Assign], *, now: float, wall: float) -> list[Output]:
+        """Carry over the assigns an earlier bridge process left open for this forager.
+
+        Call it right after :meth:`joined`. The forager reconnected after the bridge
+        restarted; it may still hold them or may have lost them, and IACP cannot ask. So
+        each open one is sent again with its own id (an id is unique per sender: a forager
+        that still holds it sees the same assign) and its clock restarts; one in review
+        waits for the reviewer's verdict as before. Answers to them count as usual, and
+        the mesh's board decides as for any worker whose node restarted: its withdrawal
+        or a new attempt's Offer supersedes them.
+
+        Args:
+            assigns: from :func:`assign_from_record`.
+            now: monotonic seconds.
+            wall: this host's unix time.
+
+        Returns:
+            The outputs (the assigns sent again, an event per assign).
+        """
+        if self.phase is not Phase.JOINED:
+            return []
+        out: list[Output] = []
+        for a in assigns:
+            if a.qid in self._assigns or a.context in self._current:
+                continue
+            a.answered_at = now
+            if a.state in _OPEN:
+                out += self._send_assign(a, wall)
+            else:
+                self._assigns[a.qid] = a
+                self._current[a.context] = a.qid
+            out.append(Event("restored", {"forager": self.name, "ref": a.qid,
+                                          "context": a.context, "state": a.state.value}))
+        return out
+
+    def deferred(self, reason: str) -> list[Output]:
+        """The forager cannot join *now* (the bridge cannot keep its record): close the
+        connection without ``ctl.halt``, which would stop it for good; it may connect
+        again."""
+        self.phase = Phase.CLOSED
+        return [Event("deferred", {"forager": self.name, "peer": self.peer,
+                                   "reason": reason}), Close(reason)]
+
     def refused(self, reason: str, *, wall: float) -> list[Output]:
         """The forager cannot join (its name is taken...): say why and close."""
         return self._refuse(reason, to=self.name, wall=wall, event={})
@@ -764,7 +896,8 @@ class ForagerSession:
             wall: this host's unix time.
         """
         if self.phase is not Phase.JOINED or self.name is None:
-            return []
+            return [Owed(f"{self.name or 'the forager'} is {self.phase.value}, not joined: "
+                         f"the {activity.type} from {sender} waits")]
         direct = channel == C.DIRECT_PREFIX + self.name
         ctx = activity.context
         current = self._assigns.get(self._current.get(ctx, "")) if ctx else None
