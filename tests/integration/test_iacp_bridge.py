@@ -667,3 +667,15 @@ def test_an_offer_the_bridge_cannot_record_is_declined_not_lost(
     collect(node, about(context, "Create", "forager-s"), "the result", seen=seen)
     assert [m["body"]["node"] for m in forager.received("task.assign")] == [context]
     assert not forager.received("ctl.halt")
+
+
+def test_an_offer_to_the_bridge_itself_is_answered_not_swallowed(mesh: str,
+                                                                  started: list[Any]) -> None:
+    """The bridge's own node holds no task: an Offer sent to it gets a Reject that says
+    where work goes, rather than an acknowledgement and nothing."""
+    bridge = bridge_for(started, mesh)
+    forager_for(started, bridge, "forager-o")
+    node = queen_side(started, mesh, "forager-o", "iacp-bridge")
+    context = offer(node, "iacp-bridge")
+    rej = collect(node, about(context, "Reject", "iacp-bridge"), "the bridge's Reject")
+    assert "forager by name" in rej.activity.summary

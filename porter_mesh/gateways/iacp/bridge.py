@@ -39,7 +39,7 @@ import orjson
 
 from porter_mesh.adapters.shard import Shard
 from porter_mesh.core import constants as C
-from porter_mesh.core.as2 import Activity
+from porter_mesh.core.as2 import Activity, reject
 from porter_mesh.core.peers import PeerEvent, PeerEventKind
 from porter_mesh.errors import (
     ConfigError,
@@ -461,6 +461,22 @@ class IacpBridge:
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    def _on_own_message(self, msg: Message) -> None:
+        """A direct message to the bridge's own node: it holds no task, so an Offer or a
+        Question is answered with a Reject that says where work goes (nothing is taken
+        silently); anything else is counted and let go."""
+        node = self.node
+        node.count_drop("iacp.not-a-forager", msg.sender)
+        if msg.activity.type not in ("Offer", "Question"):
+            return
+        answer = reject(node.name, f"{node.name} is the IACP bridge and takes no work "
+                        "itself; send it to a forager by name (porter-mesh peers lists them)",
+                        context=msg.activity.context)
+        with contextlib.suppress(PorterError):
+            fut = node.async_send_nowait(f"{C.DIRECT_PREFIX}{msg.sender}", answer)
+            # A seat that has gone cannot be answered; that is no error of the bridge.
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
     async def astart(self) -> tuple[str, int]:
         """Join the mesh and listen; returns the bound ``(host, port)``.
 
@@ -468,7 +484,7 @@ class IacpBridge:
             ConfigError: the address cannot be bound, or the node cannot start.
         """
         self._halted = asyncio.Event()
-        self.node.add_handler(lambda msg: None)  # direct messages are taken, not kept
+        self.node.add_handler(self._on_own_message)
         self.node.add_control_listener(self._on_control)
         self.node.add_peer_listener(self._on_peer)
         self.node.view_sections["iacp"] = self.view
