@@ -1,0 +1,685 @@
+"""Mesh agents served to A2A clients, on the official SDK's server side.
+
+One :class:`A2AGateway` is one mesh node (a seat of the human user, so the mesh's
+workers ask it for review as they ask the dashboard) and one HTTP server. For each
+served agent it mounts the SDK's agent card, JSON-RPC and REST routes over a
+:class:`MeshExecutor`; the SDK keeps the tasks (in a :class:`~.store.FileTaskStore`)
+and speaks the protocol, the executor translates (:mod:`.mapping`).
+
+How a task flows::
+
+    A2A client --SendMessage--> SDK --execute()--> Offer on task:<agent>
+    mesh activity in the task's context --node handler--> translate() --> events
+        events --(numbered, logged)--> the running execute() --> SDK --> client
+                                 \\--> straight into the task store when none runs
+
+An ``execute()`` runs while the task works and returns when it ends or waits on the
+client (``input-required``); the client's next message starts another, which answers
+the agent. Every event carries its sequence number (``porter.seq`` in its metadata) and
+is kept in the :class:`~.store.EventLog`; a ``SubscribeToTask`` with an SSE
+``Last-Event-ID`` header is served from that log (replay, then live), so a client that
+lost its stream, even across a restart of the gateway, misses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import pathlib
+import secrets
+import socket
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from a2a.helpers.proto_helpers import get_message_text
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.context import ServerCallContext
+from a2a.server.events import EventQueue
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.routes import (
+    create_agent_card_routes,
+    create_jsonrpc_routes,
+    create_rest_routes,
+)
+from a2a.types.a2a_pb2 import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentSkill,
+    Artifact,
+    HTTPAuthSecurityScheme,
+    Message,
+    Part,
+    Role,
+    SecurityRequirement,
+    SecurityScheme,
+    StreamResponse,
+    StringList,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+)
+from google.protobuf import json_format
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from porter_mesh.core import constants as C
+from porter_mesh.core.as2 import Activity
+from porter_mesh.errors import PorterError
+from porter_mesh.gateways.a2a.mapping import (
+    A2A_STATES,
+    TERMINAL,
+    Ask,
+    FileArtifact,
+    MeshState,
+    Step,
+    answer_for,
+    cancel_for,
+    mesh_context,
+    offer_for,
+    translate,
+)
+from porter_mesh.gateways.a2a.store import EventLog, FileTaskStore
+from porter_mesh.node.node import Message as MeshMessage
+from porter_mesh.node.node import Node
+
+__all__ = ["A2AGateway", "MeshExecutor"]
+
+log = logging.getLogger("porter_mesh.a2a")
+
+#: Metadata keys the gateway puts on tasks and events.
+SEQ_KEY = "porter.seq"
+STATE_KEY = "porter.state"
+ASK_KEY = "porter.ask"
+AGENT_KEY = "porter.agent"
+CONTEXT_KEY = "porter.context"
+TRACE_KEY = "porter.traceparent"
+
+#: A card path, served without the bearer token (clients read it to learn the scheme).
+CARD_PATH = "/.well-known/agent-card.json"
+
+
+@dataclass
+class _Held:
+    """One task the gateway requested, as it follows it."""
+
+    task_id: str
+    context_id: str
+    agent: str
+    state: MeshState = MeshState.SUBMITTED
+    ask: Ask | None = None
+    live: asyncio.Queue[StreamResponse] | None = None
+    traceparent: str | None = None
+    artifacts: set[str] = field(default_factory=set)
+
+    @property
+    def mesh_context(self) -> str:
+        return mesh_context(self.task_id)
+
+
+def _agent_message(held: _Held, text: str) -> Message:
+    return Message(message_id=str(uuid.uuid4()), role=Role.ROLE_AGENT, task_id=held.task_id,
+                   context_id=held.context_id, parts=[Part(text=text)])
+
+
+def _status(held: _Held, state: MeshState, text: str, ask: Ask | None = None) -> StreamResponse:
+    status = TaskStatus(state=TaskState.Value(A2A_STATES[state]))
+    if text:
+        status.message.CopyFrom(_agent_message(held, text))
+    status.timestamp.GetCurrentTime()
+    event = TaskStatusUpdateEvent(task_id=held.task_id, context_id=held.context_id,
+                                  status=status)
+    meta: dict[str, Any] = {STATE_KEY: state.value}
+    if ask is not None:
+        meta[ASK_KEY] = {"kind": ask.kind, "asker": ask.asker, "attempt": ask.attempt}
+    event.metadata.update(meta)
+    return StreamResponse(status_update=event)
+
+
+def _artifact(held: _Held, item: FileArtifact, seq_hint: int) -> StreamResponse:
+    artifact_id = f"file:{item.path}" if item.path else f"{item.name}-{seq_hint}"
+    parts: list[Part] = []
+    if item.text is not None:
+        parts.append(Part(text=item.text))
+    if item.path is not None:
+        parts.append(json_format.ParseDict({"data": {"path": item.path}}, Part()))
+    if not parts:
+        parts.append(Part(text=item.description))
+    artifact = Artifact(artifact_id=artifact_id, name=item.name, description=item.description,
+                        parts=parts)
+    event = TaskArtifactUpdateEvent(task_id=held.task_id, context_id=held.context_id,
+                                    artifact=artifact, append=False, last_chunk=True)
+    held.artifacts.add(artifact_id)
+    return StreamResponse(artifact_update=event)
+
+
+def _inner(response: StreamResponse) -> Any:
+    return getattr(response, response.WhichOneof("payload") or "task")
+
+
+def _ends_execution(response: StreamResponse) -> bool:
+    if not response.HasField("status_update"):
+        return False
+    state = response.status_update.status.state
+    return state in (TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_COMPLETED,
+                     TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_CANCELED,
+                     TaskState.TASK_STATE_REJECTED)
+
+
+class MeshExecutor(AgentExecutor):
+    """The SDK's agent executor for one mesh agent: hands the client's messages to it
+    and forwards what the mesh says about the task until it ends or waits on the client.
+
+    Args:
+        gateway: the gateway that owns the node, the log and the store.
+        agent: the mesh agent served.
+    """
+
+    def __init__(self, gateway: A2AGateway, agent: str) -> None:
+        self.gateway = gateway
+        self.agent = agent
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        gw = self.gateway
+        message = context.message
+        task_id = context.task_id or ""
+        text = get_message_text(message) if message is not None else ""
+        held = gw.held.get(task_id)
+        if context.current_task is None or held is None:
+            held = gw.track(task_id, context.context_id or "", self.agent,
+                            _traceparent(context.call_context))
+            task = Task(id=task_id, context_id=held.context_id,
+                        status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED))
+            if message is not None:
+                task.history.append(message)
+            meta = {AGENT_KEY: self.agent, CONTEXT_KEY: held.mesh_context}
+            if held.traceparent:
+                meta[TRACE_KEY] = held.traceparent
+            task.metadata.update(meta)
+            await event_queue.enqueue_event(_inner(gw.record(held, StreamResponse(task=task),
+                                                             forward=False)))
+            first = True
+        else:
+            first = False
+        queue: asyncio.Queue[StreamResponse] = asyncio.Queue()
+        held.live = queue
+        try:
+            problem = await self._hand_over(held, text, first)
+            if problem is not None:
+                failed = gw.step(held, Step(MeshState.FAILED, problem), forward=False)
+                await event_queue.enqueue_event(_inner(failed[0]))
+                return
+            while True:
+                response = await queue.get()
+                await event_queue.enqueue_event(_inner(response))
+                if _ends_execution(response):
+                    break
+        finally:
+            held.live = None
+            while not queue.empty():  # said after the end of this execution
+                gw.write_later(held, queue.get_nowait())
+
+    async def _hand_over(self, held: _Held, text: str, first: bool) -> str | None:
+        """Send the client's message into the mesh; returns what went wrong, if anything."""
+        gw = self.gateway
+        try:
+            if first:
+                activity = offer_for(gw.node.name, self.agent, text, held.task_id)
+                channel = C.DIRECT_PREFIX + self.agent
+            elif held.ask is not None:
+                channel, activity = answer_for(gw.node.name, held.ask, text, held.task_id)
+                what = "approval" if channel == C.CHANNEL_REVIEW and activity.type == "Accept" \
+                    else "answer"
+                held.ask = None
+                gw.step(held, Step(MeshState.WORKING, f"{what} sent to {self.agent}"))
+            else:
+                channel = C.DIRECT_PREFIX + self.agent
+                activity = Activity("Note", gw.node.name, text.strip().splitlines()[0][:200]
+                                    if text.strip() else "Note", context=held.mesh_context,
+                                    object={"type": "Note", "content": text},
+                                    target=self.agent)
+        except ValueError as exc:
+            return str(exc)
+        return await gw.deliver(channel, activity)
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        gw = self.gateway
+        task_id = context.task_id or ""
+        held = gw.held.get(task_id)
+        if held is None:
+            held = gw.track(task_id, context.context_id or "", self.agent, None)
+        problem = await gw.deliver(C.DIRECT_PREFIX + self.agent,
+                                   cancel_for(gw.node.name, task_id))
+        said = (f"cancelled; {self.agent} was told to stop" if problem is None
+                else f"cancelled; {self.agent} could not be told ({problem})")
+        held.live = None
+        response = gw.step(held, Step(MeshState.CANCELLED, said), forward=False)[0]
+        await event_queue.enqueue_event(_inner(response))
+
+
+def _traceparent(call: ServerCallContext | None) -> str | None:
+    if call is None:
+        return None
+    headers = call.state.get("headers") or {}
+    value = headers.get("traceparent")
+    return value if isinstance(value, str) and value else None
+
+
+class _BearerAuth:
+    """Refuse every request without ``Authorization: Bearer <token>``, except the cards."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].endswith(CARD_PATH):
+            await self.app(scope, receive, send)
+            return
+        given = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                given = value[7:].strip()
+        if not secrets.compare_digest(given, self.token):
+            response = JSONResponse(
+                {"error": "a bearer token is required: send 'Authorization: Bearer <token>' "
+                          "(the token porter-mesh a2a printed or was given with --token)"},
+                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+class A2AGateway:
+    """Serve mesh agents to A2A clients.
+
+    Args:
+        node: the gateway's node (not started yet; :meth:`astart` starts it).
+        agents: the mesh agents to serve (at least one).
+        data_dir: where the event log and the tasks live (``None``: memory only).
+        host: the address to listen on.
+        port: the TCP port (0 picks a free one).
+        token: a bearer token every call but the card's must carry, or ``None``.
+        settle: seconds a first message waits for its agent to appear on the mesh.
+        deliver_timeout: seconds a message to the agent may take to be acknowledged.
+
+    Raises:
+        ValueError: no agent.
+    """
+
+    def __init__(self, node: Node, agents: Sequence[str], *, data_dir: pathlib.Path | None,
+                 host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                 settle: float = 10.0, deliver_timeout: float = 30.0) -> None:
+        if not agents:
+            raise ValueError("name at least one mesh agent to serve (--agent NAME)")
+        self.node = node
+        self.agents = tuple(dict.fromkeys(agents))
+        self.data_dir = data_dir
+        self.host = host
+        self.token = token
+        self.settle = settle
+        self.deliver_timeout = deliver_timeout
+        self.held: dict[str, _Held] = {}
+        self._by_context: dict[str, _Held] = {}
+        self.log = EventLog(data_dir / "events.jsonl" if data_dir is not None else None)
+        self.stores = {agent: FileTaskStore(data_dir / "tasks" / agent
+                                            if data_dir is not None else None)
+                       for agent in self.agents}
+        self._writes: asyncio.Queue[tuple[_Held, StreamResponse]] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._server: Any = None
+        self._serving: asyncio.Task[None] | None = None
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.port: int = self._sock.getsockname()[1]
+        self.counters: dict[str, int] = {}
+
+    # -- the URLs --------------------------------------------------------------------------
+
+    def prefix(self, agent: str) -> str:
+        """The path under which ``agent`` is served: the root with one agent, else
+        ``/agents/<name>``."""
+        return "" if len(self.agents) == 1 else f"/agents/{agent}"
+
+    def url(self, agent: str | None = None) -> str:
+        """The base URL a client gives the SDK for ``agent`` (host ``localhost``)."""
+        host = "localhost" if self.host in ("127.0.0.1", "::1", "localhost") else self.host
+        base = f"http://{host}:{self.port}"
+        return base + (self.prefix(agent) if agent is not None else "")
+
+    # -- tasks -----------------------------------------------------------------------------
+
+    def track(self, task_id: str, context_id: str, agent: str,
+              traceparent: str | None) -> _Held:
+        """Start following ``task_id`` (its mesh context must be valid)."""
+        held = _Held(task_id, context_id, agent, traceparent=traceparent)
+        self.held[task_id] = held
+        self._by_context[held.mesh_context] = held
+        return held
+
+    def record(self, held: _Held, response: StreamResponse, *, forward: bool = True,
+               ) -> StreamResponse:
+        """Number ``response``, log it, and (``forward``) pass it on: to the running
+        execution, else straight into the task store. Returns it, numbered."""
+        seq = self.log.last(held.task_id) + 1
+        _inner(response).metadata.update({SEQ_KEY: seq})
+        self.log.append(held.task_id, json_format.MessageToDict(response))
+        if forward:
+            if held.live is not None:
+                held.live.put_nowait(response)
+            else:
+                self.write_later(held, response)
+        return response
+
+    def step(self, held: _Held, step: Step, *, forward: bool = True) -> list[StreamResponse]:
+        """Turn a :class:`~.mapping.Step` into numbered events (artifacts first, then the
+        status), updating what the gateway knows of the task."""
+        out = []
+        for item in step.artifacts:
+            out.append(self.record(held, _artifact(held, item, self.log.last(held.task_id) + 1),
+                                   forward=forward))
+        if step.state is not None:
+            held.state = step.state
+            held.ask = step.ask
+            out.append(self.record(held, _status(held, step.state, step.text, step.ask),
+                                   forward=forward))
+        elif step.text and held.state not in TERMINAL:
+            out.append(self.record(held, _status(held, held.state, step.text, held.ask),
+                                   forward=forward))
+        return out
+
+    def write_later(self, held: _Held, response: StreamResponse) -> None:
+        """Apply an event to the stored task (no execution is running to do it)."""
+        if self._writes is not None:
+            self._writes.put_nowait((held, response))
+
+    async def _write_loop(self) -> None:
+        assert self._writes is not None
+        while True:
+            held, response = await self._writes.get()
+            try:
+                await self._apply(held, response)
+            except Exception:
+                log.exception("a2a: could not update task %s in the store", held.task_id)
+
+    async def _apply(self, held: _Held, response: StreamResponse) -> None:
+        store = self.stores[held.agent]
+        call = ServerCallContext()
+        task = await store.get(held.task_id, call)
+        if task is None:
+            return
+        if response.HasField("status_update"):
+            task.status.CopyFrom(response.status_update.status)
+            if task.status.HasField("message"):
+                task.history.append(task.status.message)
+        elif response.HasField("artifact_update"):
+            artifact = response.artifact_update.artifact
+            for i, old in enumerate(task.artifacts):
+                if old.artifact_id == artifact.artifact_id:
+                    task.artifacts[i].CopyFrom(artifact)
+                    break
+            else:
+                task.artifacts.append(artifact)
+        await store.save(task, call)
+
+    async def deliver(self, channel: str, activity: Activity) -> str | None:
+        """Send ``activity`` on ``channel`` (direct ones acknowledged); returns what went
+        wrong in words a client can act on, or ``None``."""
+        if channel.startswith(C.DIRECT_PREFIX):
+            agent = channel[len(C.DIRECT_PREFIX):]
+            if self.node.peer(agent) is None:
+                with contextlib.suppress(TimeoutError, PorterError):
+                    await self.node.wait_for_peers([agent], timeout=self.settle)
+            if self.node.peer(agent) is None:
+                return (f"agent {agent} is not on mesh {self.node.config.mesh!r}: start it, "
+                        "or check the gateway's --mesh")
+        try:
+            await self.node.send_to_channel(channel, activity, timeout=self.deliver_timeout)
+        except PorterError as exc:
+            return f"could not deliver to {channel}: {exc}"
+        return None
+
+    def on_message(self, msg: MeshMessage) -> None:
+        """The node's handler: activities in a followed task's context become events."""
+        context = msg.activity.context
+        held = self._by_context.get(context) if context is not None else None
+        if held is None:
+            return
+        step = translate(msg.activity, channel=msg.channel, sender=msg.sender,
+                         requester=self.node.name, agent=held.agent, state=held.state)
+        if step is not None:
+            self.step(held, step)
+
+    def _restore(self) -> None:
+        """Follow again the tasks of an earlier run, from the event log."""
+        for task_id in self.log.tasks():
+            events = [e for _, e in self.log.since(task_id, 0)]
+            first = events[0].get("task") if events else None
+            if not first:
+                continue
+            meta = first.get("metadata") or {}
+            agent = meta.get(AGENT_KEY)
+            if agent not in self.agents:
+                continue
+            held = self.track(task_id, first.get("contextId", ""), agent,
+                              meta.get(TRACE_KEY))
+            for event in events:
+                status = event.get("statusUpdate")
+                if status is None:
+                    continue
+                smeta = status.get("metadata") or {}
+                with contextlib.suppress(ValueError):
+                    held.state = MeshState(smeta.get(STATE_KEY))
+                ask = smeta.get(ASK_KEY)
+                held.ask = (Ask(ask["kind"], ask["asker"],
+                                int(ask["attempt"]) if ask.get("attempt") is not None else None)
+                            if isinstance(ask, dict) else None)
+
+    # -- the card --------------------------------------------------------------------------
+
+    def card(self, agent: str) -> AgentCard:
+        """The agent card of ``agent``, from its advert when the mesh knows it."""
+        peer = self.node.peer(agent)
+        role = peer.advert.role if peer is not None else "worker"
+        tools = tuple(peer.advert.tools) if peer is not None else ()
+        url = self.url(agent)
+        card = AgentCard(
+            name=agent,
+            description=f"{agent}, a {role} on the porter-mesh mesh "
+                        f"{self.node.config.mesh!r}: send it a task in plain text; it "
+                        "reports progress, files and commands as it works, and asks you to "
+                        "review its work (reply 'approve' or say what to change).",
+            version="1.0.0",
+            capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+            default_input_modes=["text/plain"],
+            default_output_modes=["text/plain", "application/json"],
+            supported_interfaces=[
+                AgentInterface(url=url + "/", protocol_binding="JSONRPC",
+                               protocol_version="1.0"),
+                AgentInterface(url=url + "/rest", protocol_binding="HTTP+JSON",
+                               protocol_version="1.0"),
+            ],
+            skills=[AgentSkill(
+                id=f"{role}-task", name=f"{role} task",
+                description=f"Do a task as a mesh {role}"
+                            + (f" with the tools {', '.join(tools)}" if tools else ""),
+                tags=[role, *tools], examples=["Add a GET /users endpoint"])],
+        )
+        if self.token is not None:
+            card.security_schemes["bearer"].CopyFrom(SecurityScheme(
+                http_auth_security_scheme=HTTPAuthSecurityScheme(
+                    scheme="bearer", description="the token porter-mesh a2a printed")))
+            card.security_requirements.append(SecurityRequirement(
+                schemes={"bearer": StringList()}))
+        return card
+
+    def _directory_card(self) -> AgentCard:
+        """The root card when several agents are served: one skill per agent, naming
+        the URL of its own card."""
+        card = AgentCard(
+            name=f"porter-mesh {self.node.config.mesh}",
+            description="Mesh agents served over A2A. Each skill is one agent; its card is "
+                        f"at <its URL>{CARD_PATH}, and a client talks to that URL.",
+            version="1.0.0", capabilities=AgentCapabilities(streaming=True),
+            default_input_modes=["text/plain"], default_output_modes=["text/plain"],
+            supported_interfaces=[AgentInterface(url=self.url(self.agents[0]) + "/",
+                                                 protocol_binding="JSONRPC",
+                                                 protocol_version="1.0")],
+            skills=[AgentSkill(id=agent, name=agent, tags=["mesh-agent"],
+                               description=f"agent {agent}: {self.url(agent)}"
+                                           f"{CARD_PATH}")
+                    for agent in self.agents])
+        return card
+
+    # -- the app ---------------------------------------------------------------------------
+
+    def _agent_routes(self, agent: str) -> list[BaseRoute]:
+        card = self.card(agent)
+        handler = DefaultRequestHandler(agent_executor=MeshExecutor(self, agent),
+                                        task_store=self.stores[agent], agent_card=card)
+
+        async def fresh_card(_: AgentCard) -> AgentCard:
+            return self.card(agent)
+
+        jsonrpc = create_jsonrpc_routes(handler, "/")
+        rest = create_rest_routes(handler, path_prefix="/rest")
+        sdk_rpc = next(r.endpoint for r in jsonrpc if isinstance(r, Route))
+        sdk_sub = next(r.endpoint for r in rest
+                       if isinstance(r, Route) and r.path == "/rest/tasks/{id}:subscribe")
+
+        async def rpc(request: Request) -> Response:
+            resume = request.headers.get("last-event-id")
+            if resume is not None:
+                try:
+                    body = orjson.loads(await request.body())
+                except orjson.JSONDecodeError:
+                    body = None
+                if isinstance(body, dict) and body.get("method") == "SubscribeToTask":
+                    params = body.get("params") or {}
+                    return self._resume(agent, str(params.get("id", "")), resume,
+                                        rpc_id=body.get("id"))
+            response: Response = await sdk_rpc(request)
+            return response
+
+        async def rest_sub(request: Request) -> Response:
+            resume = request.headers.get("last-event-id")
+            if resume is not None:
+                return self._resume(agent, request.path_params["id"], resume, rpc_id=None)
+            response: Response = await sdk_sub(request)
+            return response
+
+        return [*create_agent_card_routes(card, card_modifier=fresh_card),
+                Route("/", rpc, methods=["POST"]),
+                Route("/rest/tasks/{id}:subscribe", rest_sub, methods=["GET", "POST"]),
+                *rest]
+
+    def _resume(self, agent: str, task_id: str, last: str, *, rpc_id: Any) -> Response:
+        """A stream of ``task_id``'s events after ``last`` (an SSE ``Last-Event-ID``):
+        the missed ones from the log, then the live ones until the task ends or waits."""
+        held = self.held.get(task_id)
+        try:
+            after = int(last)
+        except ValueError:
+            after = -1
+        if held is None or held.agent != agent or after < 0:
+            what = (f"Last-Event-ID must be a sequence number (0 or more), not {last!r}"
+                    if after < 0 else f"no task {task_id!r} here")
+            error = {"code": -32602 if after < 0 else -32001, "message": what}
+            if rpc_id is None:
+                return JSONResponse({"error": error}, status_code=400 if after < 0 else 404)
+            return JSONResponse({"jsonrpc": "2.0", "id": rpc_id, "error": error})
+
+        async def events() -> AsyncIterator[bytes]:
+            seq = after
+            while True:
+                for n, event in self.log.since(task_id, seq):
+                    seq = n
+                    data = event if rpc_id is None else {"jsonrpc": "2.0", "id": rpc_id,
+                                                         "result": event}
+                    yield b"id: %d\ndata: %s\n\n" % (n, orjson.dumps(data))
+                    status = event.get("statusUpdate")
+                    if status is not None and _ends_stream(status):
+                        return
+                if not await self.log.wait(task_id, seq, 15.0):
+                    yield b": keep-alive\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store"})
+
+    def app(self) -> ASGIApp:
+        """The ASGI application: every agent's routes (at the root with one agent, under
+        ``/agents/<name>`` with several, beside a root card listing them)."""
+        routes: list[BaseRoute]
+        if len(self.agents) == 1:
+            routes = self._agent_routes(self.agents[0])
+        else:
+            routes = [Mount(self.prefix(agent), routes=self._agent_routes(agent))
+                      for agent in self.agents]
+            routes.insert(0, *create_agent_card_routes(self._directory_card()))
+        app: ASGIApp = Starlette(routes=routes)
+        if self.token is not None:
+            app = _BearerAuth(app, self.token)
+        return app
+
+    # -- running ---------------------------------------------------------------------------
+
+    async def astart(self) -> None:
+        """Load earlier tasks, start the node and the HTTP server."""
+        import uvicorn
+
+        for store in self.stores.values():
+            await store.load()
+        self._restore()
+        self.node.add_handler(self.on_message)
+        await self.node.astart()
+        self._writes = asyncio.Queue()
+        self._writer = asyncio.create_task(self._write_loop())
+        config = uvicorn.Config(self.app(), log_level="warning", lifespan="off",
+                                timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._server.install_signal_handlers = lambda: None
+        self._sock.listen(128)
+        self._sock.setblocking(False)
+        self._serving = asyncio.create_task(self._server.serve(sockets=[self._sock]))
+        while not self._server.started:
+            if self._serving.done():
+                await self._serving  # raises what stopped it
+                raise RuntimeError("the A2A HTTP server stopped while starting")
+            await asyncio.sleep(0.01)
+
+    async def wait_closed(self) -> None:
+        """Wait until the HTTP server stops."""
+        if self._serving is not None:
+            await self._serving
+
+    async def aclose(self) -> None:
+        """Stop serving, close the node and the log."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._serving is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self._serving, 5)
+        if self._writer is not None:
+            self._writer.cancel()
+            with contextlib.suppress(BaseException):
+                await self._writer
+        await self.node.aclose()
+        self.log.close()
+        self._sock.close()
+
+
+def _ends_stream(status: dict[str, Any]) -> bool:
+    state = (status.get("status") or {}).get("state")
+    return state in ("TASK_STATE_INPUT_REQUIRED", "TASK_STATE_COMPLETED",
+                     "TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED")
+
