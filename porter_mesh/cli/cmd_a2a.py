@@ -44,8 +44,14 @@ def register(sub: Any) -> None:
     parser.add_argument("--token", metavar="TOKEN",
                         help="bearer token every A2A call must carry (default: none on "
                         "loopback, a random one printed otherwise)")
+    parser.add_argument("--join", metavar="URL",
+                        help="instead of serving: put the A2A agent at URL on the mesh as "
+                        "worker --name")
     parser.add_argument("--name", type=agent_name,
-                        help="the node's name (default: porter-ui-a2a)")
+                        help="the node's name (default: porter-ui-a2a when serving; "
+                        "required with --join)")
+    parser.add_argument("--slots", type=int, default=4,
+                        help="tasks a joined agent holds at once (default %(default)s)")
     parser.add_argument("--data-dir", type=pathlib.Path, metavar="DIR",
                         help="where tasks and their numbered events are kept across "
                         "restarts (default: $PORTER_MESH_DATA/<mesh>/<name>)")
@@ -75,8 +81,11 @@ def main(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return _usage(f"the A2A SDK is missing ({exc}); install it with: pip install "
                       "'porter-mesh[a2a]'")
+    if args.join is not None:
+        return _join(args)
     if not args.agents:
-        return _usage("name the mesh agent(s) to serve with --agent NAME")
+        return _usage("name the mesh agent(s) to serve with --agent NAME, or join an A2A "
+                      "agent with --join URL --name N")
     listen = _listen(args.listen)
     if listen is None:
         return _usage(f"--listen {args.listen!r} is not HOST:PORT (e.g. 127.0.0.1:8080)")
@@ -119,3 +128,14 @@ def main(args: argparse.Namespace) -> int:
         return 0
 
     return run(body)
+
+
+def _join(args: argparse.Namespace) -> int:
+    if args.name is None:
+        return _usage("--join needs --name N, the worker's name on the mesh")
+    if args.slots < 1:
+        return _usage("--slots must be at least 1")
+    from porter_mesh.gateways.a2a.join import run_joined
+
+    status: int = run_joined(args)
+    return status
