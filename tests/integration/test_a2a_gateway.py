@@ -175,6 +175,30 @@ def test_stream_review_approve_completed_with_artifacts(gateway: Gateway) -> Non
     asyncio.run(body())
 
 
+def test_blocking_send_returns_working_then_subscribe_follows(gateway: Gateway) -> None:
+    async def body() -> None:
+        client = await create_client(gateway.url, ClientConfig(streaming=False))
+        try:
+            sent = [e async for e in client.send_message(message("Write a sonnet"))]
+            task = sent[0].task
+            assert task.status.state == TaskState.TASK_STATE_WORKING, task.status
+            async with client_for(gateway.url) as streaming:
+                rest = await until_stop(streaming.subscribe(SubscribeToTaskRequest(id=task.id)))
+            # The task as it stands (the worker may have asked for review already), then
+            # what follows, numbered without a gap, up to the review request.
+            assert rest[0].HasField("task")
+            assert state_of(rest[-1]) == TaskState.TASK_STATE_INPUT_REQUIRED
+            seqs = [seq_of(e) for e in rest[1:]]
+            assert seqs == list(range(seqs[0], seqs[0] + len(seqs))) if seqs else True
+            stored = await client.get_task(GetTaskRequest(id=task.id))
+            assert stored.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+            assert any(a.name == f"tasks/{task.id}.md" for a in stored.artifacts)
+        finally:
+            await client.close()
+
+    asyncio.run(body())
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

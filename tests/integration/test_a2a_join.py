@@ -132,3 +132,26 @@ def test_question_answered_and_cancel(joined: Outside, mesh: str) -> None:
         _until(node, slow, "Create")
         node.send("ext1", cancel_activity("arch1", slow, "no longer needed"), timeout=DEADLINE)
         joined.wait_line("cancelled")
+
+
+def test_a_team_entry_puts_the_outside_agent_on_the_mesh(mesh: str,
+                                                         tmp_path: pathlib.Path) -> None:
+    outside = Outside()
+    team = tmp_path / "team.toml"
+    team.write_text(f'[mesh]\nname = "{mesh}"\n\n[[agents]]\nname = "ext2"\nrole = "worker"\n'
+                    f'a2a = "{outside.url}"\nslots = 2\n')
+    up = Running("up", str(team))
+    try:
+        out = cli("request", "task:ext2", "from the team", "--type", "Offer", "--mesh", mesh,
+                  "--timeout", "30", "--wait", "20")
+        assert out.returncode == 0, (out.stderr, up.err[-10:])
+        assert "Announce" in out.stdout.splitlines()[-1]
+    finally:
+        up.stop()
+        outside.stop()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[mesh]\nname = "{mesh}"\n\n[[agents]]\nname = "ext3"\nrole = "worker"\n'
+                   'a2a = "localhost:9"\n')
+    refused = cli("up", str(bad))
+    assert refused.returncode == 2
+    assert "agents[0].a2a: expected the A2A agent's base URL" in refused.stderr

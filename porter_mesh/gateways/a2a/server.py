@@ -41,6 +41,7 @@ from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import (
+    DefaultServerCallContextBuilder,
     create_agent_card_routes,
     create_jsonrpc_routes,
     create_rest_routes,
@@ -103,6 +104,7 @@ ASK_KEY = "porter.ask"
 AGENT_KEY = "porter.agent"
 CONTEXT_KEY = "porter.context"
 TRACE_KEY = "porter.traceparent"
+STREAM_KEY = "porter.streaming"
 
 #: A card path, served without the bearer token (clients read it to learn the scheme).
 CARD_PATH = "/.well-known/agent-card.json"
@@ -212,16 +214,30 @@ class MeshExecutor(AgentExecutor):
             first = False
         queue: asyncio.Queue[StreamResponse] = asyncio.Queue()
         held.live = queue
+        streaming = _streaming(context.call_context)
+        answering = held.ask is not None
         try:
             problem = await self._hand_over(held, text, first)
             if problem is not None:
                 failed = gw.step(held, Step(MeshState.FAILED, problem), forward=False)
                 await event_queue.enqueue_event(_inner(failed[0]))
                 return
+            if not (streaming or first or answering):
+                return  # a note on a running task: nothing changes at once
             while True:
-                response = await queue.get()
+                if streaming:
+                    response = await queue.get()
+                else:
+                    try:
+                        response = await asyncio.wait_for(queue.get(), gw.settle)
+                    except TimeoutError:
+                        return  # not taken yet: the task stays submitted
                 await event_queue.enqueue_event(_inner(response))
-                if _ends_execution(response):
+                if _ends_execution(response) or (not streaming
+                                                 and response.HasField("status_update")):
+                    # A blocking SendMessage returns once the agent has taken the task
+                    # (or the answer): mesh tasks run for minutes to days, and the client
+                    # follows them with GetTask or SubscribeToTask.
                     break
         finally:
             held.live = None
@@ -264,6 +280,24 @@ class MeshExecutor(AgentExecutor):
         held.live = None
         response = gw.step(held, Step(MeshState.CANCELLED, said), forward=False)[0]
         await event_queue.enqueue_event(_inner(response))
+
+
+def _streaming(call: ServerCallContext | None) -> bool:
+    """Whether the call is a streaming one (SendStreamingMessage, or REST message:stream)."""
+    if call is None:
+        return False
+    return bool(call.state.get("method") == "SendStreamingMessage"
+                or call.state.get(STREAM_KEY))
+
+
+class _CallContexts(DefaultServerCallContextBuilder):
+    """The SDK's call context, marked when a REST call streams (JSON-RPC names its
+    method in the context; REST says it only by its path)."""
+
+    def build(self, request: Request) -> ServerCallContext:
+        context = super().build(request)
+        context.state[STREAM_KEY] = request.url.path.endswith(":stream")
+        return context
 
 
 def _traceparent(call: ServerCallContext | None) -> str | None:
@@ -552,29 +586,31 @@ class A2AGateway:
             return self.card(agent)
 
         jsonrpc = create_jsonrpc_routes(handler, "/")
-        rest = create_rest_routes(handler, path_prefix="/rest")
+        rest = create_rest_routes(handler, context_builder=_CallContexts(), path_prefix="/rest")
         sdk_rpc = next(r.endpoint for r in jsonrpc if isinstance(r, Route))
         sdk_sub = next(r.endpoint for r in rest
                        if isinstance(r, Route) and r.path == "/rest/tasks/{id}:subscribe")
 
         async def rpc(request: Request) -> Response:
-            resume = request.headers.get("last-event-id")
-            if resume is not None:
-                try:
-                    body = orjson.loads(await request.body())
-                except orjson.JSONDecodeError:
-                    body = None
-                if isinstance(body, dict) and body.get("method") == "SubscribeToTask":
-                    params = body.get("params") or {}
-                    return self._resume(agent, str(params.get("id", "")), resume,
-                                        rpc_id=body.get("id"))
+            try:
+                body = orjson.loads(await request.body())
+            except orjson.JSONDecodeError:
+                body = None
+            if isinstance(body, dict) and body.get("method") == "SubscribeToTask":
+                params = body.get("params") or {}
+                mine = await self._subscription(agent, str(params.get("id", "")),
+                                                request.headers.get("last-event-id"),
+                                                rpc_id=body.get("id"))
+                if mine is not None:
+                    return mine
             response: Response = await sdk_rpc(request)
             return response
 
         async def rest_sub(request: Request) -> Response:
-            resume = request.headers.get("last-event-id")
-            if resume is not None:
-                return self._resume(agent, request.path_params["id"], resume, rpc_id=None)
+            mine = await self._subscription(agent, request.path_params["id"],
+                                            request.headers.get("last-event-id"), rpc_id=None)
+            if mine is not None:
+                return mine
             response: Response = await sdk_sub(request)
             return response
 
@@ -583,32 +619,52 @@ class A2AGateway:
                 Route("/rest/tasks/{id}:subscribe", rest_sub, methods=["GET", "POST"]),
                 *rest]
 
-    def _resume(self, agent: str, task_id: str, last: str, *, rpc_id: Any) -> Response:
-        """A stream of ``task_id``'s events after ``last`` (an SSE ``Last-Event-ID``):
-        the missed ones from the log, then the live ones until the task ends or waits."""
+    async def _subscription(self, agent: str, task_id: str, last: str | None, *,
+                            rpc_id: Any) -> Response | None:
+        """Serve a ``SubscribeToTask`` from the event log, or ``None`` to leave it to the
+        SDK (a task the gateway does not know, or one whose execution is running and
+        no ``Last-Event-ID`` was given).
+
+        With ``Last-Event-ID: N`` the stream is every event after N, then the live ones;
+        without, it starts with the task as stored. Either way it ends when the task ends,
+        or when it waits on the client and nothing came after."""
         held = self.held.get(task_id)
-        try:
-            after = int(last)
-        except ValueError:
-            after = -1
-        if held is None or held.agent != agent or after < 0:
-            what = (f"Last-Event-ID must be a sequence number (0 or more), not {last!r}"
-                    if after < 0 else f"no task {task_id!r} here")
-            error = {"code": -32602 if after < 0 else -32001, "message": what}
-            if rpc_id is None:
-                return JSONResponse({"error": error}, status_code=400 if after < 0 else 404)
-            return JSONResponse({"jsonrpc": "2.0", "id": rpc_id, "error": error})
+        if held is None or held.agent != agent or (last is None and held.live is not None):
+            return None
+        first: dict[str, Any] | None = None
+        if last is None:
+            if held.state in TERMINAL:
+                return _error(rpc_id, -32004, f"task {task_id} is {held.state.value}: there "
+                              "is nothing more to stream (GetTask reads it)", 400)
+            after = self.log.last(task_id)
+            task = await self.stores[agent].get(task_id, ServerCallContext())
+            if task is not None:
+                first = json_format.MessageToDict(StreamResponse(task=task))
+        else:
+            try:
+                after = int(last)
+            except ValueError:
+                after = -1
+            if after < 0:
+                return _error(rpc_id, -32602, "Last-Event-ID must be the sequence number of "
+                              f"the last event seen (porter.seq, 0 or more), not {last!r}", 400)
+
+        def frame(n: int, event: dict[str, Any]) -> bytes:
+            data = event if rpc_id is None else {"jsonrpc": "2.0", "id": rpc_id,
+                                                 "result": event}
+            return b"id: %d\ndata: %s\n\n" % (n, orjson.dumps(data))
 
         async def events() -> AsyncIterator[bytes]:
             seq = after
+            if first is not None:
+                yield frame(seq, first)
             while True:
                 for n, event in self.log.since(task_id, seq):
                     seq = n
-                    data = event if rpc_id is None else {"jsonrpc": "2.0", "id": rpc_id,
-                                                         "result": event}
-                    yield b"id: %d\ndata: %s\n\n" % (n, orjson.dumps(data))
+                    yield frame(n, event)
                     status = event.get("statusUpdate")
-                    if status is not None and _ends_stream(status):
+                    if status is not None and _ends_stream(status, latest=n == self.log.last(
+                            task_id)):
                         return
                 if not await self.log.wait(task_id, seq, 15.0):
                     yield b": keep-alive\n\n"
@@ -678,8 +734,20 @@ class A2AGateway:
         self._sock.close()
 
 
-def _ends_stream(status: dict[str, Any]) -> bool:
+def _ends_stream(status: dict[str, Any], *, latest: bool) -> bool:
+    """Whether a replayed status ends the stream: a terminal one always, a wait on the
+    client only when nothing came after it (else the replay goes on past it)."""
     state = (status.get("status") or {}).get("state")
-    return state in ("TASK_STATE_INPUT_REQUIRED", "TASK_STATE_COMPLETED",
-                     "TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED")
+    if state == "TASK_STATE_INPUT_REQUIRED":
+        return latest
+    return state in ("TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED",
+                     "TASK_STATE_REJECTED")
+
+
+def _error(rpc_id: Any, code: int, message: str, status: int) -> Response:
+    """A JSON-RPC error (``rpc_id`` given) or a REST one."""
+    error = {"code": code, "message": message}
+    if rpc_id is None:
+        return JSONResponse({"error": error}, status_code=status)
+    return JSONResponse({"jsonrpc": "2.0", "id": rpc_id, "error": error})
 
