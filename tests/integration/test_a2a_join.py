@@ -130,8 +130,11 @@ def test_question_answered_and_cancel(joined: Outside, mesh: str) -> None:
         node.send("ext1", as2.offer("arch1", "slow", "slow work", context=slow, target="ext1"),
                   timeout=DEADLINE)
         _until(node, slow, "Create")
-        node.send("ext1", cancel_activity("arch1", slow, "no longer needed"), timeout=DEADLINE)
-        joined.wait_line("cancelled")
+        node.send("ext1", cancel_activity("arch1", slow, "no longer needed", cancel=True),
+                  timeout=DEADLINE)
+        joined.wait_line("cancelled")  # the outside agent's executor was told
+        confirmed = _until(node, slow, "Announce")[-1].activity
+        assert "cancelled" in (confirmed.tag or ()), confirmed.to_dict()
 
 
 def test_a_team_entry_puts_the_outside_agent_on_the_mesh(mesh: str,

@@ -10,9 +10,12 @@ The worker's node is named ``--name`` and advertises ``--slots``; it appears in
   a status with words is an ``Update`` note on ``log``, an artifact a ``Create`` of a
   ``Document`` (its text as the content), ``input-required`` a ``Question`` to the
   requester (whose next direct message in that context is sent to the agent as the
-  answer), ``completed`` an ``Announce`` on ``log`` tagged ``done``, ``failed`` and
-  ``rejected`` a ``Reject`` to the requester;
-* a withdrawal of the task (the mesh's cancel) becomes ``CancelTask``.
+  answer), ``completed`` an ``Announce`` on ``log`` tagged ``done``, ``failed`` one
+  tagged ``failed``, ``rejected`` a ``Reject`` to the requester, ``canceled`` an
+  ``Announce`` tagged ``cancelled`` (the mesh's task vocabulary,
+  :mod:`porter_mesh.core.lifecycle`);
+* a withdrawal of the task (the mesh's cancel) becomes ``CancelTask``, confirmed with
+  an ``Announce`` tagged ``cancelled``.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from a2a.types.a2a_pb2 import (
 from porter_mesh.core import as2
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
-from porter_mesh.core.tasks import DONE_TAG, is_task_delete
+from porter_mesh.core.lifecycle import CANCELLED_TAG, DONE_TAG, FAILED_TAG
+from porter_mesh.core.tasks import is_task_delete
 from porter_mesh.errors import PorterError
 from porter_mesh.node.node import Message as MeshMessage
 from porter_mesh.node.node import Node
@@ -218,10 +222,15 @@ class JoinedAgent:
             self._publish(as2.announce(me, f"Done: {(words or 'completed').splitlines()[0]}"
                                        [:200], words or "completed", context=ctx,
                                        tag=(DONE_TAG,)))
-        elif state in (TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_REJECTED):
+        elif state == TaskState.TASK_STATE_FAILED:
+            self._publish(as2.announce(me, "Failed: the A2A agent gave the task up",
+                                       words or "failed", context=ctx, tag=(FAILED_TAG,)))
+        elif state == TaskState.TASK_STATE_REJECTED:
             await self._send(C.DIRECT_PREFIX + job.requester, as2.reject(
-                me, f"The A2A agent {TaskState.Name(state).split('_')[-1].lower()} the task",
-                words or TaskState.Name(state), context=ctx))
+                me, "The A2A agent rejected the task", words or "rejected", context=ctx))
+        elif state == TaskState.TASK_STATE_CANCELED:
+            self._publish(as2.announce(me, "Cancelled by the A2A agent", words or "cancelled",
+                                       context=ctx, tag=(CANCELLED_TAG,)))
         return state
 
     def _created(self, ctx: str, artifact: Artifact) -> None:
@@ -232,12 +241,18 @@ class JoinedAgent:
     async def _cancel(self, job: _Job) -> None:
         if job.runner is not None:
             job.runner.cancel()
+        said = "Cancelled"
         if job.a2a_task:
             try:
                 await self._client.cancel_task(CancelTaskRequest(id=job.a2a_task))
+                said = f"Cancelled: the A2A agent's task {job.a2a_task} too"
             except Exception as exc:
                 log.warning("a2a join: CancelTask %s failed: %s", job.a2a_task, exc)
+                said = f"Cancelled here; CancelTask failed at the A2A agent: {exc}"
         self.jobs.pop(job.context, None)
+        # The holder confirms a cancel (see porter_mesh.core.lifecycle).
+        self._publish(as2.announce(self.node.name, said, context=job.context,
+                                   tag=(CANCELLED_TAG,)))
 
 
 def _as_stream(event: Any) -> StreamResponse:

@@ -4,17 +4,19 @@ Theory of operation
 -------------------
 An A2A task served by the gateway is one mesh task: its context is
 ``urn:porter:task:<A2A task id>`` (:func:`mesh_context`). The gateway's node is the
-requester; the mesh agent it serves is the holder. Every activity in that context from
-someone other than the gateway goes through :func:`translate`, which says what the A2A
-client should see: a new state (or none), the agent's words, the files as artifacts,
-and whether the agent now waits on the client (:class:`Ask`). The other direction
-(the client's message into an activity) is :func:`offer_for` and :func:`answer_for`.
+requester; the mesh agent it serves is the holder. The task's state is the mesh's own
+(:class:`~porter_mesh.core.lifecycle.Status`), kept by the mesh's pure follower
+(:func:`~porter_mesh.core.lifecycle.follow`) from every activity in the context, the
+gateway's own included. :func:`translate` adds what the A2A client should see besides
+the state: the agent's words, the files and command outputs as artifacts, and whether
+the agent now waits on the client (:class:`Ask`). The other direction (the client's
+message into an activity) is :func:`offer_for`, :func:`answer_for` and
+:func:`cancel_for`.
 
-The mesh's task vocabulary has two states A2A lacks: ``in-review`` and
-``changes-requested``. A review asked of the requester is A2A's ``input-required`` (the
-client approves or sends back); a review by another agent is ``working`` with the
-review named in the message. :data:`A2A_STATES` is that mapping, in one place, so the
-mesh's own state names can change without touching the server.
+The vocabulary maps one to one onto A2A's states (:data:`A2A_STATES`) but for the
+review: ``in-review`` and ``changes-requested`` are A2A's ``working``, except that a
+review asked of the requester itself is ``input-required`` (:func:`a2a_state`): the
+client approves or sends the work back with its next message.
 
 Nothing here imports the A2A SDK, sockets or clocks: the functions are pure and their
 unit tests need neither.
@@ -22,7 +24,6 @@ unit tests need neither.
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,57 +31,39 @@ from typing import Final
 
 from porter_mesh.core import as2
 from porter_mesh.core import constants as C
-from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity, ASObject
+from porter_mesh.core.lifecycle import Status, TaskRecord, follow, same_party
 from porter_mesh.core.taskid import is_task_id
-from porter_mesh.core.tasks import cancel_activity, is_task_delete
+from porter_mesh.core.tasks import cancel_activity
 
 __all__ = [
     "A2A_STATES",
-    "TERMINAL",
     "Ask",
     "FileArtifact",
-    "MeshState",
     "Step",
+    "a2a_state",
     "answer_for",
     "approves",
+    "ask_of",
     "cancel_for",
     "mesh_context",
+    "note_for",
     "offer_for",
     "translate",
 ]
 
-
-class MeshState(enum.Enum):
-    """The mesh's task vocabulary, as the gateway sees a task it requested."""
-
-    SUBMITTED = "submitted"
-    WORKING = "working"
-    INPUT_REQUIRED = "input-required"
-    IN_REVIEW = "in-review"
-    CHANGES_REQUESTED = "changes-requested"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    REJECTED = "rejected"
-
-
 #: The A2A 1.0 state (its proto enum name) for each mesh state.
-A2A_STATES: Final[Mapping[MeshState, str]] = {
-    MeshState.SUBMITTED: "TASK_STATE_SUBMITTED",
-    MeshState.WORKING: "TASK_STATE_WORKING",
-    MeshState.INPUT_REQUIRED: "TASK_STATE_INPUT_REQUIRED",
-    MeshState.IN_REVIEW: "TASK_STATE_WORKING",
-    MeshState.CHANGES_REQUESTED: "TASK_STATE_WORKING",
-    MeshState.COMPLETED: "TASK_STATE_COMPLETED",
-    MeshState.FAILED: "TASK_STATE_FAILED",
-    MeshState.CANCELLED: "TASK_STATE_CANCELED",
-    MeshState.REJECTED: "TASK_STATE_REJECTED",
+A2A_STATES: Final[Mapping[Status, str]] = {
+    Status.SUBMITTED: "TASK_STATE_SUBMITTED",
+    Status.WORKING: "TASK_STATE_WORKING",
+    Status.INPUT_REQUIRED: "TASK_STATE_INPUT_REQUIRED",
+    Status.IN_REVIEW: "TASK_STATE_WORKING",
+    Status.CHANGES_REQUESTED: "TASK_STATE_WORKING",
+    Status.COMPLETED: "TASK_STATE_COMPLETED",
+    Status.FAILED: "TASK_STATE_FAILED",
+    Status.CANCELLED: "TASK_STATE_CANCELED",
+    Status.REJECTED: "TASK_STATE_REJECTED",
 }
-
-#: States a task never leaves.
-TERMINAL: Final = frozenset({MeshState.COMPLETED, MeshState.FAILED, MeshState.CANCELLED,
-                             MeshState.REJECTED})
 
 #: Answers to a review that approve it (anything else sends the work back with the
 #: answer as the reason).
@@ -112,7 +95,7 @@ class Ask:
     Attributes:
         kind: ``"review"`` (approve or send back) or ``"question"``.
         asker: the agent that asked (the answer goes to it).
-        attempt: the claim's attempt the request carried, echoed on the answer.
+        attempt: the claim's attempt, echoed on the answer.
     """
 
     kind: str
@@ -125,16 +108,16 @@ class Step:
     """What the A2A client sees of one activity.
 
     Attributes:
-        state: the task's new state, or ``None`` when it stays as it is.
-        text: the agent's words for the status message ('' for none).
+        record: the task after it.
+        changed: whether the A2A state changed (a status event is due).
+        text: the activity's words for the status message ('' for none).
         artifacts: files and outputs to publish as artifacts.
-        ask: set when the agent now waits on the requester.
     """
 
-    state: MeshState | None
+    record: TaskRecord
+    changed: bool
     text: str
     artifacts: tuple[FileArtifact, ...] = ()
-    ask: Ask | None = None
 
 
 def mesh_context(task_id: str) -> str:
@@ -149,6 +132,24 @@ def mesh_context(task_id: str) -> str:
         raise ValueError(f"task id {task_id!r} cannot name a mesh task: use 1-64 letters, "
                          "digits, '-' or '_'")
     return context
+
+
+def a2a_state(record: TaskRecord, requester: str) -> str:
+    """The A2A state (proto enum name) of a task the gateway requested."""
+    if record.status is Status.IN_REVIEW and same_party(record.reviewer, requester):
+        return "TASK_STATE_INPUT_REQUIRED"
+    return A2A_STATES[record.status]
+
+
+def ask_of(record: TaskRecord, requester: str) -> Ask | None:
+    """What the holder waits on the requester for, if anything."""
+    if record.holder is None:
+        return None
+    if record.status is Status.INPUT_REQUIRED:
+        return Ask("question", record.holder, record.attempt)
+    if record.status is Status.IN_REVIEW and same_party(record.reviewer, requester):
+        return Ask("review", record.holder, record.attempt)
+    return None
 
 
 def _prose(activity: Activity) -> str:
@@ -173,84 +174,49 @@ def _documents(obj: ASObject | str | None) -> list[ASObject]:
     return []
 
 
-def _files(activity: Activity) -> tuple[FileArtifact, ...]:
-    return tuple(FileArtifact(name=doc.url or doc.summary or "file",
-                              description=activity.summary, path=doc.url,
-                              text=doc.content)
-                 for doc in _documents(activity.object))
+def _artifacts(activity: Activity) -> tuple[FileArtifact, ...]:
+    if activity.type == "Invoke":
+        out = activity.result.content if isinstance(activity.result, ASObject) else None
+        return (FileArtifact(name="command", description=activity.summary, text=out),)
+    if activity.type in ("Create", "Update", "Offer"):
+        return tuple(FileArtifact(name=doc.url or doc.summary or "file",
+                                  description=activity.summary, path=doc.url,
+                                  text=doc.content)
+                     for doc in _documents(activity.object))
+    return ()
 
 
-def _attempt(activity: Activity) -> int | None:
-    value = activity.extra.get("attempt") if activity.extra else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def addressed_to(target: str | None, requester: str) -> bool:
-    """Whether ``target`` names the requester (any seat of the human names them all,
-    as the mesh's workers address a review to ``porter-ui``)."""
-    if target is None:
-        return False
-    return target == requester or (is_human(requester) and is_human(target))
-
-
-def translate(activity: Activity, *, channel: str, sender: str, requester: str,
-              agent: str, state: MeshState) -> Step | None:
+def translate(record: TaskRecord | None, activity: Activity, *, channel: str, sender: str,
+              requester: str, now: float) -> Step | None:
     """What one activity in a requested task's context means to the A2A client.
 
     Args:
-        activity: the activity, already known to be in the task's context.
-        channel: the channel it came on (``review``, ``log``, ``task:<me>``...).
+        record: the task so far (``None`` before its Offer).
+        activity: the activity, in the task's context; the gateway's own too.
+        channel: the channel it came on (``review``, ``log``, ``task:<agent>``...).
         sender: who sent it (authenticated on a secured mesh).
         requester: the gateway's own name.
-        agent: the agent the task was offered to.
-        state: the task's state before it.
+        now: the caller's clock, recorded in the task's record.
 
     Returns:
-        The :class:`Step`, or ``None`` for an activity the client need not see (the
-        gateway's own, one from an unrelated agent, or anything after the end).
+        The :class:`Step`, or ``None`` when the activity is not about this task (before
+        its Offer, or after its end) or says nothing to the client.
     """
-    if sender == requester or state in TERMINAL:
+    new = follow(record, activity, sender=sender, channel=channel, now=now)
+    if new is None or record is None or record.final:
         return None
-    kind = activity.type
+    changed = a2a_state(new, requester) != a2a_state(record, requester) or \
+        new.status is not record.status
+    holder = sender == record.holder
+    artifacts = _artifacts(activity) if holder else ()
+    if not (changed or artifacts or (holder and activity.type in ("Announce", "Note",
+                                                                     "Update"))):
+        return None
     text = _prose(activity)
-    if is_task_delete(activity):
-        return Step(MeshState.CANCELLED, text)
-    review = channel == C.CHANNEL_REVIEW
-    if sender != agent:
-        # Another agent (a reviewer) speaks about the task: only its verdicts count.
-        if review and kind == "Reject":
-            return Step(MeshState.CHANGES_REQUESTED, f"{sender} asked for changes: {text}")
-        if review and kind == "Accept":
-            return Step(MeshState.WORKING, f"{sender} approved: {text}")
-        return None
-    if kind == "Accept" and not review:
-        return Step(MeshState.WORKING, text)
-    if kind == "Reject" and not review:
-        ended = MeshState.REJECTED if state is MeshState.SUBMITTED else MeshState.FAILED
-        return Step(ended, text)
-    if kind == "Offer" and review:
-        files = _files(activity)
-        if addressed_to(activity.target, requester):
-            return Step(MeshState.INPUT_REQUIRED,
-                        f"{text}\nReply 'approve', or say what to change.", files,
-                        Ask("review", sender, _attempt(activity)))
-        return Step(MeshState.IN_REVIEW, f"{text} (review by {activity.target or 'a reviewer'})",
-                    files)
-    if kind == "Question" and (addressed_to(activity.target, requester)
-                               or channel.startswith(C.DIRECT_PREFIX)):
-        return Step(MeshState.INPUT_REQUIRED, text, (), Ask("question", sender,
-                                                             _attempt(activity)))
-    if kind in ("Create", "Update"):
-        return Step(MeshState.WORKING, text, _files(activity))
-    if kind == "Invoke":
-        out = activity.result.content if isinstance(activity.result, ASObject) else None
-        return Step(MeshState.WORKING, activity.summary,
-                    (FileArtifact(name="command", description=activity.summary, text=out),))
-    if kind == "Announce":
-        if review or state is MeshState.SUBMITTED:
-            return Step(None, text)
-        return Step(MeshState.COMPLETED, text)
-    return Step(None, text)
+    if ask_of(new, requester) is not None and ask_of(record, requester) is None:
+        text += ("\nReply 'approve', or say what to change." if new.status is Status.IN_REVIEW
+                 else "")
+    return Step(new, changed, text, artifacts)
 
 
 def offer_for(requester: str, agent: str, text: str, task_id: str) -> Activity:
@@ -282,19 +248,31 @@ def answer_for(requester: str, ask: Ask, text: str, task_id: str) -> tuple[str, 
     """
     context = mesh_context(task_id)
     extra = {"attempt": ask.attempt} if ask.attempt is not None else None
+    words = text.strip()
     if ask.kind == "review":
-        if approves(text):
+        if approves(words):
             return C.CHANNEL_REVIEW, as2.accept(requester, "Approved", context=context,
                                                 target=ask.asker, extra=extra)
         return C.CHANNEL_REVIEW, as2.reject(requester, "Changes requested",
-                                            text.strip() or "Changes requested",
-                                            context=context, target=ask.asker, extra=extra)
+                                            words or "Changes requested", context=context,
+                                            target=ask.asker, extra=extra)
     return C.DIRECT_PREFIX + ask.asker, Activity(
-        "Note", requester, text.strip().splitlines()[0][:200] if text.strip() else "Answer",
-        context=context, object=as2.note_object(text.strip() or "(no answer)"),
-        target=ask.asker, extra=extra)
+        "Note", requester, words.splitlines()[0][:200] if words else "Answer",
+        context=context, object=as2.note_object(words or "(no answer)"), target=ask.asker,
+        extra=extra)
+
+
+def note_for(requester: str, agent: str, text: str, task_id: str) -> Activity:
+    """A further message of the client's on a running task, as a Note to its agent."""
+    words = text.strip()
+    return Activity("Note", requester, words.splitlines()[0][:200] if words else "Note",
+                    context=mesh_context(task_id), object=as2.note_object(words or "(empty)"),
+                    target=agent)
 
 
 def cancel_for(requester: str, task_id: str) -> Activity:
-    """The mesh's cancel of a requested task (a withdrawal, :func:`is_task_delete`)."""
-    return cancel_activity(requester, mesh_context(task_id), "Cancelled by the A2A client")
+    """The mesh's cancel of a requested task: a ``Delete`` of the task tagged
+    ``cancel``, which the holder obeys and passes down to its sub-tasks."""
+    return cancel_activity(requester, mesh_context(task_id), "Cancelled by the A2A client",
+                           cancel=True)
+

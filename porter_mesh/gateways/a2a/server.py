@@ -29,9 +29,10 @@ import logging
 import pathlib
 import secrets
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -75,17 +76,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
+from porter_mesh.core.lifecycle import Status, TaskRecord, follow
 from porter_mesh.errors import PorterError
 from porter_mesh.gateways.a2a.mapping import (
-    A2A_STATES,
-    TERMINAL,
     Ask,
     FileArtifact,
-    MeshState,
     Step,
+    a2a_state,
     answer_for,
+    ask_of,
     cancel_for,
     mesh_context,
+    note_for,
     offer_for,
     translate,
 )
@@ -100,10 +102,10 @@ log = logging.getLogger("porter_mesh.a2a")
 #: Metadata keys the gateway puts on tasks and events.
 SEQ_KEY = "porter.seq"
 STATE_KEY = "porter.state"
-ASK_KEY = "porter.ask"
 AGENT_KEY = "porter.agent"
 CONTEXT_KEY = "porter.context"
 TRACE_KEY = "porter.traceparent"
+RECORD_KEY = "porter.task"
 STREAM_KEY = "porter.streaming"
 
 #: A card path, served without the bearer token (clients read it to learn the scheme).
@@ -117,15 +119,22 @@ class _Held:
     task_id: str
     context_id: str
     agent: str
-    state: MeshState = MeshState.SUBMITTED
-    ask: Ask | None = None
+    requester: str
+    record: TaskRecord | None = None
     live: asyncio.Queue[StreamResponse] | None = None
     traceparent: str | None = None
-    artifacts: set[str] = field(default_factory=set)
 
     @property
     def mesh_context(self) -> str:
         return mesh_context(self.task_id)
+
+    @property
+    def final(self) -> bool:
+        return self.record is not None and self.record.final
+
+    @property
+    def ask(self) -> Ask | None:
+        return ask_of(self.record, self.requester) if self.record is not None else None
 
 
 def _agent_message(held: _Held, text: str) -> Message:
@@ -133,18 +142,28 @@ def _agent_message(held: _Held, text: str) -> Message:
                    context_id=held.context_id, parts=[Part(text=text)])
 
 
-def _status(held: _Held, state: MeshState, text: str, ask: Ask | None = None) -> StreamResponse:
-    status = TaskStatus(state=TaskState.Value(A2A_STATES[state]))
+def _status(held: _Held, record: TaskRecord, text: str) -> StreamResponse:
+    status = TaskStatus(state=TaskState.Value(a2a_state(record, held.requester)))
     if text:
         status.message.CopyFrom(_agent_message(held, text))
     status.timestamp.GetCurrentTime()
     event = TaskStatusUpdateEvent(task_id=held.task_id, context_id=held.context_id,
                                   status=status)
-    meta: dict[str, Any] = {STATE_KEY: state.value}
-    if ask is not None:
-        meta[ASK_KEY] = {"kind": ask.kind, "asker": ask.asker, "attempt": ask.attempt}
-    event.metadata.update(meta)
+    event.metadata.update({STATE_KEY: record.status.value, RECORD_KEY: record.to_json()})
     return StreamResponse(status_update=event)
+
+
+def _record_from(data: dict[str, Any]) -> TaskRecord:
+    """A :class:`TaskRecord` from its ``to_json`` form (as kept in event metadata)."""
+    attempt = data.get("attempt")
+    return TaskRecord(
+        context=str(data["context"]), title=str(data.get("title", "")),
+        requester=str(data["requester"]), holder=data.get("holder"),
+        status=Status(data["state"]),
+        attempt=int(attempt) if attempt is not None else None, parent=data.get("parent"),
+        reviewer=data.get("reviewer"), question=str(data.get("question", "")),
+        note=str(data.get("note", "")), created=float(data.get("created", 0.0)),
+        updated=float(data.get("updated", 0.0)))
 
 
 def _artifact(held: _Held, item: FileArtifact, seq_hint: int) -> StreamResponse:
@@ -160,7 +179,6 @@ def _artifact(held: _Held, item: FileArtifact, seq_hint: int) -> StreamResponse:
                         parts=parts)
     event = TaskArtifactUpdateEvent(task_id=held.task_id, context_id=held.context_id,
                                     artifact=artifact, append=False, last_chunk=True)
-    held.artifacts.add(artifact_id)
     return StreamResponse(artifact_update=event)
 
 
@@ -196,7 +214,8 @@ class MeshExecutor(AgentExecutor):
         task_id = context.task_id or ""
         text = get_message_text(message) if message is not None else ""
         held = gw.held.get(task_id)
-        if context.current_task is None or held is None:
+        first = context.current_task is None or held is None
+        if first:
             held = gw.track(task_id, context.context_id or "", self.agent,
                             _traceparent(context.call_context))
             task = Task(id=task_id, context_id=held.context_id,
@@ -209,9 +228,7 @@ class MeshExecutor(AgentExecutor):
             task.metadata.update(meta)
             await event_queue.enqueue_event(_inner(gw.record(held, StreamResponse(task=task),
                                                              forward=False)))
-            first = True
-        else:
-            first = False
+        assert held is not None
         queue: asyncio.Queue[StreamResponse] = asyncio.Queue()
         held.live = queue
         streaming = _streaming(context.call_context)
@@ -219,8 +236,8 @@ class MeshExecutor(AgentExecutor):
         try:
             problem = await self._hand_over(held, text, first)
             if problem is not None:
-                failed = gw.step(held, Step(MeshState.FAILED, problem), forward=False)
-                await event_queue.enqueue_event(_inner(failed[0]))
+                failed = gw.force(held, Status.FAILED, problem, forward=False)
+                await event_queue.enqueue_event(_inner(failed))
                 return
             if not (streaming or first or answering):
                 return  # a note on a running task: nothing changes at once
@@ -245,24 +262,25 @@ class MeshExecutor(AgentExecutor):
                 gw.write_later(held, queue.get_nowait())
 
     async def _hand_over(self, held: _Held, text: str, first: bool) -> str | None:
-        """Send the client's message into the mesh; returns what went wrong, if anything."""
+        """Send the client's message into the mesh; returns what went wrong, if anything.
+
+        The gateway's own activity is followed first (an Offer starts the task's record,
+        an approval completes it), so that the agent's reply always finds it."""
         gw = self.gateway
+        me = gw.node.name
         try:
+            ask = held.ask
             if first:
-                activity = offer_for(gw.node.name, self.agent, text, held.task_id)
+                activity = offer_for(me, self.agent, text, held.task_id)
                 channel = C.DIRECT_PREFIX + self.agent
-            elif held.ask is not None:
-                channel, activity = answer_for(gw.node.name, held.ask, text, held.task_id)
-                what = "approval" if channel == C.CHANNEL_REVIEW and activity.type == "Accept" \
-                    else "answer"
-                held.ask = None
-                gw.step(held, Step(MeshState.WORKING, f"{what} sent to {self.agent}"))
+                held.record = follow(None, activity, sender=me, channel=channel,
+                                     now=time.time())
+            elif ask is not None:
+                channel, activity = answer_for(me, ask, text, held.task_id)
+                gw.observe(held, activity, channel=channel, sender=me)
             else:
                 channel = C.DIRECT_PREFIX + self.agent
-                activity = Activity("Note", gw.node.name, text.strip().splitlines()[0][:200]
-                                    if text.strip() else "Note", context=held.mesh_context,
-                                    object={"type": "Note", "content": text},
-                                    target=self.agent)
+                activity = note_for(me, self.agent, text, held.task_id)
         except ValueError as exc:
             return str(exc)
         return await gw.deliver(channel, activity)
@@ -270,15 +288,14 @@ class MeshExecutor(AgentExecutor):
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         gw = self.gateway
         task_id = context.task_id or ""
-        held = gw.held.get(task_id)
-        if held is None:
-            held = gw.track(task_id, context.context_id or "", self.agent, None)
-        problem = await gw.deliver(C.DIRECT_PREFIX + self.agent,
-                                   cancel_for(gw.node.name, task_id))
-        said = (f"cancelled; {self.agent} was told to stop" if problem is None
-                else f"cancelled; {self.agent} could not be told ({problem})")
+        held = gw.held.get(task_id) or gw.track(task_id, context.context_id or "",
+                                                self.agent, None)
         held.live = None
-        response = gw.step(held, Step(MeshState.CANCELLED, said), forward=False)[0]
+        withdrawal = cancel_for(gw.node.name, task_id)
+        problem = await gw.deliver(C.DIRECT_PREFIX + self.agent, withdrawal)
+        said = (f"Cancelled; {self.agent} was told to stop" if problem is None
+                else f"Cancelled; {self.agent} could not be told ({problem})")
+        response = gw.force(held, Status.CANCELLED, said, forward=False)
         await event_queue.enqueue_event(_inner(response))
 
 
@@ -396,7 +413,7 @@ class A2AGateway:
     def track(self, task_id: str, context_id: str, agent: str,
               traceparent: str | None) -> _Held:
         """Start following ``task_id`` (its mesh context must be valid)."""
-        held = _Held(task_id, context_id, agent, traceparent=traceparent)
+        held = _Held(task_id, context_id, agent, self.node.name, traceparent=traceparent)
         self.held[task_id] = held
         self._by_context[held.mesh_context] = held
         return held
@@ -417,20 +434,29 @@ class A2AGateway:
 
     def step(self, held: _Held, step: Step, *, forward: bool = True) -> list[StreamResponse]:
         """Turn a :class:`~.mapping.Step` into numbered events (artifacts first, then the
-        status), updating what the gateway knows of the task."""
-        out = []
-        for item in step.artifacts:
-            out.append(self.record(held, _artifact(held, item, self.log.last(held.task_id) + 1),
-                                   forward=forward))
-        if step.state is not None:
-            held.state = step.state
-            held.ask = step.ask
-            out.append(self.record(held, _status(held, step.state, step.text, step.ask),
-                                   forward=forward))
-        elif step.text and held.state not in TERMINAL:
-            out.append(self.record(held, _status(held, held.state, step.text, held.ask),
+        status: a new state, or the agent's words in the same state)."""
+        out = [self.record(held, _artifact(held, item, self.log.last(held.task_id) + 1),
+                           forward=forward) for item in step.artifacts]
+        held.record = step.record
+        if step.changed or step.text:
+            out.append(self.record(held, _status(held, step.record, step.text),
                                    forward=forward))
         return out
+
+    def force(self, held: _Held, status: Status, text: str, *, forward: bool = True,
+              ) -> StreamResponse:
+        """End a task in ``status`` on the gateway's own account (its agent could not be
+        reached, or the client cancelled it); returns the numbered status event."""
+        record = held.record or TaskRecord(held.mesh_context, "", self.node.name, held.agent)
+        held.record = replace(record, status=status, note=text, updated=time.time())
+        return self.record(held, _status(held, held.record, text), forward=forward)
+
+    def observe(self, held: _Held, activity: Activity, *, channel: str, sender: str) -> None:
+        """Follow one activity in ``held``'s context (the gateway's own too)."""
+        step = translate(held.record, activity, channel=channel, sender=sender,
+                         requester=self.node.name, now=time.time())
+        if step is not None:
+            self.step(held, step)
 
     def write_later(self, held: _Held, response: StreamResponse) -> None:
         """Apply an event to the stored task (no execution is running to do it)."""
@@ -489,10 +515,8 @@ class A2AGateway:
         held = self._by_context.get(context) if context is not None else None
         if held is None:
             return
-        step = translate(msg.activity, channel=msg.channel, sender=msg.sender,
-                         requester=self.node.name, agent=held.agent, state=held.state)
-        if step is not None:
-            self.step(held, step)
+        if msg.sender != self.node.name:
+            self.observe(held, msg.activity, channel=msg.channel, sender=msg.sender)
 
     def _restore(self) -> None:
         """Follow again the tasks of an earlier run, from the event log."""
@@ -507,17 +531,15 @@ class A2AGateway:
                 continue
             held = self.track(task_id, first.get("contextId", ""), agent,
                               meta.get(TRACE_KEY))
+            held.record = TaskRecord(held.mesh_context, "", self.node.name, agent)
             for event in events:
-                status = event.get("statusUpdate")
-                if status is None:
-                    continue
-                smeta = status.get("metadata") or {}
-                with contextlib.suppress(ValueError):
-                    held.state = MeshState(smeta.get(STATE_KEY))
-                ask = smeta.get(ASK_KEY)
-                held.ask = (Ask(ask["kind"], ask["asker"],
-                                int(ask["attempt"]) if ask.get("attempt") is not None else None)
-                            if isinstance(ask, dict) else None)
+                kept = ((event.get("statusUpdate") or {}).get("metadata") or {}).get(RECORD_KEY)
+                if isinstance(kept, dict):
+                    try:
+                        held.record = _record_from(kept)
+                    except (KeyError, ValueError, TypeError) as exc:
+                        log.warning("a2a: task %s: an unreadable record in the log: %s",
+                                    task_id, exc)
 
     # -- the card --------------------------------------------------------------------------
 
@@ -633,9 +655,10 @@ class A2AGateway:
             return None
         first: dict[str, Any] | None = None
         if last is None:
-            if held.state in TERMINAL:
-                return _error(rpc_id, -32004, f"task {task_id} is {held.state.value}: there "
-                              "is nothing more to stream (GetTask reads it)", 400)
+            if held.record is not None and held.record.final:
+                return _error(rpc_id, -32004, f"task {task_id} is "
+                              f"{held.record.status.value}: there is nothing more to stream "
+                              "(GetTask reads it)", 400)
             after = self.log.last(task_id)
             task = await self.stores[agent].get(task_id, ServerCallContext())
             if task is not None:
