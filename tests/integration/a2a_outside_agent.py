@@ -5,7 +5,8 @@ Run as ``python a2a_outside_agent.py``: it serves on a free loopback port and pr
 answered with an artifact ``answer.txt`` holding the text in capitals; a text that
 contains ``ask`` first asks which language (``input-required``) and puts the answer in
 ``language.txt``; a text that contains ``slow`` keeps the task working until it is
-cancelled.
+cancelled. With ``--hold`` every task stays working until it is cancelled (what the A2A
+conformance kit expects of the agent it tests).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from a2a.types.a2a_pb2 import (
 )
 from starlette.applications import Starlette
 
+HOLD = "--hold" in sys.argv
+
 
 def status(ctx: RequestContext, state: int, text: str) -> TaskStatusUpdateEvent:
     message = Message(message_id=str(uuid.uuid4()), role=Role.ROLE_AGENT,
@@ -64,7 +67,7 @@ class Shouter(AgentExecutor):
             await event_queue.enqueue_event(status(context, TaskState.TASK_STATE_WORKING,
                                                    "reading the task"))
             await event_queue.enqueue_event(artifact(context, "answer.txt", text.upper()))
-            if "slow" in text:
+            if "slow" in text or HOLD:
                 await asyncio.Event().wait()  # until cancelled
             if "ask" in text:
                 await event_queue.enqueue_event(status(

@@ -37,8 +37,8 @@ AGENT = pathlib.Path(__file__).with_name("a2a_outside_agent.py")
 class Outside:
     """The outside A2A agent's process."""
 
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(AGENT)], stdout=subprocess.PIPE,
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(AGENT), *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self._seen = threading.Condition()
