@@ -78,7 +78,8 @@ def joined(mesh: str, tmp_path: pathlib.Path) -> Iterator[Outside]:
     join = Running("a2a", "--join", outside.url, "--name", "ext1", "--mesh", mesh,
                    "--data-dir", str(tmp_path / "ext1"))
     try:
-        join.wait_until(lambda: any("joined" in line for line in join.out), 30, "joined")
+        join.wait_until(lambda: any(" up on mesh " in line for line in join.out), 30,
+                        "the worker is up")
         yield outside
     finally:
         join.stop()

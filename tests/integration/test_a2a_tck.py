@@ -94,7 +94,8 @@ def served(mesh: str, tmp_path: pathlib.Path) -> Iterator[str]:
     join = Running("a2a", "--join", outside.url, "--name", "ext", "--mesh", mesh, "--slots",
                    "500", "--data-dir", str(tmp_path / "ext"))
     try:
-        join.wait_until(lambda: any("joined" in line for line in join.out), 30, "joined")
+        join.wait_until(lambda: any(" up on mesh " in line for line in join.out), 30,
+                        "the worker is up")
         gateway = Gateway(mesh, tmp_path / "gw", "ext")
         try:
             yield gateway.url.replace("localhost", "127.0.0.1")

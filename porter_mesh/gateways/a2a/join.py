@@ -15,7 +15,9 @@ The worker's node is named ``--name`` and advertises ``--slots``; it appears in
   ``Announce`` tagged ``cancelled`` (the mesh's task vocabulary,
   :mod:`porter_mesh.core.lifecycle`);
 * a withdrawal of the task (the mesh's cancel) becomes ``CancelTask``, confirmed with
-  an ``Announce`` tagged ``cancelled``.
+  an ``Announce`` tagged ``cancelled``;
+* an agent that cannot be reached or breaks the protocol fails the task (an
+  ``Announce`` tagged ``failed`` saying what happened).
 """
 
 from __future__ import annotations
@@ -174,9 +176,10 @@ class JoinedAgent:
             raise
         except Exception as exc:  # the agent is down or broke the protocol: say so
             log.warning("a2a join: task %s failed: %s", job.context, exc)
-            await self._send(C.DIRECT_PREFIX + job.requester, as2.reject(
-                me, f"The A2A agent at {self.url} failed", f"{type(exc).__name__}: {exc}",
-                context=job.context))
+            self._publish(as2.announce(
+                me, f"Failed: the A2A agent at {self.url} could not do it",
+                f"{type(exc).__name__}: {exc}; check that the agent is up", context=job.context,
+                tag=(FAILED_TAG,)))
         finally:
             self.jobs.pop(job.context, None)
 
@@ -286,8 +289,9 @@ def run_joined(args: argparse.Namespace) -> int:
                   "check the URL (its card is read from <URL>/.well-known/agent-card.json)",
                   file=sys.stderr)
             return 1
-        print(f"porter-mesh a2a: {args.join} joined mesh {args.mesh!r} as worker "
-              f"{args.name} ({args.slots} slot(s))", flush=True)
+        # "up on mesh" is the line 'porter-mesh up' waits for, as from any agent.
+        print(f"porter-mesh a2a: worker {args.name} up on mesh {args.mesh!r}: the A2A agent "
+              f"at {args.join}, {args.slots} slot(s)", flush=True)
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
