@@ -306,3 +306,67 @@ def test_without_the_sdk_the_command_says_how_to_install(tmp_path: pathlib.Path)
 
 
 
+
+
+def test_traceparent_is_kept_and_an_empty_message_fails_saying_why(gateway: Gateway) -> None:
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+    async def body() -> None:
+        async with client_for(gateway.url) as client:
+            events = await until_stop(client.send_message(
+                message("Write a short note"),
+                context=ClientCallContext(service_parameters={"traceparent": trace})))
+            task_id, _ = task_of(events[0])
+            task = await client.get_task(GetTaskRequest(id=task_id))
+            assert task.metadata["porter.traceparent"] == trace
+            empty = SendMessageRequest(message=Message(
+                message_id=str(uuid.uuid4()), role=Role.ROLE_USER,
+                parts=[Part(url="file:///nothing.txt")]))
+            failed = await until_stop(client.send_message(empty))
+            assert state_of(failed[-1]) == TaskState.TASK_STATE_FAILED
+            words = failed[-1].status_update.status.message.parts[0].text
+            assert "no text" in words and "send a text part" in words
+
+    asyncio.run(body())
+
+
+def test_a_token_guards_every_call_but_the_card(mesh: str, tmp_path: pathlib.Path,
+                                                worker: Running) -> None:
+    gw = Gateway(mesh, tmp_path / "gw", "w1", extra=("--token", "s3cret-token"))
+    try:
+        card = httpx.get(gw.url + "/.well-known/agent-card.json", timeout=10).json()
+        assert card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"] == \
+            "bearer"
+        call = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}
+        refused = httpx.post(gw.url + "/", json=call, timeout=10,
+                             headers={"A2A-Version": "1.0"})
+        assert refused.status_code == 401
+        assert "Authorization: Bearer" in refused.json()["error"]
+        allowed = httpx.post(gw.url + "/", json=call, timeout=10, headers={
+            "A2A-Version": "1.0", "Authorization": "Bearer s3cret-token"})
+        assert allowed.status_code == 200 and allowed.json()["error"]["code"] == -32001
+    finally:
+        gw.stop()
+
+
+def test_several_agents_each_at_its_path_listed_by_the_root_card(
+        mesh: str, tmp_path: pathlib.Path, worker: Running) -> None:
+    gw = Gateway(mesh, tmp_path / "gw", "w1", "w2")
+    root = gw.url.split("/agents/")[0]
+    try:
+        directory = httpx.get(root + "/.well-known/agent-card.json", timeout=10).json()
+        listed = {s["id"]: s["description"] for s in directory["skills"]}
+        assert set(listed) == {"w1", "w2"}
+        assert f"{root}/agents/w2/.well-known/agent-card.json" in listed["w2"]
+        w1 = httpx.get(root + "/agents/w1/.well-known/agent-card.json", timeout=10).json()
+        assert w1["name"] == "w1"
+        assert w1["supportedInterfaces"][0]["url"] == f"{root}/agents/w1/"
+
+        async def body() -> None:
+            async with client_for(root + "/agents/w1") as client:
+                events = await until_stop(client.send_message(message("Write a list")))
+                assert state_of(events[-1]) == TaskState.TASK_STATE_INPUT_REQUIRED
+
+        asyncio.run(body())
+    finally:
+        gw.stop()

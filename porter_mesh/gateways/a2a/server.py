@@ -236,7 +236,7 @@ class MeshExecutor(AgentExecutor):
         try:
             problem = await self._hand_over(held, text, first)
             if problem is not None:
-                failed = gw.force(held, Status.FAILED, problem, forward=False)
+                failed = gw.force(held, Status.FAILED, gw.refused(*problem), forward=False)
                 await event_queue.enqueue_event(_inner(failed))
                 return
             if not (streaming or first or answering):
@@ -261,8 +261,10 @@ class MeshExecutor(AgentExecutor):
             while not queue.empty():  # said after the end of this execution
                 gw.write_later(held, queue.get_nowait())
 
-    async def _hand_over(self, held: _Held, text: str, first: bool) -> str | None:
-        """Send the client's message into the mesh; returns what went wrong, if anything.
+    async def _hand_over(self, held: _Held, text: str, first: bool,
+                         ) -> tuple[str, str] | None:
+        """Send the client's message into the mesh; returns what went wrong (a reason and
+        words for the client), if anything.
 
         The gateway's own activity is followed first (an Offer starts the task's record,
         an approval completes it), so that the agent's reply always finds it."""
@@ -282,7 +284,7 @@ class MeshExecutor(AgentExecutor):
                 channel = C.DIRECT_PREFIX + self.agent
                 activity = note_for(me, self.agent, text, held.task_id)
         except ValueError as exc:
-            return str(exc)
+            return "bad-message", str(exc)
         return await gw.deliver(channel, activity)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
@@ -294,7 +296,7 @@ class MeshExecutor(AgentExecutor):
         withdrawal = cancel_for(gw.node.name, task_id)
         problem = await gw.deliver(C.DIRECT_PREFIX + self.agent, withdrawal)
         said = (f"Cancelled; {self.agent} was told to stop" if problem is None
-                else f"Cancelled; {self.agent} could not be told ({problem})")
+                else f"Cancelled; {self.agent} could not be told ({gw.refused(*problem)})")
         response = gw.force(held, Status.CANCELLED, said, forward=False)
         await event_queue.enqueue_event(_inner(response))
 
@@ -393,6 +395,7 @@ class A2AGateway:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.port: int = self._sock.getsockname()[1]
+        #: Requests the gateway could not carry out, by reason (``failed.<reason>``).
         self.counters: dict[str, int] = {}
 
     # -- the URLs --------------------------------------------------------------------------
@@ -492,22 +495,34 @@ class A2AGateway:
                 task.artifacts.append(artifact)
         await store.save(task, call)
 
-    async def deliver(self, channel: str, activity: Activity) -> str | None:
+    async def deliver(self, channel: str, activity: Activity) -> tuple[str, str] | None:
         """Send ``activity`` on ``channel`` (direct ones acknowledged); returns what went
-        wrong in words a client can act on, or ``None``."""
+        wrong (a reason, and words a client can act on), or ``None``."""
         if channel.startswith(C.DIRECT_PREFIX):
             agent = channel[len(C.DIRECT_PREFIX):]
             if self.node.peer(agent) is None:
                 with contextlib.suppress(TimeoutError, PorterError):
                     await self.node.wait_for_peers([agent], timeout=self.settle)
             if self.node.peer(agent) is None:
-                return (f"agent {agent} is not on mesh {self.node.config.mesh!r}: start it, "
-                        "or check the gateway's --mesh")
+                return "agent-absent", (f"agent {agent} is not on mesh "
+                                        f"{self.node.config.mesh!r}: start it, or check the "
+                                        "gateway's --mesh")
         try:
             await self.node.send_to_channel(channel, activity, timeout=self.deliver_timeout)
         except PorterError as exc:
-            return f"could not deliver to {channel}: {exc}"
+            return "undeliverable", f"could not deliver to {channel}: {exc}"
         return None
+
+    def refused(self, reason: str, text: str) -> str:
+        """Count a request the gateway could not carry out (``failed.<reason>`` in
+        :attr:`counters`), log the first of each reason, and return ``text``."""
+        key = f"failed.{reason}"
+        self.counters[key] = self.counters.get(key, 0) + 1
+        if self.counters[key] == 1:
+            log.warning("a2a: %s (further %s are only counted)", text, key)
+        else:
+            log.debug("a2a: %s", text)
+        return text
 
     def on_message(self, msg: MeshMessage) -> None:
         """The node's handler: activities in a followed task's context become events."""
