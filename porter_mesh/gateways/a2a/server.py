@@ -32,7 +32,7 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -123,6 +123,34 @@ class _Held:
     record: TaskRecord | None = None
     live: asyncio.Queue[StreamResponse] | None = None
     traceparent: str | None = None
+    #: The latest status and every artifact, as logged: what the stored task must show.
+    status: TaskStatus | None = None
+    artifacts: dict[str, Artifact] = field(default_factory=dict)
+
+    def learn(self, response: StreamResponse) -> None:
+        """Keep what a logged event says the task now is."""
+        if response.HasField("status_update"):
+            self.status = response.status_update.status
+        elif response.HasField("artifact_update"):
+            artifact = response.artifact_update.artifact
+            self.artifacts[artifact.artifact_id] = artifact
+
+    def reconcile(self, task: Task) -> None:
+        """Bring a task about to be stored up to the log: its latest status and every
+        artifact. The SDK stores a task as its execution saw it, and the gateway stores
+        what the mesh says between executions; whichever writes last, the stored task
+        ends up as the log says."""
+        if self.status is not None and task.status != self.status:
+            task.status.CopyFrom(self.status)
+            if self.status.HasField("message") and not any(
+                    m.message_id == self.status.message.message_id for m in task.history):
+                task.history.append(self.status.message)
+        have = {a.artifact_id: i for i, a in enumerate(task.artifacts)}
+        for artifact_id, artifact in self.artifacts.items():
+            if artifact_id in have:
+                task.artifacts[have[artifact_id]].CopyFrom(artifact)
+            else:
+                task.artifacts.append(artifact)
 
     @property
     def mesh_context(self) -> str:
@@ -385,7 +413,8 @@ class A2AGateway:
         self._by_context: dict[str, _Held] = {}
         self.log = EventLog(data_dir / "events.jsonl" if data_dir is not None else None)
         self.stores = {agent: FileTaskStore(data_dir / "tasks" / agent
-                                            if data_dir is not None else None)
+                                            if data_dir is not None else None,
+                                            reconcile=self._reconcile)
                        for agent in self.agents}
         self._writes: asyncio.Queue[tuple[_Held, StreamResponse]] | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -428,6 +457,7 @@ class A2AGateway:
         seq = self.log.last(held.task_id) + 1
         _inner(response).metadata.update({SEQ_KEY: seq})
         self.log.append(held.task_id, json_format.MessageToDict(response))
+        held.learn(response)
         if forward:
             if held.live is not None:
                 held.live.put_nowait(response)
@@ -461,6 +491,11 @@ class A2AGateway:
         if step is not None:
             self.step(held, step)
 
+    def _reconcile(self, task: Task) -> None:
+        held = self.held.get(task.id)
+        if held is not None:
+            held.reconcile(task)
+
     def write_later(self, held: _Held, response: StreamResponse) -> None:
         """Apply an event to the stored task (no execution is running to do it)."""
         if self._writes is not None:
@@ -479,21 +514,8 @@ class A2AGateway:
         store = self.stores[held.agent]
         call = ServerCallContext()
         task = await store.get(held.task_id, call)
-        if task is None:
-            return
-        if response.HasField("status_update"):
-            task.status.CopyFrom(response.status_update.status)
-            if task.status.HasField("message"):
-                task.history.append(task.status.message)
-        elif response.HasField("artifact_update"):
-            artifact = response.artifact_update.artifact
-            for i, old in enumerate(task.artifacts):
-                if old.artifact_id == artifact.artifact_id:
-                    task.artifacts[i].CopyFrom(artifact)
-                    break
-            else:
-                task.artifacts.append(artifact)
-        await store.save(task, call)
+        if task is not None:
+            await store.save(task, call)  # the store reconciles it with the log
 
     async def deliver(self, channel: str, activity: Activity) -> tuple[str, str] | None:
         """Send ``activity`` on ``channel`` (direct ones acknowledged); returns what went
@@ -548,6 +570,9 @@ class A2AGateway:
                               meta.get(TRACE_KEY))
             held.record = TaskRecord(held.mesh_context, "", self.node.name, agent)
             for event in events:
+                with contextlib.suppress(json_format.ParseError):
+                    held.learn(json_format.ParseDict(event, StreamResponse(),
+                                                     ignore_unknown_fields=True))
                 kept = ((event.get("statusUpdate") or {}).get("metadata") or {}).get(RECORD_KEY)
                 if isinstance(kept, dict):
                     try:

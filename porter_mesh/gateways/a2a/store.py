@@ -21,6 +21,7 @@ import os
 import pathlib
 import shutil
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 import orjson
@@ -149,11 +150,15 @@ class FileTaskStore(InMemoryTaskStore):
 
     Args:
         directory: where the task files live, or ``None`` for memory only.
+        reconcile: called with every task about to be saved, to bring it up to date
+            (two writers save tasks: the SDK and the gateway).
     """
 
-    def __init__(self, directory: pathlib.Path | None) -> None:
+    def __init__(self, directory: pathlib.Path | None, *,
+                 reconcile: Callable[[Task], None] | None = None) -> None:
         super().__init__()
         self._dir = directory
+        self._reconcile = reconcile
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
 
@@ -173,6 +178,11 @@ class FileTaskStore(InMemoryTaskStore):
         return loaded
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
+        if self._reconcile is not None:
+            mine = Task()
+            mine.CopyFrom(task)  # the caller's copy is the SDK's own: left as it is
+            self._reconcile(mine)
+            task = mine
         await super().save(task, context)
         if self._dir is None:
             return
