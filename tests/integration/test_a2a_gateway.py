@@ -65,10 +65,13 @@ class Gateway:
 
 @pytest.fixture
 def worker(mesh: str, tmp_path: pathlib.Path) -> Iterator[Running]:
-    pidfile = tmp_path / "work.pid"
+    # The worker runs this first on every task it accepts: a long command only while
+    # the test's hold file exists (the cancel test makes it).
+    pidfile, hold = tmp_path / "work.pid", tmp_path / "hold"
     proc = Running("agent", "worker", "--name", "w1", "--mesh", mesh, "--slots", "8",
                    "--workspace", str(tmp_path / "ws"), "--data-dir", str(tmp_path / "wd"),
-                   "--work-command", f"echo $$ > {pidfile}; exec sleep 300")
+                   "--work-command", f"if [ -e {hold} ]; then echo $$ > {pidfile}; "
+                   "exec sleep 300; fi")
     try:
         found = cli("peers", "--mesh", mesh, "--json", "--wait", "3")
         assert found.returncode == 0, found.stderr
@@ -209,6 +212,7 @@ def _alive(pid: int) -> bool:
 
 def test_cancel_stops_the_workers_command(gateway: Gateway, tmp_path: pathlib.Path) -> None:
     pidfile = tmp_path / "work.pid"
+    (tmp_path / "hold").touch()
 
     async def body() -> None:
         async with client_for(gateway.url) as client:
