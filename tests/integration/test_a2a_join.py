@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import orjson
 import pytest
 
 pytest.importorskip("a2a.client", reason="the A2A SDK is not installed: pip install "
@@ -126,6 +127,10 @@ def test_question_answered_and_cancel(joined: Outside, mesh: str) -> None:
         done = _until(node, ctx, "Announce")
         assert any(m.activity.type == "Create" and m.activity.object.url == "language.txt"  # type: ignore[union-attr]
                    for m in done)
+        listed = cli("tasks", "--mesh", mesh, "--json", "--all", "--wait", "3")
+        assert listed.returncode == 0, listed.stderr
+        mine = [t for t in map(orjson.loads, listed.stdout.splitlines()) if t["context"] == ctx]
+        assert mine and mine[0]["holder"] == "ext1" and mine[0]["state"] == "completed", mine
         # A task the agent keeps working on is cancelled through the mesh.
         slow = "urn:porter:task:join-slow-1"
         node.send("ext1", as2.offer("arch1", "slow", "slow work", context=slow, target="ext1"),

@@ -52,6 +52,7 @@ from porter_mesh.core.tasks import is_task_delete
 from porter_mesh.errors import PorterError
 from porter_mesh.node.node import Message as MeshMessage
 from porter_mesh.node.node import Node
+from porter_mesh.tools.ledger import TaskLedger
 
 __all__ = ["JoinedAgent", "run_joined"]
 
@@ -96,6 +97,9 @@ class JoinedAgent:
         self.slots = slots
         self.jobs: dict[str, _Job] = {}
         self._client: Any = None
+        #: The tasks it holds, as 'porter-mesh tasks' asks every agent for them.
+        self.ledger = TaskLedger(node.name)
+        node.view_sections["tasks"] = self.ledger.view
 
     async def astart(self) -> None:
         """Read the agent's card, then join the mesh."""
@@ -120,6 +124,7 @@ class JoinedAgent:
     def on_message(self, msg: MeshMessage) -> None:
         act = msg.activity
         ctx = act.context
+        self.ledger.saw(act, sender=msg.sender, channel=msg.channel)
         if not msg.direct or ctx is None:
             return
         job = self.jobs.get(ctx)
@@ -146,6 +151,7 @@ class JoinedAgent:
         self._spawn(self._send(C.DIRECT_PREFIX + to, activity))
 
     def _publish(self, activity: Activity) -> None:
+        self.ledger.saw(activity, sender=self.node.name, channel=C.CHANNEL_LOG)
         self.node.async_publish(C.CHANNEL_LOG, activity)
 
     def _spawn(self, coro: Any) -> None:
@@ -153,6 +159,7 @@ class JoinedAgent:
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def _send(self, channel: str, activity: Activity) -> None:
+        self.ledger.saw(activity, sender=self.node.name, channel=channel)
         try:
             await self.node.send_to_channel(channel, activity, timeout=60.0)
         except PorterError as exc:

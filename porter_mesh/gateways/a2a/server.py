@@ -491,6 +491,13 @@ class A2AGateway:
         if step is not None:
             self.step(held, step)
 
+    def tasks_view(self) -> dict[str, Any]:
+        """The ``tasks`` section of the node's view (``porter-mesh tasks`` gathers it):
+        the tasks requested through A2A, in the mesh's vocabulary."""
+        return {"agent": self.node.name,
+                "tasks": [h.record.to_json() for h in self.held.values()
+                          if h.record is not None]}
+
     def _reconcile(self, task: Task) -> None:
         held = self.held.get(task.id)
         if held is not None:
@@ -760,6 +767,7 @@ class A2AGateway:
             await store.load()
         self._restore()
         self.node.add_handler(self.on_message)
+        self.node.view_sections["tasks"] = self.tasks_view
         await self.node.astart()
         self._writes = asyncio.Queue()
         self._writer = asyncio.create_task(self._write_loop())
