@@ -33,7 +33,7 @@ test-slow: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check porter_mesh agents bench tests
-	$(VENV)/bin/mypy --strict porter_mesh
+	$(VENV)/bin/mypy --strict porter_mesh agents
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -42,10 +42,11 @@ from typing import IO, Any
 
 import orjson
 
+from agents.scripted import LEARNED_HEADING
 from agents.team import Team, TeamError, agent_argv, load_team
-from porter_mesh.cli.cmd_tail import message_json
 from porter_mesh.core import constants as C
 from porter_mesh.node.node import Message, Node
+from porter_mesh.node.transcript import message_json
 
 #: The demo's team file.
 DEMO_TEAM = Path(__file__).resolve().parent.parent / "examples" / "demo-team.toml"
@@ -109,7 +110,8 @@ class Timeline:
             obj = act.object
             if not content and obj is not None and not isinstance(obj, str):
                 content = obj.content or ""
-            self.learned = content
+            # The rows alone: the demo prints its own heading above them.
+            self.learned = content.partition(LEARNED_HEADING + "\n")[2] or content
 
     def close(self) -> None:
         self.log.close()
@@ -256,7 +258,8 @@ def _secure_mesh(out: Path, names: list[str]) -> dict[str, dict[str, str]]:
 async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[str]] | None
                    = None, stream: IO[str] = sys.stdout, secure: bool = False,
                    ui: bool = False, ui_port: int = 0, team_file: Path | None = None,
-                   on_start: Callable[[dict[str, int]], None] | None = None) -> int:
+                   on_start: Callable[[dict[str, int]], None] | None = None,
+                   mesh: str | None = None) -> int:
     """Run the demo; returns the exit status.
 
     Args:
@@ -272,6 +275,8 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
         ui_port: the dashboard's HTTP port (0: a free one).
         on_start: called with each agent's pid once all are started (tests use this to
             pause or kill one).
+        mesh: the mesh name (default: the team file's, with this process's pid, so that
+            every run has a mesh of its own).
     """
     started = time.monotonic()
     try:
@@ -285,7 +290,7 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
     if out.exists():
         shutil.rmtree(out)
     (out / "workspace").mkdir(parents=True)
-    mesh = f"{team.mesh.name}-{os.getpid()}"
+    mesh = mesh or f"{team.mesh.name}-{os.getpid()}"
     timeline = Timeline(out / "messages.jsonl", stream=stream, architect=architect_name)
     agents: list[Agent] = []
     print(f"porter-mesh demo: mesh {mesh!r} on 127.0.0.1, output in {out}", file=stream)
@@ -308,9 +313,19 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
     loop = asyncio.get_running_loop()
     dashboard: Agent | None = None
     url = ""
+    stopped_by: list[signal.Signals] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        stopped_by.append(sig)
+        stop.set()
+
+    def interrupted() -> int:
+        """Ctrl-C is 130, as for every command; SIGTERM, a request to stop, is 0."""
+        return 130 if stopped_by[:1] == [signal.SIGINT] else 0
+
     if ui:
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
     try:
         await node.astart()
         node.observe_direct()
@@ -346,7 +361,7 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
         while architect.proc.poll() is None:
             if stop.is_set():
                 print("\ninterrupted: stopping every process the demo started", file=stream)
-                return 130
+                return interrupted()
             if dashboard is not None:
                 _check_running([dashboard])
             if time.monotonic() - started > timeout:
@@ -373,7 +388,7 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.2)
             print("\nstopping every process the demo started", file=stream, flush=True)
-            return 0
+            return interrupted()
         node.async_control("halt")
         for agent in agents:
             deadline = time.monotonic() + 5.0

@@ -30,9 +30,14 @@ from typing import Any
 
 from agents.cascade import watch_tasks
 from agents.context import AgentContext, Brain, TappedPort
-from porter_mesh.cli.common import add_data_options, data_dir_of, report_error
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
+from porter_mesh.entrypoint import (
+    EXIT_INTERRUPTED,
+    add_data_options,
+    data_dir_of,
+    report_error,
+)
 from porter_mesh.errors import ConfigError, OperationTimeout, PorterError
 from porter_mesh.node.config import knowledge_dir
 from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
@@ -221,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     go = threading.Event() if args.wait_go else None
     toolbox_ref: list[Toolbox] = []
+    stopped_by: list[int] = []
 
     def on_control(kind: str, sender: str, body: dict[str, Any]) -> None:
         # Registered before anything else, so no control message is missed while the
@@ -263,8 +269,12 @@ def run(args: argparse.Namespace) -> int:
             "delegate_to": args.delegate_to,
         }
         ctx = AgentContext(args.name, args.role, toolbox, tapped, stop, options)
+        def on_signal(signum: int, _frame: object) -> None:
+            stopped_by.append(signum)
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, on_signal)
         ctx.say(f"{args.role} up on mesh {args.mesh!r} "
                 f"(pub {node.node.pub_port}, router {node.node.router_port})")
         slots = f", {args.slots} slot(s)" if args.role == "worker" else ""
@@ -275,7 +285,10 @@ def run(args: argparse.Namespace) -> int:
         node.publish(C.CHANNEL_LOG, Activity.from_dict({
             "type": "Announce", "actor": args.name,
             "summary": f"{args.name} online as {args.role}{slots}"}))
-        return brain.run(ctx)
+        status = brain.run(ctx)
+        # Ctrl-C is 130, as for every porter-mesh command; SIGTERM (a supervisor's way
+        # of asking) is the brain's own status.
+        return EXIT_INTERRUPTED if stopped_by[:1] == [signal.SIGINT] else status
     finally:
         if external is not None:
             external.close()
@@ -295,7 +308,7 @@ def _metrics_of(brain: Brain) -> Callable[[], dict[str, Any]]:
 
 def main(args: argparse.Namespace) -> int:
     """Entry point used by ``porter-mesh agent``: a bad setting is exit status 2, what
-    the mesh did is 1 (see :func:`~porter_mesh.cli.common.report_error`)."""
+    the mesh did is 1 (see :func:`~porter_mesh.entrypoint.report_error`)."""
     try:
         return run(args)
     except (PorterError, OSError) as exc:

@@ -40,6 +40,9 @@ LEARNED_QUERY = (
     "<https://porter.chapeaux.io/vocab#finding> ?finding }"
 )
 
+#: The line of the architect's closing Announce after which the recalled rows follow.
+LEARNED_HEADING = "What the team learned:"
+
 TASK_SUMMARY = "Add GET /users endpoint"
 TASK_CONTENT = (
     "Add a GET /users endpoint to the API router. Return JSON array of User objects from "
@@ -132,7 +135,7 @@ class ArchitectBrain:
         rows = _call(ctx, "memory_query", query=LEARNED_QUERY)
         ctx.say("the team learned:\n" + rows)
         _call(ctx, "send_message", channel=C.CHANNEL_LOG,
-              message=f"Task done: {TASK_SUMMARY}\nWhat the team learned:\n{rows}",
+              message=f"Task done: {TASK_SUMMARY}\n{LEARNED_HEADING}\n{rows}",
               type="Announce", context=context)
         return 0
 
@@ -289,6 +292,17 @@ def _cannot_act(act: Activity, context: str | None) -> str | None:
     return None
 
 
+def _why_not_now(ctx: AgentContext, held: int, slots: int) -> str | None:
+    """Why a worker holding ``held`` tasks refuses a new one now, or None when it can
+    take it: draining comes first, since a freed slot would not change the answer."""
+    if ctx.toolbox.draining:
+        return ("Draining: I finish the tasks I hold and take no new ones; offer it to "
+                "another worker")
+    if held >= slots:
+        return "Busy: all my slots are taken"
+    return None
+
+
 @dataclass(frozen=True)
 class Held:
     """A task a worker holds: who offered it, the claim's attempt, and what it asks."""
@@ -368,9 +382,10 @@ class WorkerBrain:
         if act.type == "Offer" and mine and item.channel != C.CHANNEL_REVIEW:
             if task is not None:
                 return  # a repeated offer of a task already taken
-            if len(self.held) >= slots or ctx.toolbox.draining:
+            busy = _why_not_now(ctx, len(self.held), slots)
+            if busy is not None:
                 _call(ctx, "send_message", channel=C.DIRECT_PREFIX + item.sender,
-                      message="Busy: all my slots are taken", type="Reject", context=ctx_id)
+                      message=busy, type="Reject", context=ctx_id)
                 return
             task = Held(item.sender, attempt_of(act), act.summary, _content_of(act))
             self.held[ctx_id] = task

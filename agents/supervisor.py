@@ -19,10 +19,20 @@ roster), which is how it sees an agent alive. Each agent moves through::
 
 A crashed agent is restarted after a capped exponential backoff; after
 ``max_restarts`` restarts within ``restart_window`` seconds the supervisor gives up on
-it and says so (:class:`~agents.team.RestartPolicy`). Every change is one line on the
-console, ``HH:MM:SS NAME state``. The supervisor ends when no agent is left running
-(status 0, or 1 when it gave up on one), or on SIGINT/SIGTERM: every agent gets SIGTERM,
-then SIGKILL after ``stop_grace`` seconds, and the status is 0.
+it and says so (:class:`~agents.team.RestartPolicy`). An agent that exits with status 2
+refused its settings (its data directory is held by another process, its name is taken
+on the mesh, a key is missing): a restart would meet the same refusal, so the supervisor
+gives up on it at once and shows the reason, the last line of its log. Every change is
+one line on the console, ``HH:MM:SS NAME state``. The supervisor ends when no agent is
+left running (status 0; 1 when it gave up on a crashing agent; 2 when it gave up on one
+that refused its settings), or on SIGINT/SIGTERM: every agent gets SIGTERM, then SIGKILL
+after ``stop_grace`` seconds, and the status is 130 after SIGINT (Ctrl-C), 0 after
+SIGTERM.
+
+Before it starts anything, :func:`refuse_if_running` looks at the data directories of
+the team's agents: when another process holds one (the same team is already up), the
+supervisor refuses in one line naming those processes, instead of starting agents that
+could only fail.
 """
 
 from __future__ import annotations
@@ -37,10 +47,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from agents.team import AgentSpec, Team
+from agents.team import AgentSpec, Team, TeamError
+from porter_mesh.adapters.dirlock import lock_holder
 from porter_mesh.core.peers import PeerState
-from porter_mesh.node.config import ENV_KEY, ENV_TRUSTED, NodeConfig
-from porter_mesh.node.node import Node
+from porter_mesh.entrypoint import EXIT_INTERRUPTED, EXIT_SETTINGS
+from porter_mesh.node.config import ENV_KEY, ENV_TRUSTED, NodeConfig, default_data_dir
+from porter_mesh.node.node import DATA_DIR_LOCK, Node
 
 #: The line an agent prints once it has joined the mesh (see agents/runtime.py).
 UP_MARK = " up on mesh "
@@ -65,6 +77,11 @@ class Running:
     old_incarnations: set[int] = field(default_factory=set)
     incarnation: int | None = None
     gave_up: bool = False
+    #: It exited with :data:`EXIT_SETTINGS`: restarting would not help.
+    refused: bool = False
+    #: The last complaint it printed (``porter-mesh ...: why``): the reason, when it
+    #: refused its settings.
+    last_line: str = ""
 
 
 def _exit_words(status: int) -> str:
@@ -74,6 +91,60 @@ def _exit_words(status: int) -> str:
         except ValueError:
             return f"killed by signal {-status}"
     return f"exit status {status}"
+
+
+def _parent_of(pid: str) -> str | None:
+    """The parent pid of ``pid`` when the system says (Linux's /proc), else None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name in parentheses may hold spaces: the fields after it are plain.
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[1] if len(fields) > 1 else None
+
+
+def refuse_if_running(team: Team, *, shown: str) -> None:
+    """Refuse to start ``team`` when its agents already run on its mesh on this host.
+
+    An agent's data directory (``<data root>/<mesh>/<name>``) is locked by the process
+    that uses it, so a held lock is a running agent: starting another would only fail.
+
+    Args:
+        team: the team (its mesh name already the one to run on).
+        shown: the team file as the user named it, for the suggested command.
+
+    Raises:
+        TeamError: some of its agents run; one line naming their pids (and the
+            ``porter-mesh up`` above them, when there is one), how to stop them, and
+            how to run a second copy on another mesh.
+    """
+    mesh = team.mesh.name
+    held = {spec.name: holder for spec in team.agents
+            if (holder := lock_holder(default_data_dir(mesh, spec.name),
+                                      filename=DATA_DIR_LOCK)) is not None}
+    if not held:
+        return
+    parents = {_parent_of(pid) for pid in held.values()}
+    parent = parents.pop() if len(parents) == 1 else None
+    who = ", ".join(f"{name} pid {pid}" for name, pid in held.items())
+    if parent is not None and parent != "1" and _is_up(parent):
+        who += f", under porter-mesh up pid {parent}"
+        stop = f"Ctrl-C where it runs, or kill {parent}"
+    else:
+        stop = "kill " + " ".join(sorted(set(held.values())))
+    raise TeamError(f"{shown}: this team is already running on mesh {mesh!r} ({who}); "
+                    f"stop it ({stop}), or run a second copy on another mesh: "
+                    f"porter-mesh up {shown} --mesh {mesh}-2")
+
+
+def _is_up(pid: str) -> bool:
+    """Whether process ``pid`` is a ``porter-mesh up`` (read from /proc when there)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"up" in argv
 
 
 def ensure_keys(team: Team) -> dict[str, dict[str, str]]:
@@ -107,16 +178,20 @@ class Supervisor:
         logs: directory of the agents' logs (made if missing).
         stream: where the state lines go.
         python: the interpreter that runs the agents.
+        workspace: the workspace of the agents whose entry names none (default:
+            ``workspace/`` beside the team file).
     """
 
     def __init__(self, team: Team, *, logs: Path, stream: IO[str] = sys.stdout,
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable, workspace: Path | None = None) -> None:
         self.team = team
         self.logs = logs
+        self.workspace = workspace
         self.stream = stream
         self.python = python
         self.policy = team.up
         self.stopping = asyncio.Event()
+        self.stop_signal: signal.Signals | None = None
         self.agents: list[Running] = []
 
     def say(self, running: Running | None, text: str) -> None:
@@ -137,11 +212,13 @@ class Supervisor:
         base_env = dict(os.environ, PYTHONUNBUFFERED="1")
         for spec in self.team.agents:
             self.agents.append(Running(
-                spec, agent_argv(self.team, spec), {**base_env, **envs.get(spec.name, {})},
+                spec, agent_argv(self.team, spec,
+                                 workspace=None if spec.workspace else self.workspace),
+                {**base_env, **envs.get(spec.name, {})},
                 self.logs / f"{spec.name}.log"))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.stopping.set)
+            loop.add_signal_handler(sig, self._stop_on, sig)
         mesh = self.team.mesh
         self.say(None, f"porter-mesh up: {len(self.agents)} agent(s) of {self.team.path} "
                  f"on mesh {mesh.name!r}; logs in {self.logs}; Ctrl-C stops them all")
@@ -179,13 +256,23 @@ class Supervisor:
             await self._stop_all()
         if interrupted:
             self.say(None, "stopped every agent")
-            return 0
+            return EXIT_INTERRUPTED if self.stop_signal is signal.SIGINT else 0
         gave_up = [r.spec.name for r in self.agents if r.gave_up]
+        refused = [r.spec.name for r in self.agents if r.refused]
+        if refused and len(refused) == len(gave_up):
+            self.say(None, f"no agent left running; {', '.join(refused)} refused "
+                     "their settings (the reasons are above)")
+            return EXIT_SETTINGS
         if gave_up:
             self.say(None, f"no agent left running; gave up on {', '.join(gave_up)}")
             return 1
         self.say(None, "no agent left running; every one finished")
         return 0
+
+    def _stop_on(self, sig: signal.Signals) -> None:
+        if self.stop_signal is None:
+            self.stop_signal = sig
+        self.stopping.set()
 
     async def _keep(self, running: Running) -> None:
         """Run one agent, restarting it after a crash until the policy gives up."""
@@ -195,6 +282,12 @@ class Supervisor:
                 return
             if status == 0:
                 self.set_state(running, "exited (status 0): the agent finished")
+                return
+            if status == EXIT_SETTINGS:
+                running.gave_up = running.refused = True
+                self.set_state(running, f"refused its settings (exit status 2), not "
+                               f"restarted: {running.last_line or 'see its log'} (its log: "
+                               f"{running.log_path})")
                 return
             now = time.monotonic()
             self.set_state(running, f"crashed ({_exit_words(status)}); its log: "
@@ -242,7 +335,10 @@ class Supervisor:
             async for line in proc.stdout:
                 log.write(line)
                 log.flush()
-                if not running.up and UP_MARK in line.decode(errors="replace"):
+                text = line.decode(errors="replace")
+                if text.startswith("porter-mesh "):  # a command's one-line complaint
+                    running.last_line = text.strip()
+                if not running.up and UP_MARK in text:
                     running.up = True
                     self.set_state(running, f"up (pid {proc.pid})")
             return await proc.wait()

@@ -33,6 +33,10 @@ What is measured, and how
   figure; both are in the table. Disk bytes per observation are reported beside it.
 * **Fsync policy cost**: ``remember`` latency and rate, and merge rates, under
   ``Durability.FSYNC`` versus ``Durability.OS``.
+* **Signatures** (a secured mesh): the same records signed by their four authors'
+  Ed25519 keys, merged (``--batch`` per message, fsync) and caught up by shards that
+  check every signature against a trusted directory before storing; and the cost of
+  one check alone (cryptography's Ed25519 has no batch verification).
 * **Catch-up**: a fresh shard takes 100k observations from a full one through catch-up
   chunks carried as bytes (no sockets: the transport is the node's part), and the time
   to reopen a 100k shard after a restart.
@@ -65,6 +69,13 @@ import psutil
 import rdflib
 
 from bench.common import RESULTS_DIR, print_table, progress, write_results
+from porter_mesh.adapters.security import (
+    RecordSigner,
+    RecordVerifier,
+    TrustStore,
+    load_identity,
+    provision_mesh,
+)
 from porter_mesh.adapters.shard import Durability, Shard
 from porter_mesh.adapters.sparql import DEFAULT_ROW_LIMIT
 from porter_mesh.core.knowledge import (
@@ -85,7 +96,9 @@ from porter_mesh.core.knowledge import (
     decode_sync,
     encode_sync,
     format_timestamp,
+    record_signing_bytes,
 )
+from porter_mesh.errors import SyncError
 
 NAME = "knowledge"
 TARGETS = {"merge_obs_per_s": 20_000.0, "profile_p50_ms_100k": 2.0,
@@ -130,9 +143,57 @@ def make_records(n: int) -> list[Record]:
 
 
 def messages(records: Sequence[Record], batch: int) -> list[bytes]:
-    """The records as ``Records`` sync messages of ``batch`` records."""
-    return [encode_sync(Records(tuple(records[i:i + batch])))
-            for i in range(0, len(records), batch)]
+    """The records as ``Records`` sync messages of ``batch`` records (halved while a
+    message would exceed the size limit: signed records are some 66 bytes larger)."""
+    out: list[bytes] = []
+    for i in range(0, len(records), batch):
+        pending = [tuple(records[i:i + batch])]
+        while pending:
+            part = pending.pop(0)
+            try:
+                out.append(encode_sync(Records(part)))
+            except SyncError:
+                half = len(part) // 2
+                pending[:0] = [part[:half], part[half:]]
+    return out
+
+
+def signed(records: Sequence[Record], root: pathlib.Path
+           ) -> tuple[list[Record], RecordVerifier]:
+    """The records signed by their authors' keys, and a verifier that trusts those keys."""
+    trusted, secrets = provision_mesh(root / "keys", list(ORIGINS))
+    store = TrustStore(trusted)
+    store.refresh()
+    signers = {origin: RecordSigner(load_identity(path)) for origin, path in secrets.items()}
+    out = [Record(r.origin, r.seq, r.body, sig=signers[r.origin](record_signing_bytes(r)))
+           for r in records]
+    return out, RecordVerifier(store)
+
+
+def signed_costs(records: Sequence[Record], root: pathlib.Path, batch: int) -> dict[str, Any]:
+    """Merge and catch-up of signed records by shards that check every signature."""
+    n = len(records)
+    progress("signing the records (not timed)")
+    sealed, verifier = signed(records, root)
+    sample = sealed[:2000]
+    started = time.perf_counter()
+    for record in sample:
+        assert verifier(record.origin, record_signing_bytes(record), record.sig) is None
+    check_us = (time.perf_counter() - started) / len(sample) * 1e6
+    progress("merge rate, signatures checked")
+    with Shard(root / "signed", agent="bench") as shard:
+        shard.use_signatures(sign=None, verify=verifier)
+        seconds, cpu = merge_timed(shard, messages(sealed, batch))
+        with Shard(root / "signed-late", agent="late") as late:
+            late.use_signatures(sign=None, verify=verifier)
+            catchup_seconds, chunks = catch_up(shard, late)
+            assert late.digest() == shard.digest()
+    out = {"observations": n, "batch": batch, "check_us_per_record": check_us,
+           "shard_fsync_obs_per_s": n / seconds, "cpu_us_per_obs": cpu / n * 1e6,
+           "catchup_seconds": catchup_seconds, "catchup_chunks": chunks}
+    progress(f"signed: {check_us:.0f} us per check; merge {n / seconds:.0f} obs/s "
+             f"({cpu / n * 1e6:.1f} us CPU each); catch-up {catchup_seconds:.2f} s")
+    return out
 
 
 def rdflib_triples(records: Sequence[Record]) -> list[tuple[Any, Any, Any, Any]]:
@@ -455,6 +516,17 @@ def table(results: dict[str, Any]) -> None:
     rows += [
         [f"restart {int(big) // 1000}k, s", results["restart_seconds"], "", "", ""],
     ]
+    sig = results.get("signed")
+    if sig is not None:
+        rows += [
+            ["signature check, us/record", sig["check_us_per_record"], "", "", ""],
+            [f"merge signed, obs/s ({sig['batch']}/msg, fsync)", sig["shard_fsync_obs_per_s"],
+             "", ">= 20000", sig["shard_fsync_obs_per_s"] >= TARGETS["merge_obs_per_s"]],
+            [f"merge signed, CPU us/obs ({sig['batch']}/msg, fsync)", sig["cpu_us_per_obs"],
+             "", "", ""],
+            [f"catch-up signed {int(big) // 1000}k, s", sig["catchup_seconds"], "", "<= 10",
+             sig["catchup_seconds"] <= TARGETS["catchup_100k_s"]],
+        ]
     for policy, f in results["fsync"].items():
         rows.append([f"remember p50 ms ({policy})", f["remember_p50_ms"], "", "", ""])
         rows.append([f"1-record merges/s ({policy})", f["single_record_merge_per_s"], "", "", ""])
@@ -517,6 +589,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         progress(f"merge: shard {big / fsync_seconds:.0f} obs/s (fsync), "
                  f"{big / os_seconds:.0f} (os), {big / small_seconds:.0f} (fsync, 1000 per "
                  f"message); rdflib {big / rdflib_seconds:.0f}")
+        results["signed"] = signed_costs(records, root, args.batch)
         results["fsync"] = fsync_costs(root, args.quick)
         progress("queries")
         results["queries"] = {}

@@ -17,7 +17,7 @@ import pathlib
 
 from porter_mesh.errors import ConfigError, PorterError
 
-__all__ = ["DirLock"]
+__all__ = ["DirLock", "lock_holder"]
 
 
 class DirLock:
@@ -71,3 +71,29 @@ class DirLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def lock_holder(directory: str | os.PathLike[str], *, filename: str = "lock") -> str | None:
+    """Who holds the :class:`DirLock` of ``directory``, without taking it.
+
+    Args:
+        directory: the locked directory.
+        filename: the lock file inside it.
+
+    Returns:
+        The holder's pid as its lock file says (``"?"`` when the file names none), or
+        ``None`` when no live process holds the lock (or there is no lock file).
+    """
+    try:
+        fd = os.open(pathlib.Path(directory) / filename, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

@@ -59,16 +59,20 @@ import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
+# DNSOutgoing, DNSQuestion and DNSRecord are part of zeroconf's top-level surface (kept
+# there for compatibility, used by its own benchmarks) but missing from its __all__;
+# pyproject.toml lets mypy accept them from there (implicit_reexport for zeroconf).
 from zeroconf import (
+    DNSOutgoing,
+    DNSQuestion,
     DNSQuestionType,
+    DNSRecord,
     IPVersion,
     ServiceInfo,
     ServiceStateChange,
     Zeroconf,
     current_time_millis,
 )
-from zeroconf._dns import DNSQuestion, DNSRecord  # re-exported by zeroconf without __all__
-from zeroconf._protocol.outgoing import DNSOutgoing
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
 from porter_mesh.core.advert import PeerAdvert, check_mesh_name, decode_txt, encode_txt
@@ -483,17 +487,18 @@ class Discovery:
         where = ", ".join(holder.parsed_addresses()) or "an unknown address"
         try:
             other = decode_txt(holder.properties)
+            # In hex, as ``porter-mesh peers`` shows it, so the two can be matched.
             detail = (
-                f"mesh {other.mesh!r}, role {other.role!r}, incarnation {other.incarnation}, "
-                f"at {where}"
+                f"mesh {other.mesh!r}, role {other.role!r}, incarnation "
+                f"{other.incarnation:x}, at {where}"
             )
         except FrameError:
             detail = f"at {where}; its TXT record was not received or is not an advert"
         agent = agent_from_service_name(name)
         return ConfigError(
             f"duplicate agent name {agent!r}: another live node already announces it "
-            f"({detail}). Agent names must be unique on the network segment, across meshes; "
-            "choose another name or stop the other process"
+            f"({detail}). Agent names are unique per mesh (here {self._mesh!r}); choose "
+            "another name, stop the other process, or use another --mesh"
         )
 
     def _keep(self, future: Awaitable[Any]) -> None:

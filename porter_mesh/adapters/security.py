@@ -23,13 +23,26 @@ Servers ask pyzmq's ZAP authenticator (:class:`MeshAuthenticator`, driven by the
 event loop) about every new connection. Its credentials callback consults a
 :class:`TrustStore`, which re-reads the directory whenever the directory or one of its
 files changed (a ``stat`` per handshake, not a one-time load), so adding or removing a key
-takes effect for the next connection without a restart. An accepted connection carries
-the bound agent name as its ZAP User-Id, which libzmq attaches to every message read from
-it; the node compares that name with the envelope's sender and each activity's
-``actor`` (see :mod:`porter_mesh.node.node`). The authenticator must be running before a
-server socket binds: libzmq lets a CURVE client in unauthenticated when no ZAP handler
-answers, so :meth:`MeshSecurity.start` also sets ``ZAP_ENFORCE_DOMAIN`` where libzmq
-supports it.
+takes effect for the next connection without a restart. (Connections already open when
+a key leaves the directory are cut by the node within one heartbeat, see
+:mod:`porter_mesh.node.node`: its live link is closed and its PUB socket bound anew.)
+An accepted connection carries the bound agent name as its ZAP User-Id, which libzmq
+attaches to every message read from it; the node compares that name with the envelope's
+sender and each activity's ``actor`` (see :mod:`porter_mesh.node.node`). The
+authenticator must be running before a server socket binds: libzmq lets a CURVE client in
+unauthenticated when no ZAP handler answers, so :meth:`MeshSecurity.start` also sets
+``ZAP_ENFORCE_DOMAIN`` where libzmq supports it.
+
+**Record signatures.** CurveZMQ proves who is on the other end of a connection, not who
+wrote what that peer relays. Knowledge records travel further than one hop (a catch-up
+from one peer brings everybody's records), so each agent also owns an Ed25519 *signing
+key*, made by ``keygen`` beside the CURVE key and written into the same certificates:
+``signing-key`` (public) in the metadata of both files, ``signing-secret-key`` in the
+secret one only. Trusting an agent's public certificate therefore trusts its signing key
+under the same name, with nothing more to copy. :class:`RecordSigner` signs this node's
+records; :class:`RecordVerifier` checks anyone's against the trusted directory.
+``keygen NAME --add-signing-key`` gives a key pair made before signing keys existed one,
+keeping its CURVE key.
 
 Refusals and spoofing attempts go to the :class:`AuditLog`: a JSON-lines file in the
 node's data directory (when it has one), a counter per event (``audit.<event>``) and a
@@ -53,7 +66,7 @@ from typing import Any, Final
 
 import orjson
 import zmq
-from zmq.auth import Authenticator, create_certificates, load_certificate
+from zmq.auth import Authenticator, load_certificate
 
 from porter_mesh.core.advert import PeerAdvert, check_agent_name, key_name
 from porter_mesh.errors import SecurityError
@@ -65,7 +78,10 @@ __all__ = [
     "Identity",
     "MeshAuthenticator",
     "MeshSecurity",
+    "RecordSigner",
+    "RecordVerifier",
     "TrustStore",
+    "add_signing_key",
     "check_libzmq",
     "create_key_pair",
     "load_identity",
@@ -87,6 +103,10 @@ SECRET_SUFFIX: Final = ".key_secret"
 _MAX_CERT_BYTES: Final = 64 * 1024
 _Z85_KEY_RE: Final = re.compile(rb"[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")
 _METADATA_NAME_RE: Final = re.compile(rb"^\s+name\s*=\s*\"?([^\"\s]+)\"?\s*$", re.MULTILINE)
+_SIGNING_PUBLIC_RE: Final = re.compile(rb"^\s+signing-key\s*=\s*\"?([^\"\s]*)\"?\s*$",
+                                       re.MULTILINE)
+_SIGNING_SECRET_RE: Final = re.compile(
+    rb"^\s+signing-secret-key\s*=\s*\"?([^\"\s]*)\"?\s*$", re.MULTILINE)
 #: Audit lines written per (event, subject) before further ones are only counted.
 _AUDIT_REPEATS: Final = 10
 _AUDIT_SUBJECTS: Final = 10_000
@@ -134,6 +154,47 @@ def _read_cert(path: pathlib.Path) -> tuple[bytes, bytes | None, bytes]:
     return public, secret, raw
 
 
+def _metadata(raw: bytes) -> bytes:
+    """The part of a certificate before its ``curve`` section."""
+    return raw.split(b"\ncurve", 1)[0]
+
+
+def _signing_keys(raw: bytes, path: pathlib.Path) -> tuple[bytes | None, bytes | None]:
+    """``(public, secret)`` Ed25519 signing keys (32 raw bytes each) of a certificate.
+
+    Raises:
+        SecurityError: a signing key is there but is not 40 characters of Z85.
+    """
+    meta = _metadata(raw)
+    found: list[bytes | None] = []
+    for pattern, what in ((_SIGNING_PUBLIC_RE, "signing-key"),
+                          (_SIGNING_SECRET_RE, "signing-secret-key")):
+        match = pattern.search(meta)
+        if match is None:
+            found.append(None)
+            continue
+        if not _valid_key(match.group(1)):
+            raise SecurityError(f"{path}: {what} is not a 40-character Z85 key; make a new "
+                                "key pair with 'porter-mesh keygen NAME --force'")
+        found.append(zmq.utils.z85.decode(match.group(1)))
+    return found[0], found[1]
+
+
+def _signing_public_of(secret: bytes) -> bytes:
+    """The Ed25519 public key of a 32-byte private key."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return Ed25519PrivateKey.from_private_bytes(secret).public_key().public_bytes_raw()
+
+
+def _new_signing_key() -> tuple[bytes, bytes]:
+    """A fresh Ed25519 key pair: ``(public, secret)``, 32 raw bytes each."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    return key.public_key().public_bytes_raw(), key.private_bytes_raw()
+
+
 @dataclass(frozen=True, slots=True)
 class Identity:
     """This node's key pair, loaded from its secret certificate.
@@ -143,12 +204,25 @@ class Identity:
         secret_key: Z85 secret key; never logged or shown.
         name: the agent name written in the certificate's metadata, if any.
         path: the certificate file.
+        signing_public: the Ed25519 public key records are checked with (32 bytes), or
+            ``None`` for a key pair made before signing keys existed.
+        signing_secret: the Ed25519 private key this node signs its records with (32
+            bytes); never logged or shown.
     """
 
     public_key: str
     secret_key: bytes = field(repr=False)
     name: str | None
     path: pathlib.Path
+    signing_public: bytes | None = None
+    signing_secret: bytes | None = field(default=None, repr=False)
+
+    @property
+    def signing_key_z85(self) -> str | None:
+        """The public signing key as Z85 text (what adverts carry), or None."""
+        if self.signing_public is None:
+            return None
+        return zmq.utils.z85.encode(self.signing_public).decode("ascii")
 
 
 def load_identity(path: pathlib.Path) -> Identity:
@@ -182,21 +256,89 @@ def load_identity(path: pathlib.Path) -> Identity:
         raise SecurityError(
             f"{path} holds only a public key; give the .key_secret file of this agent"
         )
-    match = _METADATA_NAME_RE.search(raw.split(b"\ncurve", 1)[0])
+    match = _METADATA_NAME_RE.search(_metadata(raw))
     name = match.group(1).decode("utf-8", "replace") if match else None
-    return Identity(public.decode("ascii"), secret, name, path)
+    signing_public, signing_secret = _signing_keys(raw, path)
+    if signing_secret is not None and _signing_public_of(signing_secret) != signing_public:
+        raise SecurityError(
+            f"{path}: its signing-key does not belong to its signing-secret-key (the file "
+            "was edited); make a new key pair with 'porter-mesh keygen NAME --force'"
+        )
+    return Identity(public.decode("ascii"), secret, name, path, signing_public,
+                    signing_secret)
+
+
+_PUBLIC_BANNER: Final = """#   ****  Generated on {now} by porter-mesh  ****
+#   ZeroMQ CURVE Public Certificate, with the agent's Ed25519 key that signs its
+#   knowledge records. Exchange securely, or use a secure mechanism to verify
+#   the contents of this file after exchange.
+
+"""
+_SECRET_BANNER: Final = """#   ****  Generated on {now} by porter-mesh  ****
+#   ZeroMQ CURVE **Secret** Certificate, with the agent's Ed25519 signing key.
+#   DO NOT PROVIDE THIS FILE TO OTHER USERS nor change its permissions.
+
+"""
+
+
+def _cert_text(name: str, curve: tuple[bytes, bytes | None],
+               signing: tuple[bytes, bytes | None]) -> str:
+    """A certificate in ZeroMQ's format; the secret one when the secret keys are given.
+
+    The signing keys are metadata, which ZeroMQ tools skip, so the files stay standard.
+    """
+    z85 = zmq.utils.z85.encode
+    secret = curve[1] is not None
+    now = datetime.datetime.now().isoformat(timespec="seconds")
+    lines = [(_SECRET_BANNER if secret else _PUBLIC_BANNER).format(now=now), "metadata\n",
+             f'    name = "{name}"\n',
+             f'    signing-key = "{z85(signing[0]).decode()}"\n']
+    if secret and signing[1] is not None:
+        lines.append(f'    signing-secret-key = "{z85(signing[1]).decode()}"\n')
+    lines += ["curve\n", f'    public-key = "{curve[0].decode()}"\n']
+    if curve[1] is not None:
+        lines.append(f'    secret-key = "{curve[1].decode()}"\n')
+    return "".join(lines)
+
+
+def _write_pair(directory: pathlib.Path, name: str, curve: tuple[bytes, bytes],
+                signing: tuple[bytes, bytes]) -> tuple[pathlib.Path, pathlib.Path]:
+    """Write ``NAME.key`` and ``NAME.key_secret``, secret file private from the start.
+
+    The files are first written into a private temporary directory and then moved into
+    place, so the secret key is never readable by others, not even for a moment.
+
+    Raises:
+        SecurityError: the files cannot be written.
+    """
+    public = directory / f"{name}{PUBLIC_SUFFIX}"
+    secret = directory / f"{name}{SECRET_SUFFIX}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=directory, prefix=".keygen-") as tmp:
+            made_secret = pathlib.Path(tmp) / secret.name
+            made_public = pathlib.Path(tmp) / public.name
+            made_secret.write_text(_cert_text(name, curve, signing))
+            os.chmod(made_secret, 0o600)
+            made_public.write_text(_cert_text(name, (curve[0], None), (signing[0], None)))
+            os.chmod(made_public, 0o644)
+            os.replace(made_secret, secret)
+            os.replace(made_public, public)
+    except OSError as exc:
+        raise SecurityError(f"cannot write a key pair into {directory}: {exc}") from None
+    return public, secret
 
 
 def create_key_pair(directory: pathlib.Path, name: str, *, force: bool = False
                     ) -> tuple[pathlib.Path, pathlib.Path]:
     """Write a new key pair for agent ``name``: ``NAME.key`` and ``NAME.key_secret``.
 
-    The files are first written into a private temporary directory and then moved into
-    place, so the secret key is never readable by others, not even for a moment.
+    Each holds the CurveZMQ key and the Ed25519 key that signs the agent's knowledge
+    records (see the module docstring); the secret file is mode 600 from the start.
 
     Args:
         directory: where to write the two files (made if missing).
-        name: the agent name (recorded in the secret certificate's metadata).
+        name: the agent name (recorded in both certificates' metadata).
         force: replace an existing key pair of that name.
 
     Returns:
@@ -214,17 +356,31 @@ def create_key_pair(directory: pathlib.Path, name: str, *, force: bool = False
             f"a key pair for {name!r} already exists in {directory}; keep it, or pass "
             "--force to replace it (peers that trust the old key must then be updated)"
         )
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=directory, prefix=".keygen-") as tmp:
-            made_public, made_secret = create_certificates(tmp, name, metadata={"name": name})
-            os.chmod(made_secret, 0o600)
-            os.chmod(made_public, 0o644)
-            os.replace(made_secret, secret)
-            os.replace(made_public, public)
-    except OSError as exc:
-        raise SecurityError(f"cannot write a key pair into {directory}: {exc}") from None
-    return public, secret
+    curve_public, curve_secret = zmq.curve_keypair()
+    return _write_pair(directory, name, (curve_public, curve_secret), _new_signing_key())
+
+
+def add_signing_key(directory: pathlib.Path, name: str) -> tuple[pathlib.Path, pathlib.Path]:
+    """Give an existing key pair made without a signing key one, keeping its CURVE key.
+
+    Args:
+        directory: where ``NAME.key`` and ``NAME.key_secret`` are.
+        name: the agent name.
+
+    Returns:
+        ``(public certificate, secret certificate)`` paths, rewritten.
+
+    Raises:
+        ConfigError: ``name`` is not a valid agent name.
+        SecurityError: there is no such key pair, or it already has a signing key.
+    """
+    check_agent_name(name)
+    identity = load_identity(directory / f"{name}{SECRET_SUFFIX}")
+    if identity.signing_secret is not None:
+        raise SecurityError(f"the key pair of {name!r} in {directory} already has a signing "
+                            "key; nothing to do")
+    curve = (identity.public_key.encode("ascii"), identity.secret_key)
+    return _write_pair(directory, name, curve, _new_signing_key())
 
 
 def trust_key(cert: pathlib.Path, trusted_dir: pathlib.Path, *, name: str | None = None,
@@ -319,9 +475,13 @@ class TrustStore:
         self.directory = directory
         #: Increases every time the set of trusted keys changes.
         self.generation = 0
+        #: Increases every time a change takes a key out of the set (a revocation, or a
+        #: key replaced under its name): connections that hold it must be cut.
+        self.removals = 0
         self._signature: tuple[Any, ...] | None = None
         self._by_key: dict[str, str] = {}
         self._by_name: dict[str, str] = {}
+        self._signing: dict[str, bytes] = {}
         self._warned: set[str] = set()
 
     @property
@@ -340,6 +500,11 @@ class TrustStore:
     def key_for(self, name: str) -> str | None:
         """The trusted Z85 public key of agent ``name``, or None."""
         return self._by_name.get(name)
+
+    def signing_key_for(self, name: str) -> bytes | None:
+        """The trusted Ed25519 signing key (32 bytes) of agent ``name``, or None when it
+        is not trusted or its certificate has no signing key."""
+        return self._signing.get(name)
 
     def _scan(self) -> tuple[Any, ...]:
         entries: list[tuple[str, int, int, int]] = []
@@ -364,6 +529,7 @@ class TrustStore:
             return False
         self._signature = signature
         found: list[tuple[str, str]] = []
+        signing_found: dict[str, bytes] = {}
         for item in signature:
             if not isinstance(item, tuple):
                 continue
@@ -372,11 +538,14 @@ class TrustStore:
             agent = filename.removesuffix(PUBLIC_SUFFIX)
             try:
                 check_agent_name(agent)
-                public, _, _ = _read_cert(path)
+                public, _, raw = _read_cert(path)
+                signing, _ = _signing_keys(raw, path)
             except Exception as exc:  # a stray file must not hide the good ones
                 self._warn(filename, "skipping %s in the trusted directory: %s", path, exc)
                 continue
             found.append((agent, public.decode("ascii")))
+            if signing is not None:
+                signing_found[agent] = signing
         uses = collections.Counter(key for _, key in found)
         by_key: dict[str, str] = {}
         by_name: dict[str, str] = {}
@@ -387,8 +556,12 @@ class TrustStore:
                 continue
             by_key[key] = agent
             by_name[agent] = key
-        changed = by_key != self._by_key
-        self._by_key, self._by_name = by_key, by_name
+        signing_keys = {a: k for a, k in signing_found.items() if a in by_name}
+        changed = by_key != self._by_key or signing_keys != self._signing
+        if not self._by_key.keys() <= by_key.keys() or any(
+                by_key[key] != name for key, name in self._by_key.items() if key in by_key):
+            self.removals += 1
+        self._by_key, self._by_name, self._signing = by_key, by_name, signing_keys
         if changed:
             self.generation += 1
         return changed
@@ -397,6 +570,18 @@ class TrustStore:
         if filename not in self._warned and len(self._warned) < 1000:
             self._warned.add(filename)
             log.warning(message, *args)
+
+    def _signing_problem(self, advert: PeerAdvert, owner: str) -> tuple[str, str] | None:
+        """An advert whose CURVE key is right but whose signing key is not the trusted one
+        (an advert without one is fine: replicas never take the key from adverts)."""
+        trusted = self._signing.get(owner)
+        if advert.signing_key is None or (
+                trusted is not None
+                and zmq.utils.z85.encode(trusted).decode("ascii") == advert.signing_key):
+            return None
+        return ("advert-key-mismatch",
+                f"advert of {advert.name!r} carries signing key {advert.signing_key[:8]}..., "
+                f"which is not the one trusted for {owner!r}")
 
     def advert_problem(self, advert: PeerAdvert) -> tuple[str, str] | None:
         """Why a secured node must ignore ``advert``, or None when its key is trusted for
@@ -414,7 +599,7 @@ class TrustStore:
         holder = self._by_key.get(advert.public_key)
         owner = key_name(advert.name)  # a seat of the human holds porter-ui's key
         if holder == owner:
-            return None
+            return self._signing_problem(advert, owner)
         expected = self._by_name.get(owner)
         if holder is None and expected is None:
             return ("untrusted-advert",
@@ -424,6 +609,92 @@ class TrustStore:
                 f"advert of {advert.name!r} carries key {advert.public_key[:8]}..., which "
                 + (f"belongs to {holder!r}" if holder else
                    f"is not the key trusted for {advert.name!r}"))
+
+
+class RecordSigner:
+    """Signs this node's knowledge records with its Ed25519 key.
+
+    Args:
+        identity: the node's identity; it must hold a signing key.
+
+    Raises:
+        SecurityError: the identity has no signing key (a key pair made before they
+            existed): the message says how to add one.
+    """
+
+    def __init__(self, identity: Identity) -> None:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        if identity.signing_secret is None:
+            name = identity.name or "NAME"
+            raise SecurityError(
+                f"the key {identity.path} has no signing key, so this node cannot sign its "
+                "knowledge records and a secured mesh would refuse them; run 'porter-mesh "
+                f"keygen {name} --dir {identity.path.parent} --add-signing-key' and trust "
+                f"the rewritten {name}{PUBLIC_SUFFIX} again on every machine"
+            )
+        self._key = Ed25519PrivateKey.from_private_bytes(identity.signing_secret)
+
+    def __call__(self, data: bytes) -> bytes:
+        """The 64-byte signature of ``data``."""
+        return self._key.sign(data)
+
+
+class RecordVerifier:
+    """Checks record signatures against the signing keys of a :class:`TrustStore`.
+
+    A record by ``origin`` must be signed with the key trusted for ``key_name(origin)``
+    (the human's seats sign with the key trusted as ``porter-ui``). Key objects are kept
+    until the trusted directory changes. cryptography's Ed25519 has no batch check, so
+    each signature costs one verification (some 50-150 us, see docs/security.md).
+
+    Args:
+        store: the trusted directory (the node keeps it refreshed).
+    """
+
+    #: Why a signature is refused, as returned by :meth:`__call__`.
+    UNSIGNED: Final = "unsigned"
+    UNKNOWN_SIGNER: Final = "unknown-signer"
+    BAD_SIGNATURE: Final = "bad-signature"
+
+    def __init__(self, store: TrustStore) -> None:
+        self.store = store
+        self._generation = -1
+        self._keys: dict[str, Any] = {}
+
+    def __call__(self, origin: str, data: bytes, sig: bytes | None) -> str | None:
+        """Check one signature.
+
+        Args:
+            origin: the record's author.
+            data: the signed bytes (``record_signing_bytes``).
+            sig: the signature the record carries, if any.
+
+        Returns:
+            ``None`` when it is good, else the reason: :attr:`UNSIGNED`,
+            :attr:`UNKNOWN_SIGNER` (no signing key is trusted for that name) or
+            :attr:`BAD_SIGNATURE`.
+        """
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+        if sig is None:
+            return self.UNSIGNED
+        if self._generation != self.store.generation:
+            self._keys.clear()
+            self._generation = self.store.generation
+        name = key_name(origin)
+        key = self._keys.get(name)
+        if key is None:
+            raw = self.store.signing_key_for(name)
+            if raw is None:
+                return self.UNKNOWN_SIGNER
+            key = self._keys[name] = Ed25519PublicKey.from_public_bytes(raw)
+        try:
+            key.verify(sig, data)
+        except InvalidSignature:
+            return self.BAD_SIGNATURE
+        return None
 
 
 class AuditLog:

@@ -40,6 +40,24 @@ and power loss. ``Durability.OS``: the ``write`` alone, which survives the death
 process (the data is in the kernel) but not of the machine. The benchmark measures both.
 The store itself is never synced: it is rebuilt from the journal.
 
+**Signatures.** On a secured mesh the node gives its shard a signer and a verifier
+(:meth:`Shard.use_signatures`). The shard signs each record its agent writes, and checks
+the signature of every record it is given by anyone before planning the merge, whatever
+path brought it (broadcast, pull, catch-up, a relayed listing): a record that is not
+already held (same slot, same content) and whose signature is missing, made with another
+key, or by an author without a trusted signing key is left out of the batch and reported
+in :attr:`MergeReport.refused`; the rest of the batch is merged. A forged record thus
+never takes a slot of its claimed author's log, and never makes an honest batch that
+carries it conflict. Without a verifier (an unsecured mesh, offline tools) records are
+taken as they come, signed or not.
+
+**A full disk.** A journal write that fails or falls short (``ENOSPC``, ``EIO``) is cut
+back to the last good frame and raised as :class:`~porter_mesh.errors.StorageError`
+(path and free space); the replica state is left as it was, so nothing is reported as
+held and a received record is simply missing until a pull or a catch-up brings it again.
+The failure is logged once per episode and counted (:attr:`Shard.write_failures`); the
+next write tries again, so the shard recovers by itself when space returns.
+
 **Sequence numbers** are assigned from the replica state (one past the highest held for
 this agent, which the journal restores), and the record is durable before ``remember``
 returns, so no number the mesh has seen is reused after a restart.
@@ -52,6 +70,7 @@ read-only, whose ``query`` goes through the same guard.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import enum
 import gc
@@ -112,17 +131,26 @@ from porter_mesh.core.knowledge import (
     observation_id_from_iri,
     observation_iri,
     record_from_journal,
+    record_signing_bytes,
 )
-from porter_mesh.errors import ConfigError, KnowledgeError, SyncError
+from porter_mesh.errors import ConfigError, KnowledgeError, StorageError, SyncError
 
 if TYPE_CHECKING:
     import rdflib
 
-__all__ = ["Durability", "MergeReport", "Shard", "ShardStats", "SyncOutcome"]
+__all__ = ["Durability", "MergeReport", "RefusedRecord", "Shard", "ShardStats", "SyncOutcome"]
+
+#: Signs the bytes of a record (``record_signing_bytes``): returns 64 bytes.
+SignRecord = Callable[[bytes], bytes]
+#: Checks a record's signature: ``(origin, signed bytes, signature or None)`` -> ``None``
+#: when good, else the reason it is refused.
+VerifyRecord = Callable[[str, bytes, "bytes | None"], "str | None"]
 
 log = logging.getLogger("porter_mesh.shard")
 
 _FORMAT: Final = 1
+#: The lock file of a shard's directory (see the layout above), held while it is open.
+SHARD_LOCK: Final = "shard.lock"
 _MAGIC: Final = b"porter-mesh knowledge journal 1\n"
 _FRAME: Final = struct.Struct(">II")  # payload length, CRC-32 of the payload
 _MAX_FRAME: Final = 1 << 20
@@ -152,6 +180,21 @@ class Durability(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class RefusedRecord:
+    """A record left out of a merge because its signature did not prove its author.
+
+    Attributes:
+        origin: the author it claims.
+        seq: the place it claims in that author's log.
+        reason: ``unsigned``, ``unknown-signer`` or ``bad-signature``.
+    """
+
+    origin: str
+    seq: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class MergeReport:
     """What one merge did.
 
@@ -160,12 +203,15 @@ class MergeReport:
         duplicates: records already held (ignored).
         added: observations added to the graph.
         removed: observations retracted from the graph.
+        refused: records left out for a missing or bad signature (only when the shard
+            checks signatures).
     """
 
     accepted: int
     duplicates: int
     added: int
     removed: int
+    refused: tuple[RefusedRecord, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +244,7 @@ class ShardStats:
         digest: the anti-entropy digest's top hash, hex.
         journal_bytes: size of the journal file.
         data_dir: where the shard lives.
+        write_failures: journal writes that failed (a full disk...) since it was opened.
     """
 
     observations: int
@@ -207,6 +254,7 @@ class ShardStats:
     digest: str
     journal_bytes: int
     data_dir: str
+    write_failures: int = 0
 
 
 # --- journal ----------------------------------------------------------------------------
@@ -218,6 +266,12 @@ class _Journal:
     def __init__(self, path: pathlib.Path, *, fsync: bool) -> None:
         self.path = path
         self._fsync = fsync
+        #: Failed appends since the journal was opened.
+        self.failures = 0
+        # A failed append whose partial frame could not be cut off yet: the next append
+        # cuts it first (the file must end at ``end``: offsets are computed from it).
+        self._torn = False
+        self._failing = False
         created = not path.exists()
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         if created:
@@ -274,13 +328,47 @@ class _Journal:
             parts.append(payload)
             pos += _FRAME.size + len(payload)
         buf = memoryview(b"".join(parts))
-        while buf:
-            written = os.write(self._fd, buf)
-            buf = buf[written:]
-        if self._fsync:
-            os.fdatasync(self._fd)
+        try:
+            if self._torn:
+                self._cut()
+            while buf:
+                written = os.write(self._fd, buf)
+                buf = buf[written:]
+            if self._fsync:
+                os.fdatasync(self._fd)
+        except OSError as exc:
+            raise self._failed(exc) from None
+        if self._failing:
+            self._failing = False
+            log.warning("knowledge journal %s: writing again (%s bytes free)", self.path,
+                        _free_bytes(self.path))
         self.end = pos
         return offsets
+
+    def _cut(self) -> None:
+        """Cut the file back to the end of the last good frame."""
+        os.ftruncate(self._fd, self.end)
+        self._torn = False
+
+    def _failed(self, exc: OSError) -> StorageError:
+        """Undo a failed append (cut what it wrote) and describe the failure."""
+        self.failures += 1
+        self._torn = True
+        with contextlib.suppress(OSError):  # if even this fails, the next append retries
+            self._cut()
+        free = _free_bytes(self.path)
+        if not self._failing:
+            self._failing = True
+            log.error("knowledge journal %s: write failed (%s); %s bytes free on its file "
+                      "system; nothing was stored, and the shard retries with its next write",
+                      self.path, exc.strerror or exc, free)
+        return StorageError(
+            f"cannot store the record: writing {self.path} failed ({exc.strerror or exc}; "
+            f"{free if free is not None else 'unknown'} bytes free). Nothing was kept: free "
+            "some space on that file system and write it again (the node retries by itself "
+            "for records from its peers)",
+            path=str(self.path), free_bytes=free, errno_=exc.errno,
+        )
 
     def read(self, offset: int) -> bytes:
         """The payload of the frame at ``offset``."""
@@ -295,6 +383,15 @@ class _Journal:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _free_bytes(path: pathlib.Path) -> int | None:
+    """Bytes available to this user on the file system holding ``path``."""
+    try:
+        st = os.statvfs(path.parent)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _fsync_dir(path: pathlib.Path) -> None:
@@ -383,9 +480,10 @@ class _Applier:
 
     def __init__(
         self, write: Callable[[_StoreTask], None], *, max_pending: int = 16384,
-        max_join: int = 32768,
+        max_join: int = 32768, recover: Callable[[], None] | None = None,
     ) -> None:
         self._write = write
+        self._recover = recover
         self._max_pending = max_pending
         self._max_join = max_join
         self._pending = 0
@@ -400,26 +498,41 @@ class _Applier:
 
     def submit(self, task: _StoreTask) -> None:
         with self._cond:
-            self._raise_error()
+            if self._error is not None:
+                if self._recover is not None:
+                    return  # the store is rebuilt from the journal, which holds this batch
+                self._raise_error()
             while self._queue and self._pending + len(task.add) > self._max_pending:
                 self._cond.wait()
             self._queue.append(task)
             self._pending += len(task.add)
             self._cond.notify_all()
 
-    def drain(self) -> None:
-        """Wait until every submitted batch is in the store."""
+    def drain(self, recovery_timeout: float = 0.0) -> None:
+        """Wait until every submitted batch is in the store.
+
+        Args:
+            recovery_timeout: how long to wait for a failed store to be recovered (never
+                wait for that while holding the shard's lock: recovery needs it).
+
+        Raises:
+            KnowledgeError: the store failed (and, if it can, is being recovered).
+        """
+        deadline = time.monotonic() + recovery_timeout
         with self._cond:
-            while self._queue or self._busy:
-                self._cond.wait()
+            while (self._queue or self._busy) and (
+                    self._error is None or time.monotonic() < deadline):
+                self._cond.wait(None if self._error is None
+                                else max(0.0, deadline - time.monotonic()))
             self._raise_error()
 
     def _raise_error(self) -> None:
         if self._error is not None:
-            raise KnowledgeError(
-                f"the Oxigraph store failed ({self._error}); the records are safe in the "
-                "journal and are applied again when the shard is reopened"
-            )
+            then = ("the shard reopens the store and applies them again by itself once it "
+                    "can write (a full disk: free some space)" if self._recover is not None
+                    else "they are applied again when the shard is reopened")
+            raise KnowledgeError(f"{self._error}; the records are safe in the journal, and "
+                                 f"{then}")
 
     def _run(self) -> None:
         while True:
@@ -440,16 +553,57 @@ class _Applier:
                                       more.new_mark, task.old_marks)
                 self._busy = True
                 self._cond.notify_all()
+            failed = False
             try:
                 if self._error is None:
                     self._write(task)
-            except BaseException as exc:  # kept and raised to the next caller
-                log.error("shard store write failed: %s", exc)
-                self._error = exc
-            finally:
+            except Exception as exc:  # kept (as text) and raised to the next caller
+                # Only the words, here and in the log: the exception's frames would keep
+                # the failed store object alive (a log handler may keep its records), and
+                # with it RocksDB's lock on the directory, so it could not be reopened.
+                text = str(exc)
+                log.error("shard store write failed: %s", text)
+                failed = True
                 with self._cond:
-                    self._busy = False
+                    self._error = KnowledgeError(text)
+                    # What waits is in the journal: recovery applies it from there.
+                    self._queue.clear()
+                    self._pending = 0
                     self._cond.notify_all()
+            del task
+            if failed:
+                self._heal()
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def _heal(self) -> None:
+        """Retry ``recover`` with a growing pause until it works or the shard closes.
+
+        RocksDB refuses every write after one failed (a full disk, say) until the store
+        is opened again, so waiting for space alone does not help.
+        """
+        if self._recover is None:
+            return
+        delay = 0.25
+        while True:
+            with self._cond:
+                if not self._stopping:
+                    self._cond.wait(delay)  # close() wakes it at once
+                if self._stopping:
+                    return
+            try:
+                self._recover()
+            except Exception as exc:
+                log.debug("shard store not recovered yet: %s", str(exc))
+                delay = min(delay * 2, 5.0)
+                continue
+            with self._cond:
+                self._error = None
+                self._cond.notify_all()
+            log.warning("shard store recovered: the records kept in the journal meanwhile "
+                        "are in the store again")
+            return
 
     def close(self) -> None:
         with self._cond:
@@ -508,7 +662,7 @@ class Shard:
                     "its shard when it first starts)"
                 )
             self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._dir_lock = DirLock(self.data_dir, filename="shard.lock",
+        self._dir_lock = DirLock(self.data_dir, filename=SHARD_LOCK,
                                  what="the knowledge shard in", error=KnowledgeError)
         journal: _Journal | None = None
         try:
@@ -528,7 +682,9 @@ class Shard:
             self._checkpoint_gen = -1
             self._checkpoint_dir: pathlib.Path | None = None
             self._replay()
-            self._applier = _Applier(self._write_store)
+            self._sign: SignRecord | None = None
+            self._verify: VerifyRecord | None = None
+            self._applier = _Applier(self._write_store, recover=self._reopen_store)
             self._engine = QueryEngine(self._store, checkpoint=self._checkpoint)
             self._graph: rdflib.Graph | None = None
         except BaseException:
@@ -609,7 +765,88 @@ class Shard:
                  self.data_dir, len(adds) + len(removes))
         self._write_store(_StoreTask(list(adds.values()), removes, self._journal.end, marks))
 
+    def _reopen_store(self) -> None:
+        """Open the store again and apply what the journal holds past its watermark.
+
+        Runs on the applier's thread after a failed store write. Queries that still hold
+        the old store keep its directory locked; then this fails and is retried.
+
+        Raises:
+            OSError: the store cannot be opened or written yet.
+        """
+        # Not a blocking acquire: close() holds the lock while it waits for this thread.
+        if not self._lock.acquire(timeout=1.0):
+            raise OSError("the shard is busy; trying again")
+        try:
+            if self._closed:
+                return
+            self._release_store()
+            try:
+                self._store = ox.Store(str(self.data_dir / "oxigraph"))
+            except OSError:
+                self._store = ox.Store()  # empty, in memory, until the next attempt
+                raise
+            finally:
+                self._engine = QueryEngine(self._store, checkpoint=self._checkpoint)
+            self._replay()
+        finally:
+            self._lock.release()
+
     # -- writing --
+
+    def use_signatures(self, *, sign: SignRecord | None, verify: VerifyRecord | None) -> None:
+        """Sign this agent's records with ``sign`` and check everyone's with ``verify``.
+
+        A secured node calls it before it merges anything (see the module docstring).
+
+        Args:
+            sign: signs ``record_signing_bytes(record)``; ``None`` writes unsigned records.
+            verify: checks a record's signature (``None`` when good, else the reason);
+                ``None`` accepts records as they come.
+        """
+        with self._lock:
+            self._sign = sign
+            self._verify = verify
+
+    @property
+    def checks_signatures(self) -> bool:
+        """Whether every record merged must carry its author's good signature."""
+        return self._verify is not None
+
+    @property
+    def write_failures(self) -> int:
+        """Journal writes that failed since the shard was opened (a full disk...)."""
+        return self._journal.failures
+
+    def _signed(self, record: Record) -> Record:
+        if self._sign is None:
+            return record
+        return Record(record.origin, record.seq, record.body,
+                      sig=self._sign(record_signing_bytes(record)))
+
+    def _verified(self, records: Sequence[Record]
+                  ) -> tuple[Sequence[Record], tuple[RefusedRecord, ...]]:
+        """The records whose signatures prove their authors, and those refused.
+
+        A record already held at its slot with the same content was checked when it was
+        stored (or written here), so it is not checked again: a catch-up that repeats
+        what is held costs no signature checks.
+        """
+        verify, state = self._verify, self._state
+        if verify is None:
+            return records, ()
+        kept: list[Record] = []
+        refused: list[RefusedRecord] = []
+        for record in records:
+            if state.holds_record(record.origin, record.seq, record.key):
+                kept.append(record)
+                continue
+            reason = verify(record.origin, record_signing_bytes(record), record.sig)
+            if reason is None:
+                kept.append(record)
+            else:
+                refused.append(RefusedRecord(record.origin, record.seq, reason))
+        return (records if not refused else kept), tuple(refused)
 
     def _write_store(self, task: _StoreTask) -> None:
         """Apply graph changes, then move the watermark to ``task.new_mark``.
@@ -637,24 +874,25 @@ class Shard:
                 if old != task.new_mark:
                     store.remove(_watermark_quad(old))
         except (OSError, SyntaxError) as exc:
-            raise KnowledgeError(
-                f"the Oxigraph store failed ({exc}); the records are safe in the journal and "
-                "are applied again when the shard is reopened"
-            ) from None
+            raise KnowledgeError(f"the Oxigraph store failed ({exc})") from None
         self._generation += 1
 
     def _commit(
         self, records: Sequence[Record], *, after: Mapping[str, int] | None = None
     ) -> MergeReport:
         self._check_open()
+        records, refused = self._verified(records)
         plan: MergePlan = self._state.plan(records, after=after)
         if not plan.accepted:
-            return MergeReport(0, plan.duplicates, 0, 0)
+            return MergeReport(0, plan.duplicates, 0, 0, refused)
         old_mark = self._journal.end
+        # A failed write raises StorageError here, before the state changes: nothing of
+        # the batch counts as held, and pulls or a catch-up bring it again later.
         offsets = self._journal.append([encode_record(r) for r in plan.accepted])
         self._state.apply(plan, offsets)
         self._applier.submit(_StoreTask(plan.add, plan.remove, self._journal.end, (old_mark,)))
-        return MergeReport(len(plan.accepted), plan.duplicates, len(plan.add), len(plan.remove))
+        return MergeReport(len(plan.accepted), plan.duplicates, len(plan.add), len(plan.remove),
+                           refused)
 
     def _own(self) -> str:
         if self.agent is None:
@@ -681,16 +919,19 @@ class Shard:
             generated_at: canonical UTC timestamp; default now.
 
         Returns:
-            The record (to broadcast as ``Records((record,))``).
+            The record (to broadcast as ``Records((record,))``), signed when the shard
+            has a signer.
 
         Raises:
             KnowledgeError: a field is invalid, or the shard has no agent.
+            StorageError: the journal could not be written (a full disk): the record was
+                not kept and its sequence number stays free.
         """
         agent = self._own()
         obs = Observation(about, finding, agent, generated_at or format_timestamp(time.time()),
                           context, severity)
         with self._lock:
-            record = Record(agent, self._state.next_seq(agent), obs)
+            record = self._signed(Record(agent, self._state.next_seq(agent), obs))
             self._commit([record])
         return record
 
@@ -705,6 +946,7 @@ class Shard:
 
         Raises:
             KnowledgeError: no such observation here, or it is already retracted.
+            StorageError: the journal could not be written (a full disk).
         """
         agent = self._own()
         target = (observation if isinstance(observation, bytes)
@@ -722,8 +964,8 @@ class Shard:
                     f"no observation {observation_iri(target)} in this shard; find its id "
                     "with a query such as SELECT ?obs WHERE {{ ?obs porter:about ?a }}"
                 )
-            record = Record(agent, self._state.next_seq(agent),
-                            Retraction(target, agent, format_timestamp(time.time())))
+            record = self._signed(Record(agent, self._state.next_seq(agent),
+                                         Retraction(target, agent, format_timestamp(time.time()))))
             self._commit([record])
         return record
 
@@ -737,11 +979,12 @@ class Shard:
             after: for a catch-up chunk, the version vector sent in the request.
 
         Returns:
-            What changed.
+            What changed, and which records were left out for their signatures.
 
         Raises:
             SyncError: the batch is refused as a whole (forged or conflicting records,
                 records outside what was asked); the shard is unchanged.
+            StorageError: the journal could not be written; the shard is unchanged.
         """
         if len(records) > MAX_RECORDS_PER_MESSAGE * 16:
             raise SyncError(f"a merge batch of {len(records)} records is too large; split it")
@@ -764,6 +1007,7 @@ class Shard:
 
         Raises:
             SyncError: the message is refused; the shard is unchanged.
+            StorageError: its records could not be written; the shard is unchanged.
         """
         with self._lock:
             self._check_open()
@@ -933,6 +1177,7 @@ class Shard:
             digest=self._state.digest().top.hex(),
             journal_bytes=self._journal.end,
             data_dir=str(self.data_dir),
+            write_failures=self._journal.failures,
         )
 
     def optimize(self) -> None:
@@ -972,6 +1217,28 @@ class Shard:
         self._check_open()
         self._applier.drain()
 
+    def wait_store(self, timeout: float) -> None:
+        """Like :meth:`sync`, but give a failed store up to ``timeout`` seconds to be
+        recovered (after a full disk was given space again).
+
+        Raises:
+            KnowledgeError: the shard is closed, or the store is still failing.
+        """
+        self._check_open()
+        self._applier.drain(timeout)
+
+    def _release_store(self) -> None:
+        """Let go of the store: the query engine's, the rdflib view's and our reference."""
+        self._engine.close()
+        if self._graph is not None:
+            # A caller may still hold the graph: point it at an empty store so that the
+            # RocksDB files are released, and make it refuse to answer.
+            view_store: Any = self._graph.store
+            view_store._store = ox.Store()
+            self._graph = None
+        del self._store
+        gc.collect()  # the RocksDB lock goes with the last reference to the store
+
     def close(self) -> None:
         """Stop the query worker, release the store and the directory lock."""
         with self._lock:
@@ -979,15 +1246,7 @@ class Shard:
                 return
             self._closed = True
             self._applier.close()
-            self._engine.close()
-            if self._graph is not None:
-                # A caller may still hold the graph: point it at an empty store so that the
-                # RocksDB files are released, and make it refuse to answer.
-                view_store: Any = self._graph.store
-                view_store._store = ox.Store()
-                self._graph = None
-            del self._store
-            gc.collect()  # the RocksDB lock goes with the last reference to the store
+            self._release_store()
             self._journal.close()
             shutil.rmtree(self.data_dir / "checkpoints", ignore_errors=True)
             self._dir_lock.release()

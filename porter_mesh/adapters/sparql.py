@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import itertools
 import logging
 import os
 import re
@@ -205,11 +206,15 @@ class CheckedQuery:
         form: SELECT, ASK, CONSTRUCT or DESCRIBE.
         streaming: ``True`` when it can run in process with per-row deadline checks;
             ``False`` when it must run isolated to be bounded.
+        star: for ``SELECT *``, its variables in the order they first appear in the
+            text: the engine lists them in an order of its own, and the columns follow
+            the query instead. ``None`` for any other projection.
     """
 
     text: str
     form: QueryForm
     streaming: bool
+    star: tuple[str, ...] | None = None
 
 
 def _refuse(text: str, token: _Token, reason: str, message: str) -> QueryError:
@@ -269,7 +274,50 @@ def check_query(text: str) -> CheckedQuery:
     if form is None:
         raise QueryError("SPARQL syntax error: no SELECT, ASK, CONSTRUCT or DESCRIBE found",
                          reason="syntax", position=(1, 1))
-    return CheckedQuery(text, form, _is_streaming(tokens))
+    return CheckedQuery(text, form, _is_streaming(tokens), _star_variables(tokens))
+
+
+def _star_variables(tokens: list[_Token]) -> tuple[str, ...] | None:
+    """The variables of a ``SELECT [DISTINCT|REDUCED] *`` in order of first appearance;
+    ``None`` when the query names its columns (or is no SELECT)."""
+    words = iter(tokens)
+    for token in words:
+        if token.kind == "word" and token.text.upper() == "SELECT":
+            break
+    else:
+        return None
+    after = next(words, None)
+    if after is not None and after.kind == "word" and after.text.upper() in ("DISTINCT",
+                                                                              "REDUCED"):
+        after = next(words, None)
+    if after is None or after.text != "*":
+        return None
+    return tuple(dict.fromkeys(t.text[1:] for t in tokens if t.kind == "var"))
+
+
+def _in_query_order(checked: CheckedQuery, variables: tuple[str, ...],
+                    rows: tuple[tuple[Any, ...], ...]
+                    ) -> tuple[tuple[str, ...], tuple[tuple[Any, ...], ...]]:
+    """The columns of a ``SELECT *`` result put in the query's order (see
+    :attr:`CheckedQuery.star`); any other result as it is."""
+    if checked.star is None or set(checked.star) != set(variables):
+        return variables, rows
+    index = [variables.index(name) for name in checked.star]
+    return checked.star, tuple(tuple(row[i] for i in index) for row in rows)
+
+
+def _undeclared_prefix(text: str, prefixes: Mapping[str, str]) -> str | None:
+    """The first prefix ``text`` uses that neither ``prefixes`` nor its own ``PREFIX``
+    declarations define, or None."""
+    tokens = _tokens(text)
+    declared = {nxt.text[:-1] for tok, nxt in itertools.pairwise(tokens)
+                if tok.kind == "word" and tok.text.upper() == "PREFIX" and nxt.kind == "pname"}
+    for token in tokens:
+        if token.kind == "pname":
+            name = token.text.split(":", 1)[0]
+            if name not in prefixes and name not in declared:
+                return name
+    return None
 
 
 # --- classification ---------------------------------------------------------------------
@@ -504,12 +552,21 @@ class QueryResult:
 _SYNTAX_RE: Final = re.compile(r"error at (\d+):(\d+): (.*)", re.DOTALL)
 
 
-def _syntax_error(exc: SyntaxError) -> QueryError:
+def _syntax_error(exc: SyntaxError, query: str,
+                  prefixes: Mapping[str, str] = PREFIXES) -> QueryError:
     text = str(exc)
     m = _SYNTAX_RE.match(text)
     if m is None:
         return QueryError(f"SPARQL syntax error: {text[:300]}", reason="syntax")
     line, col, detail = int(m.group(1)), int(m.group(2)), " ".join(m.group(3).split())
+    unknown = _undeclared_prefix(query, prefixes) if "Prefix not found" in detail else None
+    if unknown is not None:
+        # The parser lists every character it could have taken instead, which says
+        # nothing to a person: name the prefix and the declaration it needs.
+        return QueryError(
+            f"unknown prefix {unknown}: declare it with PREFIX {unknown}: <...> (line "
+            f"{line}, column {col}; predefined prefixes: {', '.join(PREFIXES)})",
+            reason="syntax", position=(line, col))
     if len(detail) > 160:
         detail = detail[:160] + "..."
     return QueryError(
@@ -539,7 +596,7 @@ def _parse_only(text: str, prefixes: Mapping[str, str]) -> None:
     try:
         _EMPTY_STORE.query(text, prefixes=dict(prefixes))
     except SyntaxError as exc:
-        raise _syntax_error(exc) from None
+        raise _syntax_error(exc, text, prefixes) from None
 
 
 def validate_query(text: str, *, row_limit: int = DEFAULT_ROW_LIMIT,
@@ -663,12 +720,13 @@ class QueryEngine:
             timed(0)
             form, variables, rows, boolean, truncated = _collect(result, row_limit, timed)
         except SyntaxError as exc:
-            raise _syntax_error(exc) from None
+            raise _syntax_error(exc, checked.text, prefixes) from None
         except QueryError:
             raise  # our own QueryTimeout is also an OSError (via TimeoutError)
         except OSError as exc:
             raise QueryError(f"the store failed while answering: {exc}", reason="store") from None
-        return QueryResult(form or checked.form, variables, tuple(rows), boolean, truncated,
+        columns, ordered = _in_query_order(checked, variables, tuple(rows))
+        return QueryResult(form or checked.form, columns, ordered, boolean, truncated,
                            row_limit, time.monotonic() - started, False)
 
     def _isolated(
@@ -717,12 +775,13 @@ class QueryEngine:
             self._lock.release()
         if not reply.get("ok"):
             if reply.get("syntax"):
-                raise _syntax_error(SyntaxError(reply.get("err", "")))
+                raise _syntax_error(SyntaxError(reply.get("err", "")), checked.text, prefixes)
             raise QueryError(f"query failed: {reply.get('err')}", reason="store")
         rows = tuple(tuple(_term_in(v) for v in row) for row in reply["rows"])
         boolean = reply.get("bool")
         form = QueryForm.ASK if boolean is not None else checked.form
-        return QueryResult(form, tuple(reply["vars"]), rows, boolean, bool(reply["cut"]),
+        columns, ordered = _in_query_order(checked, tuple(reply["vars"]), rows)
+        return QueryResult(form, columns, ordered, boolean, bool(reply["cut"]),
                            row_limit, time.monotonic() - started, True)
 
     def stop_worker(self) -> None:

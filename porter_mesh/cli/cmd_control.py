@@ -37,7 +37,7 @@ def main(args: argparse.Namespace) -> int:
                 await wait_for_peers(node, [args.to] if args.to else 1, args.wait)
                 await node.wait_for_subscribers(C.CHANNEL_CONTROL, len(node.peers()), args.wait)
             except TimeoutError as exc:
-                print(f"porter-mesh: {exc}", file=sys.stderr)
+                print(f"porter-mesh control: {exc}", file=sys.stderr)
                 return 1
             node.async_control(args.kind, target=args.to)
             reached = sorted(node.subscribers(C.CHANNEL_CONTROL))

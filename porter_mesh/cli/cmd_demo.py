@@ -8,6 +8,7 @@ import pathlib
 import sys
 from typing import Any
 
+from porter_mesh.cli.common import mesh_name
 from porter_mesh.errors import PorterError
 
 
@@ -29,6 +30,9 @@ def register(sub: Any) -> None:
                         help="the dashboard's HTTP port with --ui (default: a free one)")
     parser.add_argument("--team", type=pathlib.Path, metavar="TEAM.toml",
                         help="the team to run (default: examples/demo-team.toml)")
+    parser.add_argument("--mesh", type=mesh_name, metavar="NAME",
+                        help="the mesh to run on (default: the team file's mesh name with "
+                        "this process's pid, a mesh of its own for every run)")
     parser.set_defaults(func=main)
 
 
@@ -43,7 +47,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(run_demo(args.out.resolve(), timeout=args.timeout,
                                     secure=args.secure, ui=args.ui,
-                                    ui_port=args.ui_port, team_file=args.team))
+                                    ui_port=args.ui_port, team_file=args.team,
+                                    mesh=args.mesh))
     except KeyboardInterrupt:
         return 130
     except PorterError as exc:

@@ -18,8 +18,9 @@ from typing import Any
 import orjson
 
 from porter_mesh.adapters.shard import Shard
+from porter_mesh.cli.common import mesh_name
 from porter_mesh.core import constants as C
-from porter_mesh.errors import ConfigError, PorterError
+from porter_mesh.errors import ConfigError
 from porter_mesh.node.config import default_data_dir, knowledge_dir
 
 
@@ -46,7 +47,8 @@ def add_shard_options(parser: argparse.ArgumentParser) -> None:
     """``--data-dir``, ``--mesh`` and ``--agent``: which shard to open."""
     parser.add_argument("--data-dir", metavar="DIR", type=pathlib.Path,
                         help="the node's data directory (default: found from --mesh/--agent)")
-    parser.add_argument("--mesh", default=os.environ.get("PORTER_MESH", C.DEFAULT_MESH),
+    parser.add_argument("--mesh", type=mesh_name,
+                        default=os.environ.get("PORTER_MESH", C.DEFAULT_MESH),
                         help="mesh name (default: $PORTER_MESH or %(default)s)")
     parser.add_argument("--agent", default=os.environ.get("PORTER_MESH_AGENT"),
                         help="agent whose shard to open (default: $PORTER_MESH_AGENT)")
@@ -77,12 +79,10 @@ def open_shard(args: argparse.Namespace) -> Shard:
 
 
 def export_main(args: argparse.Namespace) -> int:
-    try:
-        with open_shard(args) as shard:
-            data = shard.export(args.format)
-    except PorterError as exc:
-        print(f"porter-mesh: {exc}", file=sys.stderr)
-        return 1
+    # Errors go to the entry point's report_error: "porter-mesh kg: ...", status 2 for
+    # options to fix (no shard named), 1 for a shard that cannot be read.
+    with open_shard(args) as shard:
+        data = shard.export(args.format)
     if args.output:
         pathlib.Path(args.output).write_bytes(data)
     else:
@@ -92,13 +92,9 @@ def export_main(args: argparse.Namespace) -> int:
 
 
 def stats_main(args: argparse.Namespace) -> int:
-    try:
-        with open_shard(args) as shard:
-            stats = shard.stats()
-            agent = shard.agent
-    except PorterError as exc:
-        print(f"porter-mesh: {exc}", file=sys.stderr)
-        return 1
+    with open_shard(args) as shard:
+        stats = shard.stats()
+        agent = shard.agent
     if args.json:
         row = {"agent": agent, "observations": stats.observations,
                "observation_records": stats.observation_records,

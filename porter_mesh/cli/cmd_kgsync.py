@@ -118,8 +118,10 @@ async def online_replica(args: argparse.Namespace, *,
             await node.astart()
             yield knowledge
         finally:
-            await knowledge.aclose()
+            # The node first: a peer's sync that arrives while the replica closes would
+            # be refused (and logged) for nothing.
             await node.aclose()
+            await knowledge.aclose()
 
 
 async def find_replica(knowledge: Knowledge, wait: float) -> list[str]:

@@ -17,14 +17,14 @@ import sys
 from typing import Any
 
 from porter_mesh.cli.common import (
-    add_data_options,
     add_mesh_options,
     agent_name,
     count,
-    data_dir_of,
+    install_command,
     node_config,
     seconds,
 )
+from porter_mesh.entrypoint import add_data_options, data_dir_of
 from porter_mesh.gateways.mcp.mesh import DEFAULT_RECENT, DEFAULT_SETTLE, GatewayAgent
 from porter_mesh.tools.schemas import ROLE_TOOLS
 
@@ -83,10 +83,12 @@ class _StdoutToStderr:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        from porter_mesh.gateways.mcp.server import McpGateway
+        from porter_mesh.gateways.mcp.server import McpGateway, seal_descriptors
     except ImportError as exc:
-        return _usage(f"the MCP SDK is missing ({exc}); install it with: pip install "
-                      "'porter-mesh[mcp]'")
+        return _usage(f"the MCP SDK is missing ({exc}); install it with: "
+                      f"{install_command('mcp')}")
+    # Before anything is started: no command may open the JSON-RPC pipes through /proc.
+    seal_descriptors()
     if args.recent < 1:
         return _usage("--recent must be at least 1")
     workspace: pathlib.Path | None = None

@@ -17,14 +17,13 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from porter_mesh.cli.common import (
-    add_data_options,
     add_mesh_options,
-    data_dir_of,
     node_config,
     peer_event_line,
     run,
 )
 from porter_mesh.core.peers import PeerEvent
+from porter_mesh.entrypoint import add_data_options, data_dir_of
 from porter_mesh.node.config import knowledge_dir
 from porter_mesh.node.node import Node
 
@@ -88,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
             # Without an inbox the handler is what takes direct messages (a node with
             # no consumer acknowledges none), so a bare node has one even when quiet.
             if args.print_messages:
-                from porter_mesh.cli.cmd_tail import message_json
+                from porter_mesh.node.transcript import message_json
 
                 node.add_handler(lambda m: print(message_json(m), flush=True))
             else:

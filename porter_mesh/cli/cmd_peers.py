@@ -72,6 +72,9 @@ def main(args: argparse.Namespace) -> int:
             view = views.get(row["name"])
             if isinstance(view, dict):
                 row["lost"], row["dropped"] = view.get("lost"), view.get("dropped")
+                storage = view.get("storage")
+                if isinstance(storage, dict):
+                    row["storage"] = storage.get("state")
         if args.json:
             for row in rows:
                 print(orjson.dumps(row).decode())
@@ -87,6 +90,10 @@ def main(args: argparse.Namespace) -> int:
                   f"{'yes' if r['draining'] else 'no':5} {r['address']:22} "
                   f"{r['last_heard']:>6.1f}s {_count(r['lost']):>6} {_count(r['dropped']):>7} "
                   f"{r['incarnation']}{skew}")
+        for r in rows:
+            if r.get("storage") == "full":
+                print(f"{r['name']}: storage full, direct messages to it are refused until "
+                      f"it has space again ('porter-mesh stats {r['name']}' says where)")
         return 0
 
     return run(body)

@@ -74,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         validate_query(args.sparql, row_limit=args.limit, deadline=args.timeout)
     except PorterError as exc:  # QueryError messages carry the reason and the position
-        print(f"porter-mesh: {exc}", file=sys.stderr)
+        print(f"porter-mesh recall: {exc}", file=sys.stderr)
         return 2
     refused = refuse_negative(args, *SECONDS_OPTIONS)
     if refused is not None:
@@ -85,7 +85,7 @@ def main(args: argparse.Namespace) -> int:
         with open_shard(args) as shard:
             result = shard.query(args.sparql, row_limit=args.limit, deadline=args.timeout)
     except PorterError as exc:  # past the deadline, no shard there, in use...
-        print(f"porter-mesh: {exc}", file=sys.stderr)
+        print(f"porter-mesh recall: {exc}", file=sys.stderr)
         return 1
     _print(args, result)
     return 0
@@ -132,7 +132,7 @@ def write_csv(result: QueryResult) -> None:
     for row in result.rows:
         writer.writerow([term_text(t) for t in row])
     if result.truncated:
-        print(f"porter-mesh: result cut at the row limit of {result.row_limit} rows; "
+        print(f"porter-mesh recall: result cut at the row limit of {result.row_limit} rows; "
               "raise it with --limit", file=sys.stderr)
 
 

@@ -120,7 +120,7 @@ def main(args: argparse.Namespace) -> int:
         Observation(args.about, args.finding, C.HUMAN_AGENT, format_timestamp(time.time()),
                     args.context, args.severity)
     except (ActivityError, KnowledgeError) as exc:
-        print(f"porter-mesh: {exc}", file=sys.stderr)
+        print(f"porter-mesh remember: {exc}", file=sys.stderr)
         return 2
     refused = refuse_negative(args, *SECONDS_OPTIONS)
     if refused is not None:
@@ -134,7 +134,7 @@ def main(args: argparse.Namespace) -> int:
                 await knowledge.node.wait_for_subscribers(C.CHANNEL_CONTROL, len(peers),
                                                           args.wait)
             except TimeoutError as exc:  # the confirmation below rebroadcasts anyway
-                print(f"porter-mesh: warning: {exc}", file=sys.stderr)
+                print(f"porter-mesh remember: warning: {exc}", file=sys.stderr)
             record = knowledge.async_remember(activity)
             holder = await confirm(knowledge, record, args.timeout,
                                    kept=args.data_dir is not None)

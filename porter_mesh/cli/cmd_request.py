@@ -25,7 +25,6 @@ import time
 from typing import Any
 
 from porter_mesh.cli.cmd_send import add_message_arguments, prepare
-from porter_mesh.cli.cmd_tail import message_json, message_line
 from porter_mesh.cli.common import count, run, seat_config, seconds
 from porter_mesh.cli.seat import deliver
 from porter_mesh.core import constants as C
@@ -33,6 +32,7 @@ from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.lifecycle import Status, TaskRecord, follow
 from porter_mesh.node.node import Message, Node
+from porter_mesh.node.transcript import message_json, message_line
 
 
 def register(sub: Any) -> None:

@@ -13,8 +13,10 @@ import orjson
 
 from porter_mesh.cli.cmd_validate import read_input, unwrap_message
 from porter_mesh.cli.common import (
+    add_any_channel_option,
     add_mesh_options,
     channel_name,
+    check_profile_channel,
     count,
     own_seat,
     run,
@@ -47,6 +49,7 @@ def add_message_arguments(parser: argparse.ArgumentParser) -> None:
                         "gets a new one, printed)")
     parser.add_argument("--wait", type=seconds, default=5.0, metavar="SECONDS",
                         help="how long to look for the recipients (default %(default)s)")
+    add_any_channel_option(parser)
     add_mesh_options(parser)
 
 
@@ -129,9 +132,12 @@ def prepare(args: argparse.Namespace) -> Activity:
     """The activity ``send``/``request`` sends; an Offer without a context gets one.
 
     Raises:
-        ConfigError: TEXT and ``--json`` are both given or both missing, or the activity
-            is invalid.
+        ConfigError: TEXT and ``--json`` are both given or both missing, the activity
+            is invalid, or the channel is not the profile's and ``--any-channel`` was not
+            given.
     """
+    if not args.any_channel:
+        check_profile_channel(args.channel)
     source = getattr(args, "json_in", None)
     if (args.text is None) == (source is None):
         raise ConfigError("give TEXT or --json FILE|- (one of them)")

@@ -23,6 +23,7 @@ from porter_mesh.cli.common import (
     add_mesh_options,
     ephemeral_name,
     node_config,
+    quiet_node_logs,
     refuse_negative,
     run,
 )
@@ -60,6 +61,7 @@ def add_asking_options(parser: argparse.ArgumentParser, *, wait: float) -> None:
 
 def observer_config(args: argparse.Namespace, prefix: str) -> Any:
     """An observer's config: on no roster, announced nowhere (``peers``, ``stats``)."""
+    quiet_node_logs(args)
     return node_config(args, name=ephemeral_name(prefix), role="observer", observer=True,
                        channels=(), inbox_size=0)
 
@@ -97,6 +99,18 @@ def format_brain(brain: dict[str, Any]) -> str:
             f"{brain.get('errors', 0)} error(s), {brain.get('retries', 0)} retry(ies)")
 
 
+def format_storage(storage: dict[str, Any]) -> str:
+    """The ``storage`` section of a view (the delivery journal) as one line."""
+    refused = storage.get("refused", 0)
+    if storage.get("state") == "full":
+        return (f"storage    full: cannot write {storage.get('path')} "
+                f"({storage.get('free_bytes')} bytes free); {refused} direct message(s) "
+                "refused so far (their senders retry): free space there")
+    return (f"storage    ok, journal {storage.get('size')} bytes"
+            + (f", {refused} direct message(s) refused earlier for want of space"
+               if refused else ""))
+
+
 def format_view(view: dict[str, Any]) -> str:
     """A view as lines for people."""
     kg = view.get("knowledge")
@@ -115,6 +129,9 @@ def format_view(view: dict[str, Any]) -> str:
         f"loss       {view.get('lost')} broadcast(s) lost, {view.get('dropped')} "
         "message(s) dropped",
     ]
+    storage = view.get("storage")
+    if isinstance(storage, dict):
+        lines.append(format_storage(storage))
     brain = view.get("agent")
     if isinstance(brain, dict):
         lines.append(format_brain(brain))
@@ -148,7 +165,7 @@ def main(args: argparse.Namespace) -> int:
             if isinstance(view, BaseException):
                 why = (f"no answer within {args.timeout}s" if isinstance(view, TimeoutError)
                        else str(view))
-                print(f"porter-mesh: {name}: {why}", file=sys.stderr)
+                print(f"porter-mesh stats: {name}: {why}", file=sys.stderr)
                 status = 1
             elif args.json:
                 print(orjson.dumps(view).decode())

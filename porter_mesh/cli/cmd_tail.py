@@ -5,24 +5,23 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from typing import Any
 
-import orjson
-
 from porter_mesh.cli.common import (
+    add_any_channel_option,
     add_mesh_options,
     agent_name,
+    check_profile_channel,
     count,
     node_config,
     peer_event_line,
     run,
 )
 from porter_mesh.core import constants as C
-from porter_mesh.core.hlc import hlc_physical_ms
 from porter_mesh.core.peers import PeerEvent, PeerEventKind
 from porter_mesh.node.config import ENV_KEY
-from porter_mesh.node.node import Message, Node
+from porter_mesh.node.node import Node
+from porter_mesh.node.transcript import message_json, message_line
 
 
 def register(sub: Any) -> None:
@@ -36,44 +35,16 @@ def register(sub: Any) -> None:
     parser.add_argument("--name", type=agent_name,
                         help="this watcher's name on the mesh (default porter-tail-<pid>; "
                         "on a secured mesh, the name its key is bound to)")
+    add_any_channel_option(parser)
     add_mesh_options(parser)
     parser.set_defaults(func=main)
 
 
-def sent_at(msg: Message) -> float:
-    """When the sender sent ``msg``, in Unix seconds (the physical part of its HLC)."""
-    return hlc_physical_ms(msg.envelope.hlc) / 1000
-
-
-def message_json(msg: Message) -> str:
-    """A message as one JSON line: time, channel, sender, envelope fields, activity."""
-    env = msg.envelope
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sent_at(msg)))
-    return orjson.dumps({
-        "time": f"{stamp}.{hlc_physical_ms(env.hlc) % 1000:03d}Z",
-        "channel": msg.channel, "sender": msg.sender, "seq": msg.seq, "direct": msg.direct,
-        "envelope": {"version": env.version, "msg_id": env.msg_id, "incarnation": env.incarnation,
-                     "hlc": env.hlc, "recipient": env.recipient, "ref": env.ref,
-                     "count": env.count},
-        "activity": msg.activity.to_dict(),
-    }).decode()
-
-
-def message_line(msg: Message) -> str:
-    """A message for people: local time, channel, sender, type, [context] summary."""
-    act = msg.activity
-    summary = act.summary or ""
-    if not summary and isinstance(act.object, str):
-        summary = act.object
-    context = f" [{act.context}]" if act.context else ""
-    ms = hlc_physical_ms(msg.envelope.hlc) % 1000
-    clock = time.strftime("%H:%M:%S", time.localtime(sent_at(msg)))
-    return (f"{clock}.{ms:03d} {msg.channel:<16} {msg.sender:<16} {act.type:<9}{context} "
-            f"{summary}")
-
-
 def main(args: argparse.Namespace) -> int:
     wanted = list(args.channels) or [C.CHANNEL_LOG, C.CHANNEL_TASK, C.CHANNEL_REVIEW, "task:"]
+    if not args.any_channel:
+        for channel in wanted:  # a misspelt channel would be watched in silence forever
+            check_profile_channel(channel, allowed=(C.CHANNEL_CONTROL,))
     watch_direct = "task:" in wanted
     channels = tuple(c for c in wanted if c != "task:")
     # A watcher announces itself, so that 'send' knows it and waits for it to subscribe

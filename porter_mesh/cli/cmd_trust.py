@@ -60,7 +60,9 @@ def main(args: argparse.Namespace) -> int:
             store = TrustStore(directory)
             store.refresh()
             for name in sorted(store.names):
-                print(f"{name:<24} {store.key_for(name)}")
+                signs = "signs records" if store.signing_key_for(name) else (
+                    "no signing key: its records are refused (keygen --add-signing-key)")
+                print(f"{name:<24} {store.key_for(name)}  {signs}")
             if not store.names:
                 print(f"(no trusted keys in {directory})", file=sys.stderr)
             return 0

@@ -9,13 +9,14 @@ import re
 import sys
 from typing import Any
 
-from porter_mesh.adapters.shard import Shard
+from porter_mesh.adapters.dirlock import lock_holder
+from porter_mesh.adapters.shard import SHARD_LOCK, Shard
 from porter_mesh.cli.common import add_mesh_options, node_config, run
 from porter_mesh.core import constants as C
 from porter_mesh.errors import ConfigError, KnowledgeError, SecurityError
 from porter_mesh.gateways.ui.server import Dashboard, new_token
 from porter_mesh.gateways.ui.state import DEFAULT_HISTORY, MessageLog
-from porter_mesh.node.config import default_data_dir
+from porter_mesh.node.config import default_data_dir, knowledge_dir
 from porter_mesh.node.knowledge import Knowledge
 from porter_mesh.node.node import Node
 
@@ -70,11 +71,17 @@ def main(args: argparse.Namespace) -> int:
         except OSError as exc:
             return _usage(f"cannot open the message log in {data_dir / 'ui'}: {exc}")
         try:
-            shard = Shard(data_dir / "knowledge", agent=C.HUMAN_AGENT)
+            shard = Shard(knowledge_dir(data_dir), agent=C.HUMAN_AGENT)
         except KnowledgeError as exc:
             log.close()
-            return _usage(f"{exc} (is another porter-mesh ui running on {data_dir}? give "
-                          "it another --data-dir)")
+            holder = lock_holder(knowledge_dir(data_dir), filename=SHARD_LOCK)
+            if holder is None:
+                return _usage(str(exc))
+            # Another --data-dir would not help: the dashboard's node is named porter-ui,
+            # and a name is one node's per mesh.
+            return _usage(f"another porter-mesh ui (pid {holder}) already serves mesh "
+                          f"{args.mesh!r} from {data_dir}: open the address it printed, "
+                          f"stop it (kill {holder}), or run this one on another --mesh")
         node = Node(config)
         knowledge = Knowledge(node, shard)
         dashboard = Dashboard(node, log, token=token, knowledge=knowledge,

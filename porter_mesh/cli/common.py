@@ -5,7 +5,7 @@ that names the problem and the fix, and exit status 2; never a traceback. The ch
 that need no mesh run while the arguments are parsed (:class:`CliParser` and the
 ``type=`` functions here), so a command that would join a mesh refuses bad values before
 it joins. What only the mesh can tell (nobody answered, the recipient is unknown) is exit
-status 1. :data:`EXIT_CODES` is the table ``porter-mesh --help`` prints.
+status 1. :data:`~porter_mesh.entrypoint.EXIT_CODES` is the table ``porter-mesh --help`` prints.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import logging
 import math
 import os
 import pathlib
@@ -25,21 +26,11 @@ from typing import Any, NoReturn, TypeVar
 from porter_mesh.core import constants as C
 from porter_mesh.core.advert import check_agent_name, check_mesh_name, seat_name
 from porter_mesh.core.peers import PeerEvent
-from porter_mesh.errors import ConfigError, PorterError, SecurityError
-from porter_mesh.node.config import NodeConfig, data_root, default_data_dir, split_seed
+from porter_mesh.entrypoint import EXIT_CODES, EXIT_INTERRUPTED
+from porter_mesh.errors import ConfigError
+from porter_mesh.node.config import NodeConfig, data_root, split_seed
 
 T = TypeVar("T")
-
-#: Exit statuses of every ``porter-mesh`` command.
-EXIT_CODES = (
-    (0, "done: sent and acknowledged, found, valid"),
-    (1, "the mesh said no or did not answer: a timeout, a recipient not found or not "
-        "reached, a Reject, an invalid activity"),
-    (2, "a mistake on the command line or in a file, or keys the mesh needs: fix the "
-        "value or make the keys the message names"),
-    (130, "interrupted (Ctrl-C)"),
-)
-
 
 def exit_code_table() -> str:
     """:data:`EXIT_CODES` as the text block of ``porter-mesh --help``."""
@@ -182,6 +173,33 @@ def node_config(args: argparse.Namespace, **settings: Any) -> NodeConfig:
     )
 
 
+#: The environment variable that sets the log level (DEBUG, INFO, WARNING, ERROR).
+ENV_LOG = "PORTER_MESH_LOG"
+
+
+def chosen_log_level(verbose: int) -> int | None:
+    """The log level the user asked for: ``-v`` INFO, ``-vv`` DEBUG, or ``$PORTER_MESH_LOG``
+    (the lower of the two); ``None`` when they asked for none."""
+    levels = [logging.WARNING - 10 * min(verbose, 2)] if verbose > 0 else []
+    named = os.environ.get(ENV_LOG, "").upper()
+    if named in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        levels.append(getattr(logging, named))
+    return min(levels) if levels else None
+
+
+def quiet_node_logs(args: argparse.Namespace) -> None:
+    """Keep a short-lived command's own node quiet unless the user asked for its logs.
+
+    The node of a one-shot command (a seat, a ``peers`` or ``stats`` observer) is a
+    means, not the result: what it meets on its way (a peer's late sync refused while the
+    command closes its throw-away replica, say) is no news for the person reading the
+    result. Its library logs show from ERROR up, unless ``-v`` or ``$PORTER_MESH_LOG``
+    chose a level (see :func:`chosen_log_level`).
+    """
+    if chosen_log_level(getattr(args, "verbose", 0)) is None:
+        logging.getLogger("porter_mesh").setLevel(logging.ERROR)
+
+
 @functools.cache
 def own_seat() -> str:
     """This process's seat name, ``porter-ui-<6 hex digits>``: chosen once, so that the
@@ -202,26 +220,9 @@ def seat_config(args: argparse.Namespace, **settings: Any) -> NodeConfig:
     compare knowledge digests with it.
     """
     settings.setdefault("channels", ())
+    quiet_node_logs(args)
     return node_config(args, name=own_seat(), role=C.ROLE_SEAT, advertise=False,
                        **settings)
-
-
-def add_data_options(parser: argparse.ArgumentParser) -> None:
-    """``--data-dir`` and ``--no-knowledge``, as ``node`` and ``agent`` take them."""
-    parser.add_argument("--data-dir", type=pathlib.Path, metavar="DIR",
-                        help="the node's data directory: knowledge shard, delivery journal "
-                        "(default: $PORTER_MESH_DATA/<mesh>/<name>, else the user data "
-                        "directory, e.g. ~/.local/share/porter-mesh/<mesh>/<name>)")
-    parser.add_argument("--no-knowledge", action="store_true",
-                        help="keep no knowledge shard (remember/recall then need another "
-                        "node that keeps one)")
-
-
-def data_dir_of(args: argparse.Namespace) -> pathlib.Path:
-    """The data directory the options name (``--data-dir`` or the default)."""
-    if args.data_dir is not None:
-        return pathlib.Path(args.data_dir)
-    return default_data_dir(args.mesh, args.name)
 
 
 def refuse_negative(args: argparse.Namespace, *options: str) -> int | None:
@@ -251,47 +252,58 @@ def names(items: Iterable[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
+
+
 def run(main: Callable[[], Awaitable[int]]) -> int:
     """Run ``main`` until it returns or SIGINT/SIGTERM arrives.
 
-    Errors are left to :func:`report_error` (the entry point calls it).
+    Returns:
+        ``main``'s status; :data:`EXIT_INTERRUPTED` when SIGINT (Ctrl-C) stopped it, so
+        that a script can tell an interrupted command from one that finished; 0 when
+        SIGTERM stopped it (the way a supervisor asks a long-running command to end).
+
+    Errors are left to :func:`~porter_mesh.entrypoint.report_error` (the entry point
+    calls it).
     """
+    stopped_by: list[signal.Signals] = []
 
     async def runner() -> int:
         loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(main())
+
+        def stop(sig: signal.Signals) -> None:
+            stopped_by.append(sig)
+            task.cancel()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
+            loop.add_signal_handler(sig, stop, sig)
         try:
             return await task
         except asyncio.CancelledError:
-            return 0
+            return EXIT_INTERRUPTED if signal.SIGINT in stopped_by[:1] else 0
 
     return asyncio.run(runner())
 
 
-def report_error(command: str | None, exc: BaseException) -> int:
-    """Print ``exc`` as the one line a user sees; returns the exit status.
+def install_command(extra: str) -> str:
+    """The command that installs the optional part ``extra`` (``mcp``...) where this
+    ``porter-mesh`` runs: with its own interpreter (so into its virtualenv, whatever
+    ``pip`` the shell finds first), and from the checkout when it runs from one (the
+    project is not taken from a package index then).
 
-    Settings the user gave (:class:`ConfigError`, keys and protected mode
-    (:class:`SecurityError`), paths the system refuses (:class:`OSError`)) are 2; what
-    the mesh did is 1. Anything else is a bug: one line too, and ``-vv`` shows more.
+    Args:
+        extra: the name of the extra in ``pyproject.toml``.
+
+    Returns:
+        One shell command line.
     """
-    prog = f"porter-mesh {command}" if command else "porter-mesh"
-    if isinstance(exc, ConfigError | SecurityError):
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
-    if isinstance(exc, PorterError):
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 1
-    if isinstance(exc, OSError):
-        where = f" {exc.filename}" if exc.filename else ""
-        print(f"{prog}: cannot use{where}: {exc.strerror or exc}; check the path and its "
-              "permissions", file=sys.stderr)
-        return 2
-    print(f"{prog}: internal error: {type(exc).__name__}: {exc} (please report it; "
-          "-vv shows where it happened)", file=sys.stderr)
-    return 1
+    import shlex
+
+    checkout = pathlib.Path(__file__).resolve().parents[2]
+    target = (f"{checkout}[{extra}]" if (checkout / "pyproject.toml").is_file()
+              and (checkout / "porter_mesh").is_dir() else f"porter-mesh[{extra}]")
+    editable = "-e " if target.startswith(str(checkout)) else ""
+    return f"{shlex.quote(sys.executable)} -m pip install {editable}{shlex.quote(target)}"
 
 
 def default_data_root() -> pathlib.Path:
@@ -323,6 +335,44 @@ def channel_name(text: str) -> str:
             + (" ('control' carries the mesh's own messages: use 'porter-mesh control')"
                if text == C.CHANNEL_CONTROL else ""))
     return text
+
+
+#: The profile's channels a user sends on or watches, besides ``task:<agent>``.
+PROFILE_CHANNELS = (C.CHANNEL_LOG, C.CHANNEL_TASK, C.CHANNEL_REVIEW)
+#: The option that lets a channel outside the profile through.
+ANY_CHANNEL = "--any-channel"
+
+
+def add_any_channel_option(parser: argparse.ArgumentParser) -> None:
+    """``--any-channel``: a channel outside the profile's set is meant, not misspelt."""
+    parser.add_argument(ANY_CHANNEL, action="store_true",
+                        help="allow a channel outside the profile's (log, task, "
+                        "task:<agent>, review): one of your own, used on purpose")
+
+
+def check_profile_channel(channel: str, *, allowed: Iterable[str] = ()) -> None:
+    """Refuse a channel outside the profile's set: most likely a misspelling.
+
+    Nobody subscribes to a channel of one's own invention, so a send to ``lgo`` would
+    "succeed" to nobody; the user says it is deliberate with ``--any-channel``.
+
+    Args:
+        channel: the channel given.
+        allowed: more channels the command accepts (``tail`` watches ``control`` too).
+
+    Raises:
+        ConfigError: not one of the profile's channels; the message lists them and
+            suggests the close spelling.
+    """
+    known = (*PROFILE_CHANNELS, *allowed)
+    if channel in known or channel.startswith(C.DIRECT_PREFIX):
+        return
+    import difflib
+
+    close = difflib.get_close_matches(channel, known, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(f"{channel!r} is not a channel of the profile ({', '.join(known)} or "
+                      f"task:<agent>); {hint}give {ANY_CHANNEL} to use it all the same")
 
 
 def peer_event_line(event: PeerEvent, *, verbose: bool = False) -> str | None:

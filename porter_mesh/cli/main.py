@@ -19,7 +19,13 @@ from collections.abc import Sequence
 
 import porter_mesh.cli as _cli_pkg
 from porter_mesh import __version__
-from porter_mesh.cli.common import CliParser, checked_numbers, exit_code_table, report_error
+from porter_mesh.cli.common import (
+    CliParser,
+    checked_numbers,
+    chosen_log_level,
+    exit_code_table,
+)
+from porter_mesh.entrypoint import report_error
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -68,10 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         argcomplete.autocomplete(parser)  # answers the shell and exits when it asks
     args = parser.parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
-    env_level = os.environ.get("PORTER_MESH_LOG", "").upper()
-    if env_level in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        level = min(level, getattr(logging, env_level))
+    level = chosen_log_level(args.verbose) or logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     func = getattr(args, "func", None)
     if func is None:

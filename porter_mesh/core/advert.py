@@ -16,6 +16,8 @@ key    field                           value
 ``v``  ``version``                     envelope protocol version
 ``i``  ``incarnation``                 random per process start (decimal)
 ``k``  ``public_key``                  Z85 CurveZMQ public key (only with security)
+``sk`` ``signing_key``                 Z85 Ed25519 key the agent signs its knowledge
+                                       records with (only with security)
 ``s``  ``slots``                       task slots (omitted when 0)
 ``t``  ``tools``                       comma-separated tool names (omitted if none)
 =====  ==============================  ==========================================
@@ -54,6 +56,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
+from porter_mesh.core.addresses import url_host
 from porter_mesh.core.constants import HUMAN_AGENT
 from porter_mesh.errors import ConfigError, FrameError
 
@@ -108,12 +111,13 @@ _K_ROUTER: Final = "rp"
 _K_VERSION: Final = "v"
 _K_INCARNATION: Final = "i"
 _K_KEY: Final = "k"
+_K_SIGNING_KEY: Final = "sk"
 _K_SLOTS: Final = "s"
 _K_TOOLS: Final = "t"
 #: Every key this version reads; other keys are ignored.
 TXT_KEYS: Final = frozenset(
     {_K_NAME, _K_MESH, _K_ROLE, _K_PUB, _K_ROUTER, _K_VERSION, _K_INCARNATION, _K_KEY,
-     _K_SLOTS, _K_TOOLS}
+     _K_SIGNING_KEY, _K_SLOTS, _K_TOOLS}
 )
 _REQUIRED: Final = (_K_NAME, _K_MESH, _K_ROLE, _K_PUB, _K_ROUTER, _K_VERSION, _K_INCARNATION)
 # Decimal integers only: no sign, no spaces, no underscores (int() accepts all of those).
@@ -225,6 +229,9 @@ class PeerAdvert:
         incarnation: random number chosen at process start (0 .. 2**64-1).
         addresses: IP addresses the node can be reached at, preferred first.
         public_key: Z85 CurveZMQ public key (40 characters) when security is on.
+        signing_key: Z85 Ed25519 public key (40 characters) that signs the agent's
+            knowledge records, when security is on. Informative: replicas check
+            signatures against the trusted directory, never against an advert.
         slots: task slots the node offers (workers), 0 for none.
         tools: tool names the node offers.
 
@@ -243,6 +250,7 @@ class PeerAdvert:
     public_key: str | None = None
     slots: int = 0
     tools: tuple[str, ...] = ()
+    signing_key: str | None = None
 
     def __post_init__(self) -> None:
         check_agent_name(self.name)
@@ -267,6 +275,11 @@ class PeerAdvert:
                 "public_key must be a 40-character Z85 CurveZMQ public key "
                 "(as made by zmq.curve_keypair())"
             )
+        if self.signing_key is not None and (
+            not isinstance(self.signing_key, str)
+            or _Z85_KEY_RE.fullmatch(self.signing_key) is None
+        ):
+            raise ConfigError("signing_key must be a 40-character Z85 Ed25519 public key")
         if not isinstance(self.tools, tuple):
             raise ConfigError("tools must be a tuple of tool names")
         if len(self.tools) > MAX_TOOLS:
@@ -318,8 +331,7 @@ class PeerAdvert:
                 f"advert of {self.name!r} has no address; fill addresses from the mDNS "
                 "record or the seed it came from before connecting"
             )
-        host = self.addresses[0]
-        return f"[{host}]" if ":" in host else host
+        return url_host(self.addresses[0])
 
 
 def _check_address(address: object) -> None:
@@ -354,6 +366,8 @@ def encode_txt(advert: PeerAdvert) -> dict[str, str]:
     }
     if advert.public_key is not None:
         txt[_K_KEY] = advert.public_key
+    if advert.signing_key is not None:
+        txt[_K_SIGNING_KEY] = advert.signing_key
     if advert.slots:
         txt[_K_SLOTS] = str(advert.slots)
     if advert.tools:
@@ -434,6 +448,7 @@ def decode_txt(properties: TxtProperties, *, addresses: Sequence[str] = ()) -> P
             incarnation=_decimal(fields[_K_INCARNATION], "incarnation"),
             addresses=tuple(addresses),
             public_key=fields.get(_K_KEY),
+            signing_key=fields.get(_K_SIGNING_KEY),
             slots=_decimal(fields[_K_SLOTS], "slots") if _K_SLOTS in fields else 0,
             tools=tuple(tools_text.split(",")) if tools_text else (),
         )

@@ -29,7 +29,7 @@ key    field            required  value
 ``n``  ``count``        no (1)    activities in the payload, 1..MAX_BATCH; activity ``i``
                                   has sequence ``seq + i``
 ``k``  ``kind``         no        absent for AS2 payloads; a short tag for the mesh's own
-                                  control payloads (see the ``KIND_*`` constants)
+                                  control payloads (:mod:`.control`)
 =====  ===============  ========  ===========================================================
 
 Keys are one character because CPython shares one-character strings, so decoding builds
@@ -37,7 +37,8 @@ no key objects.
 
 The payload is the AS2 activity as JSON (the profile keeps AS2 as JSON on the wire); a
 batch of ``n > 1`` activities is a JSON array of exactly ``n`` objects. When ``kind`` is
-set, the payload is instead a msgpack map (:func:`encode_control`).
+set, the payload is instead the body of that control kind, described with its codec
+in :mod:`porter_mesh.core.control`.
 
 The decoders take untrusted bytes: every malformed input raises
 :class:`~porter_mesh.errors.FrameError` (or :class:`~porter_mesh.errors.ActivityError`
@@ -95,7 +96,7 @@ from __future__ import annotations
 
 import secrets
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, NamedTuple
 
 import msgpack
@@ -103,9 +104,9 @@ import orjson
 
 from porter_mesh.core.as2 import (
     Activity,
-    _activity,
     activities_from_json_array,
     activities_to_json_array,
+    activity_from_decoded,
     parse_activity,
 )
 from porter_mesh.core.constants import (
@@ -114,11 +115,23 @@ from porter_mesh.core.constants import (
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
 )
+from porter_mesh.core.control import (
+    KIND_ACK,
+    KIND_DRAIN,
+    KIND_HALT,
+    KIND_HEARTBEAT,
+    KIND_SYNC,
+    MAX_CONTROL_BYTES,
+    MAX_KIND_CHARS,
+    decode_control,
+    encode_control,
+)
 from porter_mesh.errors import FrameError
 
+# The control kinds and their body codec live in porter_mesh.core.control; they are
+# re-exported here for the modules that read them with the rest of the wire codec.
 __all__ = [
     "KIND_ACK",
-    "KIND_CAPABILITY",
     "KIND_DRAIN",
     "KIND_HALT",
     "KIND_HEARTBEAT",
@@ -146,33 +159,12 @@ __all__ = [
 #: Largest encoded envelope. Real ones are about 70 bytes; anything near this limit is
 #: garbage or an attack, and the cap also bounds every string field inside.
 MAX_ENVELOPE_BYTES: Final = 4096
-#: Largest control payload (``kind`` set): one ZeroMQ frame.
-MAX_CONTROL_BYTES: Final = MAX_MESSAGE_BYTES
-#: Longest ``kind`` tag.
-MAX_KIND_CHARS: Final = 32
-
-# Kind tags the mesh uses for its own (non-AS2) payloads. Any short tag decodes; a node
-# ignores kinds it does not know, so new ones need no protocol version bump.
-#: Heartbeat on ``control``: liveness plus the last sequence sent per stream.
-KIND_HEARTBEAT: Final = "hb"
-#: Acknowledgement of a direct message (``ref`` is the acknowledged ``msg_id``).
-KIND_ACK: Final = "ack"
-#: Finish current work, accept nothing new.
-KIND_DRAIN: Final = "drain"
-#: Stop immediately.
-KIND_HALT: Final = "halt"
-#: Capability lookup and reply.
-KIND_CAPABILITY: Final = "cap"
-#: Knowledge-graph synchronisation (digests, range pulls, snapshot chunks).
-KIND_SYNC: Final = "sync"
-
 _I63: Final = (1 << 63) - 1
 _U64: Final = (1 << 64) - 1
 
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
 _loads = orjson.loads
-_dumps = orjson.dumps
 _tuple_new = tuple.__new__
 _JSONDecodeError = orjson.JSONDecodeError
 
@@ -790,19 +782,13 @@ def encode_payload(activities: Sequence[Activity]) -> bytes:
     n = len(activities)
     if n == 1:
         activity = activities[0]
-        # Activity.to_json() inline (this path is hot, and a method call costs more than
-        # the rest): the cached JSON when there is some, else serialised now and cached.
-        # Only an Activity has these slots.
-        try:
-            data = activity._json
-            if data is None:
-                data = activity._json = _dumps(activity._data)
-        except AttributeError:
+        if activity.__class__ is not Activity:
             raise FrameError(
                 f"a payload carries Activity values, not {type(activity).__name__}; "
                 f"build them with porter_mesh.core.as2",
                 reason="bad-count",
-            ) from None
+            )
+        data = activity.to_json()  # cached after the first call
     elif 1 < n <= MAX_BATCH:
         # Cached JSON joined, or one orjson call; it refuses non-Activity items itself.
         data = activities_to_json_array(activities)
@@ -838,7 +824,7 @@ def decode_payload(payload: bytes, count: int) -> list[Activity]:
         if type(payload) is bytes and len(payload) <= MAX_ACTIVITY_BYTES:
             # parse_activity's work for the usual payload, without its extra call.
             try:
-                return [_activity(_loads(payload))]
+                return [activity_from_decoded(_loads(payload))]
             except _JSONDecodeError:
                 pass  # not JSON: parse_activity delivers the profile's fallback Note
         return [parse_activity(payload)]
@@ -851,77 +837,3 @@ def decode_payload(payload: bytes, count: int) -> list[Activity]:
             reason="bad-count",
         )
     return activities
-
-
-def _refuse_ext(code: int, data: bytes) -> Any:
-    raise FrameError(
-        f"control payload uses msgpack extension type {code}, which the mesh does not use",
-        reason="bad-control",
-    )
-
-
-def encode_control(body: Mapping[str, Any]) -> bytes:
-    """Encode the body of a control message (``kind`` set) as a msgpack map.
-
-    Args:
-        body: a mapping with string keys and msgpack-native values (None, bool, int,
-            float, str, bytes, lists/tuples and str-keyed dicts of those).
-
-    Returns:
-        The payload bytes.
-
-    Raises:
-        FrameError: ``reason="bad-control"`` when the body is not a str-keyed mapping or
-            holds a value msgpack cannot encode; ``reason="too-large"`` past
-            :data:`MAX_CONTROL_BYTES`.
-    """
-    if not isinstance(body, Mapping):
-        raise FrameError(
-            f"control body must be a mapping, got {type(body).__name__}", reason="bad-control"
-        )
-    if not all(type(key) is str for key in body):
-        raise FrameError("control body keys must all be strings", reason="bad-control")
-    try:
-        data: bytes = _packb(body if type(body) is dict else dict(body))
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise FrameError(
-            f"control body cannot be encoded ({exc}); use plain str/int/float/bool/bytes/"
-            f"None values, lists and str-keyed dicts",
-            reason="bad-control",
-        ) from None
-    if len(data) > MAX_CONTROL_BYTES:
-        raise _too_large("control payload", len(data), MAX_CONTROL_BYTES)
-    return data
-
-
-def decode_control(data: bytes) -> dict[str, Any]:
-    """Decode the body of a control message.
-
-    Args:
-        data: the payload frame of a message whose envelope has ``kind`` set.
-
-    Returns:
-        The body: a dict with string keys (nested maps have string keys too; arrays are
-        lists).
-
-    Raises:
-        FrameError: ``reason="too-large"``, ``"bad-msgpack"``, or ``"bad-control"`` when
-            the value is not a str-keyed map or uses msgpack extension types.
-    """
-    try:
-        if len(data) > MAX_CONTROL_BYTES:
-            raise _too_large("control payload", len(data), MAX_CONTROL_BYTES)
-        body = _unpackb(data, ext_hook=_refuse_ext)
-    except FrameError:
-        raise
-    except Exception as exc:
-        raise FrameError(
-            f"control payload is not one well-formed msgpack value with string map keys ({exc})",
-            reason="bad-msgpack",
-        ) from exc
-    if type(body) is not dict or not all(type(key) is str for key in body):
-        raise FrameError(
-            f"control payload must be a msgpack map with string keys, got {type(body).__name__}",
-            reason="bad-control",
-        )
-    return body

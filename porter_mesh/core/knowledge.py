@@ -20,6 +20,15 @@ corrupted. ``generatedAtTime`` is part of the identity on purpose: stating a fac
 later is a new observation, so a retraction (which is permanent) never forbids a fact
 from being learned again.
 
+**Signatures.** A record may carry its author's Ed25519 signature over
+:func:`record_signing_bytes`: a tag, the kind, the origin, the seq and the content id
+(which hashes every content field), so one signature binds the record to its place in
+its origin's log. This module only carries signatures and says what is signed; making
+and checking them needs keys, which belong to the adapters (a secured mesh checks every
+record before it is stored, whatever path brought it). A signature is not part of a
+record's identity: Ed25519 signatures are deterministic, and the content id is what
+replicas compare.
+
 Merge is set union and therefore idempotent and commutative: a record already held is a
 duplicate, a new record is appended, and the graph an observer sees is *observations
 held* minus *observations retracted*. A retraction that arrives before its observation
@@ -83,6 +92,7 @@ __all__ = [
     "MAX_SEQ_AHEAD",
     "MAX_SEVERITY_CHARS",
     "OBS_IRI_PREFIX",
+    "SIGNATURE_BYTES",
     "BucketEntries",
     "CatchupChunk",
     "CatchupRequest",
@@ -106,6 +116,7 @@ __all__ = [
     "observation_iri",
     "pull_requests_for",
     "record_from_journal",
+    "record_signing_bytes",
 ]
 
 # --- vocabulary -------------------------------------------------------------------------
@@ -162,6 +173,9 @@ _TIMESTAMP_RE: Final = re.compile(
 _OBS_TAG: Final = b"porter-observation/1\n"
 _OPTIONAL_FIELDS: Final = frozenset({"context", "severity"})
 _RETRACT_TAG: Final = b"porter-retraction/1\n"
+_SIGNED_TAG: Final = b"porter-record-signature/1\n"
+#: Length of a record's Ed25519 signature.
+SIGNATURE_BYTES: Final = 64
 
 
 def _fail(message: str, *, local: bool) -> KnowledgeError:
@@ -391,6 +405,8 @@ class Record:
             tells two different records claiming the same slot apart.
         wire: the record's encoding, when it is already known (kept to avoid re-encoding
             what was read from disk); not part of equality.
+        sig: the author's Ed25519 signature over :func:`record_signing_bytes`, or
+            ``None`` (records made on an unsecured mesh); not part of equality.
 
     Raises:
         KnowledgeError: ``origin`` does not match the body's author, or ``seq`` is out of
@@ -402,9 +418,13 @@ class Record:
     body: Body
     key: bytes = field(init=False, repr=False)
     wire: bytes | None = field(default=None, compare=False, repr=False)
+    sig: bytes | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _check_seq(self.seq, "seq", local=True)
+        if self.sig is not None and (
+                not isinstance(self.sig, bytes) or len(self.sig) != SIGNATURE_BYTES):
+            raise KnowledgeError(f"a record signature must be {SIGNATURE_BYTES} bytes")
         author = (
             self.body.discovered_by
             if isinstance(self.body, Observation)
@@ -425,6 +445,26 @@ class Record:
         return RecordKind.RETRACTION
 
 
+def record_signing_bytes(record: Record) -> bytes:
+    """The bytes an author signs for ``record`` (and a replica checks the signature on).
+
+    A tag, the kind, the origin (length-prefixed), the seq (8 bytes) and the 32-byte
+    content id; the id is the SHA-256 of every content field, so the signature covers
+    the content and the record's place in its origin's log, and nothing else.
+
+    Args:
+        record: the record.
+
+    Returns:
+        The canonical bytes to sign.
+    """
+    origin = record.origin.encode("ascii")  # agent names are ASCII by their pattern
+    return b"".join((
+        _SIGNED_TAG, bytes((int(record.kind),)), len(origin).to_bytes(1, "big"), origin,
+        record.seq.to_bytes(8, "big"), record.body.id,
+    ))
+
+
 def encode_record(record: Record) -> bytes:
     """Encode one record (a msgpack array) for the journal or the wire.
 
@@ -433,7 +473,8 @@ def encode_record(record: Record) -> bytes:
 
     Returns:
         ``[0, origin, seq, id, about, finding, generatedAt, context, severity]`` or
-        ``[1, origin, seq, id, target, retractedAt]`` packed with msgpack.
+        ``[1, origin, seq, id, target, retractedAt]`` packed with msgpack, with the
+        signature appended as one more item when the record carries one.
     """
     if record.wire is not None:
         return record.wire
@@ -445,6 +486,8 @@ def encode_record(record: Record) -> bytes:
         ]
     else:
         item = [1, record.origin, record.seq, body.id, body.target, body.retracted_at]
+    if record.sig is not None:
+        item.append(record.sig)
     return msgpack.packb(item, use_bin_type=True)
 
 
@@ -453,22 +496,28 @@ def _record_from_item(item: object, *, wire: bytes | None) -> Record:
     if not isinstance(item, list) or not item:
         raise SyncError("a record must be a non-empty array")
     kind = item[0]
+    sig: bytes | None = None
     try:
-        if kind == RecordKind.OBSERVATION and len(item) == 9:
-            _, origin, seq, claimed, about, finding, at, context, severity = item
+        if kind == RecordKind.OBSERVATION and len(item) in (9, 10):
+            _, origin, seq, claimed, about, finding, at, context, severity = item[:9]
             origin = _check_origin(origin, local=False)
             _check_seq(seq, "seq", local=False)
             body: Body = Observation(about, finding, origin, at, context, severity)
-        elif kind == RecordKind.RETRACTION and len(item) == 6:
-            _, origin, seq, claimed, target, at = item
+        elif kind == RecordKind.RETRACTION and len(item) in (6, 7):
+            _, origin, seq, claimed, target, at = item[:6]
             origin = _check_origin(origin, local=False)
             _check_seq(seq, "seq", local=False)
             body = Retraction(target, origin, at)
         else:
             raise SyncError(
-                f"a record must be [0, ...8 fields] or [1, ...5 fields]; got kind {kind!r} "
-                f"with {len(item) - 1} fields"
+                f"a record must be [0, ...8 fields] or [1, ...5 fields], each optionally "
+                f"followed by a signature; got kind {kind!r} with {len(item) - 1} fields"
             )
+        if len(item) in (7, 10):
+            sig = item[-1]
+            if not isinstance(sig, bytes) or len(sig) != SIGNATURE_BYTES:
+                raise SyncError(f"record ({origin}, {seq}) refused: its signature must be "
+                                f"{SIGNATURE_BYTES} bytes")
     except SyncError:
         raise
     except KnowledgeError as exc:  # a field rule from the dataclasses: the peer's fault
@@ -480,7 +529,7 @@ def _record_from_item(item: object, *, wire: bytes | None) -> Record:
             f"record ({origin}, {seq}) refused: its content does not hash to the id it "
             "carries (forged or corrupted)"
         )
-    return Record(origin, seq, body, wire=wire)
+    return Record(origin, seq, body, wire=wire, sig=sig)
 
 
 def decode_record(data: bytes) -> Record:
@@ -526,15 +575,17 @@ def record_from_journal(data: bytes) -> Record:
     """
     item = msgpack.unpackb(data, raw=False)
     if item[0] == RecordKind.OBSERVATION:
-        _, origin, seq, body_id, about, finding, at, context, severity = item
+        _, origin, seq, body_id, about, finding, at, context, severity = item[:9]
+        sig = item[9] if len(item) == 10 else None
         body: Body = _build(Observation, about=about, finding=finding, discovered_by=origin,
                             generated_at=at, context=context, severity=severity, id=body_id)
     else:
-        _, origin, seq, body_id, target, at = item
+        _, origin, seq, body_id, target, at = item[:6]
+        sig = item[6] if len(item) == 7 else None
         body = _build(Retraction, target=target, retracted_by=origin, retracted_at=at,
                       id=body_id)
     record: Record = _build(Record, origin=origin, seq=seq, body=body,
-                            key=body_id[:_KEY_BYTES], wire=bytes(data))
+                            key=body_id[:_KEY_BYTES], wire=bytes(data), sig=sig)
     return record
 
 
@@ -1025,6 +1076,11 @@ class ReplicaState:
         """Whether record ``(origin, seq)`` is held."""
         slots = self._origins.get(origin)
         return slots is not None and slots.locator(seq) != -1
+
+    def holds_record(self, origin: str, seq: int, key: bytes) -> bool:
+        """Whether ``(origin, seq)`` is held with the record key ``key`` (the same record)."""
+        slots = self._origins.get(origin)
+        return slots is not None and slots.locator(seq) != -1 and slots.key(seq) == key
 
     def locator(self, origin: str, seq: int) -> int | None:
         """Where the adapter stored record ``(origin, seq)``, or ``None``."""

@@ -164,6 +164,18 @@ class NodeConfig:
         idempotency_window: seconds a receiver remembers the idempotency key of a direct
             message (``send(..., key=...)``): a message with a key seen from the same
             sender within the window is acknowledged and not delivered again.
+        redeliver_initial / redeliver_max: the capped, doubling backoff (seconds)
+            between offers of a message a handler declined (raised
+            :class:`~porter_mesh.errors.NotHandled`) to the handlers. Adding a handler
+            or calling :meth:`Node.redeliver` offers it at once.
+        unread_warning: seconds that messages owed to the application may wait unread
+            (in the inbox that nothing reads, or for a first handler on a node without
+            an inbox) before the node says so, once, in its log and in ``stats``
+            (``inbox.unread``). 0 turns the warning off.
+        journal_compact_bytes: the delivery journal is rewritten without what no longer
+            matters (taken messages' payloads, senders' old incarnations) when it has
+            grown past this many bytes and taken records make up over half of it, at
+            start-up and while the node runs, so its size stays bounded.
         slots: task slots advertised (workers).
         tools: tool names advertised.
         secret_key_file: this agent's secret certificate (``NAME.key_secret`` from
@@ -205,6 +217,10 @@ class NodeConfig:
     batch_max: int = 64
     data_dir: pathlib.Path | None = None
     idempotency_window: float = 600.0
+    redeliver_initial: float = 0.05
+    redeliver_max: float = 2.0
+    unread_warning: float = 30.0
+    journal_compact_bytes: int = 8 * 1024 * 1024
     slots: int = 0
     tools: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
@@ -255,9 +271,17 @@ class NodeConfig:
                 f"{self.max_clock_skew}; the default is 86400 (a day)")
         if not 1 <= self.batch_max <= C.MAX_BATCH:
             raise ConfigError(f"batch_max must be 1..{C.MAX_BATCH}")
-        for value_name in ("send_timeout", "retry_initial", "retry_max", "idempotency_window"):
+        for value_name in ("send_timeout", "retry_initial", "retry_max", "idempotency_window",
+                           "redeliver_initial", "redeliver_max"):
             if getattr(self, value_name) <= 0:
                 raise ConfigError(f"{value_name} must be positive")
+        if self.redeliver_max < self.redeliver_initial:
+            raise ConfigError(f"redeliver_max ({self.redeliver_max}) must be at least "
+                              f"redeliver_initial ({self.redeliver_initial})")
+        if self.unread_warning < 0:
+            raise ConfigError("unread_warning must be >= 0 seconds (0: no warning)")
+        if self.journal_compact_bytes < 4096:
+            raise ConfigError("journal_compact_bytes must be at least 4096 bytes")
         if self.inbox_size < 0:
             raise ConfigError("inbox_size must be >= 0 (0: no inbox, handlers only)")
         for count_name in ("max_pending", "sndhwm", "rcvhwm", "max_message_bytes",

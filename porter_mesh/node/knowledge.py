@@ -34,6 +34,18 @@ Replication rides on the node's extension kind ``sync`` (msgpack messages of
   exchange repairs both sides: each pulls what the other's listing shows it lacks. A
   listing that shows much missing turns into a catch-up from that peer. This repairs
   what sequence numbers cannot reveal, such as a lost last record.
+* **Signatures.** On a secured mesh the shard signs this agent's records with the node's
+  signing key and checks every record it is given against the trusted directory before
+  it is stored, on every path (broadcast, pull reply, catch-up chunk). A record whose
+  signature is missing or wrong is left out, the rest of its message is merged; each is
+  counted (``refused.<reason>``, and per claimed author in ``refused_by_origin``), and
+  audited as ``forged-record`` (a warning the first time per author). So a trusted node
+  that plants a record in another agent's name in its own replica can keep it there,
+  but can neither spread it nor take that agent's sequence number anywhere else.
+* **A full disk.** A record that cannot be written is not held: a local write raises
+  :class:`~porter_mesh.errors.StorageError` to its caller (nothing is broadcast); a
+  received one is dropped and counted (``storage.write-failed``), and pulls, digests
+  or a catch-up bring it again once the shard can write.
 * **Refusals.** A reply nobody asked for (pull reply, catch-up chunk, bucket listing), a
   record outside the asked range, a forged or conflicting record, a malformed message:
   all are refused before anything is stored, counted in the node's counters as
@@ -56,6 +68,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from porter_mesh.adapters.security import RecordSigner, RecordVerifier
 from porter_mesh.adapters.shard import MergeReport, Shard
 from porter_mesh.core import constants as C
 from porter_mesh.core.advert import key_name
@@ -75,7 +88,14 @@ from porter_mesh.core.knowledge import (
     encode_sync,
 )
 from porter_mesh.core.peers import PeerEvent, PeerEventKind
-from porter_mesh.errors import ActivityError, KnowledgeError, PorterError, SyncError
+from porter_mesh.errors import (
+    ActivityError,
+    KnowledgeError,
+    PorterError,
+    SecurityError,
+    StorageError,
+    SyncError,
+)
 from porter_mesh.node.node import Node, Reply
 from porter_mesh.tools.port import QueryResult
 
@@ -93,6 +113,8 @@ CATCHUP_ATTEMPTS: Final = 3
 CATCHUP_CHUNK: Final = 4096
 #: Seconds a peer that answered "no replica here" is left out of catch-ups and digests.
 NO_SYNC_BACKOFF = 5.0
+#: Claimed authors of refused records counted one by one (then as ``(others)``).
+MAX_REFUSED_ORIGINS: Final = 1000
 #: Seconds an agent's first write waits for a first catch-up (see SyncKnowledge.remember).
 FIRST_WRITE_WAIT: Final = 10.0
 _TICK: Final = 0.1
@@ -176,6 +198,10 @@ class Knowledge:
         self._refusals_logged: set[tuple[str, str]] = set()
         self._remove_listener: Callable[[], None] | None = None
         self._closed = False
+        #: Records refused for their signatures, per claimed author.
+        self.refused_by_origin: collections.Counter[str] = collections.Counter()
+        self._keys_in_use = False
+        self._signer_error: SecurityError | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -262,11 +288,44 @@ class Knowledge:
 
         Raises:
             KnowledgeError: a field is invalid.
+            StorageError: the shard could not write it (a full disk); nothing was kept
+                or broadcast.
+            SecurityError: on a secured mesh, this node's key has no signing key.
         """
-        record = self.shard.remember(about, finding, context=context, severity=severity,
-                                     generated_at=generated_at)
+        self._ready_to_write()
+        try:
+            record = self.shard.remember(about, finding, context=context, severity=severity,
+                                         generated_at=generated_at)
+        except StorageError:
+            self.counters["storage.write-failed"] += 1
+            raise
         self.async_broadcast(record)
         return record
+
+    def _use_keys(self) -> None:
+        """On a secured node, have the shard sign and check records (once started)."""
+        if self._keys_in_use:
+            return
+        security = self.node.security
+        if security is None:
+            return  # unsecured, or not started yet (nothing arrives before the start)
+        try:
+            signer: RecordSigner | None = RecordSigner(security.identity)
+        except SecurityError as exc:
+            # Others' records are still checked and merged; this node's own writes are
+            # refused with the way out (peers would refuse them unsigned).
+            log.error("%s", exc)
+            self._signer_error, signer = exc, None
+        self.shard.use_signatures(sign=signer, verify=RecordVerifier(security.store))
+        self._keys_in_use = True
+
+    def _ready_to_write(self) -> None:
+        self._use_keys()
+        if self._signer_error is not None:
+            raise self._signer_error
+        if self.node.config.secured and not self._keys_in_use:
+            raise KnowledgeError("on a secured mesh records are signed with the node's key, "
+                                 "which is loaded when the node starts: start the node first")
 
     def async_retract(self, observation: str | bytes) -> Record:
         """Retract an observation everywhere, permanently.
@@ -279,8 +338,14 @@ class Knowledge:
 
         Raises:
             KnowledgeError: no such observation here, or it is already retracted.
+            StorageError: the shard could not write it (a full disk).
         """
-        record = self.shard.retract(observation)
+        self._ready_to_write()
+        try:
+            record = self.shard.retract(observation)
+        except StorageError:
+            self.counters["storage.write-failed"] += 1
+            raise
         self.async_broadcast(record)
         return record
 
@@ -407,6 +472,7 @@ class Knowledge:
     def _on_sync(self, env: Envelope, payload: bytes, reply: Reply) -> None:
         peer = env.sender
         self._answered.add(peer)
+        self._use_keys()
         try:
             message = decode_sync(payload)
         except SyncError as exc:
@@ -422,6 +488,10 @@ class Knowledge:
             self._refuse(peer, exc.reason, exc)
         except SyncError as exc:
             self._refuse(peer, "refused", exc)
+        except StorageError:
+            # Not the peer's fault; the shard logged it. What was not written is not held,
+            # so pulls and catch-ups ask for it again.
+            self.counters["storage.write-failed"] += 1
 
     def _accept_records(self, env: Envelope, message: Records) -> None:
         if env.recipient is not None:
@@ -444,6 +514,10 @@ class Knowledge:
             return
         try:
             report = self.shard.merge([r for _, m in inbound for r in m.records])
+        except StorageError:
+            # Nothing of the batch is held: gap pulls and digests bring it again later.
+            self.counters["storage.write-failed"] += 1
+            return
         except SyncError:
             # Someone sent a record that cannot go in; find out who, keep the others.
             report = None
@@ -452,16 +526,49 @@ class Knowledge:
                     self._merged(self.shard.merge(message.records), peer)
                 except SyncError as exc:
                     self._refuse(peer, "refused", exc)
+                except StorageError:
+                    self.counters["storage.write-failed"] += 1
         if report is not None:
-            self._merged(report, inbound[-1][0])
+            self._merged(report, inbound[-1][0], broadcast=True)
 
-    def _merged(self, report: MergeReport, peer: str) -> None:
+    def _merged(self, report: MergeReport, peer: str, *, broadcast: bool = False) -> None:
+        if report.refused:
+            self._forged(report, peer, broadcast=broadcast)
         self.counters["merged.records"] += report.accepted
         self.counters["merged.duplicates"] += report.duplicates
         if report.accepted:
             self._pull_gaps(prefer=peer)
             self._notify("merged", report)
             self._wake()
+
+    def _forged(self, report: MergeReport, peer: str, *, broadcast: bool) -> None:
+        """Count and audit records refused for their signatures.
+
+        Args:
+            report: the merge that left them out.
+            peer: the peer whose message carried them.
+            broadcast: the records came in a batch of broadcasts, where each sender
+                carries only its own records: each was sent by its claimed author.
+        """
+        security = self.node.security
+        for refused in report.refused:
+            if broadcast:
+                peer = refused.origin
+            self.counters["refused." + refused.reason] += 1
+            origin = refused.origin
+            if (origin not in self.refused_by_origin
+                    and len(self.refused_by_origin) >= MAX_REFUSED_ORIGINS):
+                origin = "(others)"
+            self.refused_by_origin[origin] += 1
+            self.node.count_drop("sync.forged", peer)
+            if security is not None:
+                # Audited under the claimed author: one warning per author, however many
+                # peers relay its forgeries.
+                security.audit.record(
+                    "forged-record",
+                    f"refused record ({refused.origin}, {refused.seq}) relayed by {peer}: "
+                    f"{refused.reason} (it does not carry {refused.origin}'s signature)",
+                    peer=refused.origin)
 
     def _handle(self, peer: str, message: SyncMessage, reply: Reply) -> None:
         asked: SyncMessage | None = None
@@ -495,6 +602,10 @@ class Knowledge:
             if isinstance(message, CatchupChunk):
                 self._catchup_failed(peer, str(exc))
             raise _Refused("refused", str(exc)) from None
+        except StorageError as exc:
+            if isinstance(message, CatchupChunk):
+                self._catchup_failed(peer, str(exc))
+            raise
         if is_reply and not prefetched:
             self._asked.pop((peer, key or ()), None)
         if isinstance(message, PullReply):
@@ -708,26 +819,46 @@ class Knowledge:
     def summary(self) -> dict[str, Any]:
         """The replica's size and digest, cheaply (the node's view shows it):
         ``observations`` and ``retractions`` recorded, ``origins``, ``digest`` (hex),
-        ``data_dir`` and the peer a catch-up runs from (or ``None``)."""
+        ``data_dir``, the peer a catch-up runs from (or ``None``), ``write_failures``
+        (journal writes that failed: a full disk) and ``forged`` (records refused for
+        their signatures)."""
         state = self.shard.state
         return {"observations": state.observation_records,
                 "retractions": state.retraction_records,
                 "origins": len(state.version_vector()), "digest": state.digest().top.hex(),
-                "data_dir": str(self.shard.data_dir), "catching_up_from": self._catchup_peer}
+                "data_dir": str(self.shard.data_dir), "catching_up_from": self._catchup_peer,
+                "write_failures": self.shard.write_failures,
+                "forged": sum(self.refused_by_origin.values())}
 
     def stats(self) -> dict[str, Any]:
         """Shard summary plus replication counters.
 
         Returns:
             ``observations``, ``observation_records``, ``retractions``,
-            ``version_vector``, ``digest`` (hex), ``records``, and the counters
-            (``sent.*``, ``received.*``, ``merged.*``, ``timeout.*``, ``catchups``...).
+            ``version_vector``, ``digest`` (hex), ``records``, ``write_failures`` (journal
+            writes that failed), ``checks_signatures``, ``refused_by_origin`` (records
+            refused for their signatures, per claimed author), ``store_error`` (only while
+            the store is being recovered; ``observations`` is then ``None``), and the counters
+            (``sent.*``, ``received.*``, ``merged.*``, ``timeout.*``, ``catchups``,
+            ``refused.*``, ``storage.write-failed``...).
         """
-        st = self.shard.stats()
+        try:
+            st = self.shard.stats()
+        except KnowledgeError as exc:  # the store is being recovered: what the state says
+            state = self.shard.state
+            return {"observations": None, "observation_records": state.observation_records,
+                    "retractions": state.retraction_records,
+                    "records": state.record_count, "version_vector": state.version_vector(),
+                    "digest": state.digest().top.hex(),
+                    "write_failures": self.shard.write_failures, "store_error": str(exc),
+                    "checks_signatures": self.shard.checks_signatures,
+                    "refused_by_origin": dict(self.refused_by_origin), **dict(self.counters)}
         return {"observations": st.observations, "observation_records": st.observation_records,
                 "retractions": st.retractions, "records": st.observation_records
                 + st.retractions, "version_vector": st.version_vector, "digest": st.digest,
-                **dict(self.counters)}
+                "write_failures": st.write_failures,
+                "checks_signatures": self.shard.checks_signatures,
+                "refused_by_origin": dict(self.refused_by_origin), **dict(self.counters)}
 
 
 class SyncKnowledge:

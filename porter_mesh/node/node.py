@@ -131,10 +131,12 @@ from porter_mesh.errors import (
     DeliveryTimeout,
     FrameError,
     NodeClosedError,
+    NotHandled,
     PeerRefusedError,
     PorterError,
     ProtocolError,
     SecurityError,
+    StorageError,
     UnknownPeerError,
 )
 from porter_mesh.node.config import NodeConfig, split_seed
@@ -153,6 +155,11 @@ _MAX_KEY_CHARS = 256
 #: Most idempotency keys a node remembers (about 100 bytes each).
 _MAX_KEYS = 100_000
 _TICK = 0.05
+#: Re-binding the PUB port after a revocation (see Node._reopen_pub): first retry after
+#: this many seconds, doubling up to the cap, for at most the deadline.
+_REBIND_FIRST_DELAY = 0.002
+_REBIND_MAX_DELAY = 0.1
+_REBIND_DEADLINE = 10.0
 _DIRECT_STREAM = "direct"
 _OBSERVE_PREFIX = C.DIRECT_PREFIX.encode()
 #: First byte of a subscription that names its subscriber, ``\xff<name>\x00<channel>``
@@ -226,9 +233,22 @@ class Message(NamedTuple):
 _T = TypeVar("_T")
 
 
+def _tcp_address(sock: zmq.Socket[bytes], host: str) -> str:
+    """``tcp://HOST`` for binding ``sock`` on ``host`` (without the port); an IPv6 host
+    is bracketed and turns IPv6 on for the socket."""
+    if ":" in host:
+        sock.setsockopt(zmq.IPV6, 1)
+        return f"tcp://[{host}]"
+    return f"tcp://{host}"
+
+
 def _first(item: tuple[Activity, Any, Any]) -> Activity:
     return item[0]
 
+
+#: A new direct message read from the ROUTER: its envelope, the envelope's bytes, the
+#: payload, the decoded activities and the sender's ROUTER identity.
+_Accepted = tuple[Envelope, bytes, bytes, list[Activity], bytes]
 
 _tuple_new = cast(Callable[[type[Message], tuple[Any, ...]], Message], tuple.__new__)
 
@@ -316,6 +336,54 @@ def _watches_direct(subs: collections.Counter[bytes]) -> bool:
                for t, n in subs.items())
 
 
+class _Held:
+    """A ZeroMQ message's activities that a handler declined (raised NotHandled), with
+    where the offer stopped: activity ``index`` for the single handlers (``done``: those
+    that already returned for it), or, once every activity passed them, the batch
+    handlers (``done_batch``: those that already returned; ``None`` until then). The
+    next offer goes to the current handlers that have not returned yet, a handler
+    added since included.
+
+    ``offset``/``end``: journal positions of the message's first activity and past its
+    last (-1: not journaled); ``floor``: the first position not taken yet, which the
+    journal's taken mark must not pass while this is held; ``ident``: the ROUTER
+    identity to acknowledge once it is taken, for a direct message the node holds only
+    in memory (no data directory), whose acknowledgement waits until then."""
+
+    __slots__ = ("direct", "done", "done_batch", "end", "env", "floor", "ident", "index",
+                 "msgs", "offset")
+
+    def __init__(self, env: Envelope, msgs: list[Message], offset: int, end: int,
+                 direct: bool, ident: bytes | None) -> None:
+        self.env = env
+        self.msgs = msgs
+        self.offset = offset
+        self.end = end
+        self.direct = direct
+        self.ident = ident
+        self.index = 0
+        self.done: tuple[Callable[[Message], None], ...] = ()
+        self.done_batch: tuple[Callable[[list[Message]], None], ...] | None = None
+        self.floor = offset
+
+
+class _HeldQueue(collections.deque[_Held]):
+    """The declined messages of one sender (direct or broadcast), oldest first, with the
+    capped backoff of the next offer: nothing of that sender overtakes them."""
+
+    __slots__ = ("delay", "due")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delay = 0.0
+        self.due = 0.0
+
+
+def _index_of(items: tuple[_T, ...], item: _T) -> int:
+    """The position of ``item`` in ``items`` by identity (handlers may compare equal)."""
+    return next(i for i, x in enumerate(items) if x is item)
+
+
 def _fd(sock: zmq.Socket[bytes]) -> int:
     return cast(int, sock.getsockopt(zmq.FD))
 
@@ -329,12 +397,19 @@ class Node:
 
     Args:
         config: a :class:`NodeConfig`; or pass its fields as keyword arguments.
+        handlers: message handlers installed before anything can arrive, as by
+            :meth:`add_handler`: they see the messages a restart delivers again, whether
+            the node has an inbox or not.
+        batch_handlers: batch handlers installed the same way (:meth:`add_batch_handler`).
 
     Methods prefixed ``async_`` are plain functions that must be called from the node's
     event loop; coroutine methods are awaited on it.
     """
 
-    def __init__(self, config: NodeConfig | None = None, **settings: Any) -> None:
+    def __init__(self, config: NodeConfig | None = None, *,
+                 handlers: Iterable[Callable[[Message], None]] = (),
+                 batch_handlers: Iterable[Callable[[list[Message]], None]] = (),
+                 **settings: Any) -> None:
         if config is None:
             config = NodeConfig(**settings)
         elif settings:
@@ -368,8 +443,32 @@ class Node:
         self._skew_warned: set[str] = set()
         self._inbox: collections.deque[Message] = collections.deque()
         self._inbox_event: asyncio.Event | None = None
-        self._handlers: list[Callable[[Message], None]] = []
-        self._batch_handlers: list[Callable[[list[Message]], None]] = []
+        self._handlers: list[Callable[[Message], None]] = list(handlers)
+        self._batch_handlers: list[Callable[[list[Message]], None]] = list(batch_handlers)
+        # Messages a handler declined (NotHandled), per (sender, direct), offered again on
+        # a capped backoff; how many activities they hold; the timer of the next offer.
+        self._held: dict[tuple[str, bool], _HeldQueue] = {}
+        self._held_count = 0
+        self._held_limit = config.inbox_size or 100_000
+        self._held_timer: asyncio.TimerHandle | None = None
+        # Journal positions: the first one a held message still owes (the taken mark
+        # stays below it; None: nothing journaled is held), and the highest take asked
+        # for meanwhile (the mark moves there once nothing below it is held).
+        self._floor: int | None = None
+        self._goal = 0
+        # Direct messages held in memory only (no data directory), not acknowledged yet:
+        # (sender, incarnation, first seq). Their retries are not acknowledged either.
+        self._unacked: set[tuple[str, int, int]] = set()
+        # A failed journal write: the error while the data directory cannot be written
+        # (None once a write succeeds again); the messages it refused, which the
+        # sequence tracker has seen but which were never kept or acknowledged, so that
+        # their retries are accepted: (sender, incarnation, first seq).
+        self._storage_error: StorageError | None = None
+        self._unjournaled: dict[tuple[str, int, int], None] = {}
+        # When the application last read the inbox (or the node started), and whether
+        # the node said that owed messages wait unread (see NodeConfig.unread_warning).
+        self._read_at = time.monotonic()
+        self._unread_warned = False
         self._peer_listeners: list[Callable[[PeerEvent], None]] = []
         self._control_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
         self._kind_handlers: dict[str, KindHandler] = {
@@ -397,6 +496,7 @@ class Node:
         self._lost_at: dict[str, float] = {}
         self._security: MeshSecurity | None = None
         self._trust_generation = 0
+        self._trust_removals = 0
         # Sockets whose handshakes are watched, with the peer a client socket connects to
         # (None for this node's own server sockets); and the peers that refused us.
         self._handshakes: dict[zmq.Socket[bytes], tuple[HandshakeWatch, str | None]] = {}
@@ -435,6 +535,7 @@ class Node:
 
         Raises:
             ConfigError: a port is taken or an interface cannot be bound.
+            StorageError: the delivery journal cannot be created (a full disk).
             SecurityError: libzmq is too old; the node would bind beyond loopback without
                 keys and without ``insecure``; or its key or trusted directory cannot be
                 used. Raised before any socket is bound.
@@ -459,13 +560,9 @@ class Node:
             self._watch(security.start(self._ctx), self._answer_zap)
             self._security = security
             self._trust_generation = security.store.generation
+            self._trust_removals = security.store.removals
         try:
-            # XPUB rather than PUB: it tells us who subscribed to what, so callers can
-            # wait for subscribers instead of guessing (the "slow joiner" problem).
-            self._pub = self._server_socket(zmq.XPUB)
-            self._pub.setsockopt(zmq.XPUB_VERBOSER, 1)
-            # Bound in bytes: messages are at most broadcast_message_bytes (see _batches).
-            self._pub.setsockopt(zmq.SNDHWM, cfg.pub_hwm)
+            self._pub = self._new_pub()
             self.pub_port = self._bind(self._pub, cfg.pub_port)
             self._router = self._server_socket(zmq.ROUTER)
             self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
@@ -486,7 +583,12 @@ class Node:
             self._watch_handshake(self._pub, None)
             self._watch_handshake(self._router, None)
         if cfg.data_dir is not None:
-            self._open_journal(cfg.data_dir / "inbox.journal")
+            try:
+                self._open_journal(cfg.data_dir / "inbox.journal")
+            except StorageError:
+                self._close_sockets()
+                self._release_data_dir()
+                raise
         if self._sub is not None:
             self._watch(self._sub, self._drain_sub)
         self._watch(self._router, self._drain_router)
@@ -519,11 +621,20 @@ class Node:
         its first handler is added. Until then no new direct message is accepted.
         """
         window = self.config.idempotency_window
-        self._journal = journal = DeliveryJournal(path, key_window=window)
+        self._journal = journal = DeliveryJournal(
+            path, key_window=window, compact_bytes=self.config.journal_compact_bytes)
         self._handed = journal.taken
+        tracker = self._dtracker
         for record in journal.known:
-            self._dtracker.observe_range(record.sender, _DIRECT_STREAM, record.incarnation,
-                                         record.first_seq, record.count)
+            # Compaction merges a sender's taken messages into runs of any length; only
+            # the tracker's window of a run's end matters (older is a duplicate anyway).
+            last = record.first_seq + record.count - 1
+            first = max(record.first_seq, last - tracker.window + 1)
+            while first <= last:
+                count = min(C.MAX_BATCH, last - first + 1)
+                tracker.observe_range(record.sender, _DIRECT_STREAM, record.incarnation,
+                                      first, count)
+                first += count
             if record.key is not None:
                 self._keys[(record.sender, record.key)] = record.wall_ms / 1000 + window
         self._replay = journal.pending
@@ -548,7 +659,7 @@ class Node:
                 # Checked when it arrived: only a damaged file gets here.
                 log.error("node %s: journal record from %s cannot be decoded (%s); "
                           "skipped", self.name, record.sender, exc)
-                journal.take(position + record.count)
+                self._take(position + record.count)
                 continue
             self.counters["redelivered.direct"] += record.count - skip
             self._deliver_activities(env, activities[skip:], direct=True,
@@ -582,6 +693,11 @@ class Node:
         """True when this node runs CurveZMQ."""
         return self._security is not None
 
+    @property
+    def security(self) -> MeshSecurity | None:
+        """The running node's keys, trusted directory and audit log (None if unsecured)."""
+        return self._security
+
     async def aclose(self) -> None:
         """Leave gracefully: say goodbye, unregister from mDNS, fail pending sends,
         close every socket. Idempotent."""
@@ -592,6 +708,9 @@ class Node:
         with contextlib.suppress(Exception):
             self._flush()
             self._publish_control(K_BYE, {})
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(BaseException):
@@ -609,7 +728,7 @@ class Node:
         self._close_sockets()
         if self._journal is not None:
             # Closing the node means the application is done with what it took.
-            self._journal.take(self._handed)
+            self._take(self._handed)
             self._journal.close()
         self._release_data_dir()
         if self._halt_event is not None:
@@ -678,17 +797,22 @@ class Node:
             self._security.client(sock, server_key)
         return sock
 
+    def _new_pub(self) -> zmq.Socket[bytes]:
+        # XPUB rather than PUB: it tells us who subscribed to what, so callers can wait
+        # for subscribers instead of guessing (the "slow joiner" problem).
+        sock = self._server_socket(zmq.XPUB)
+        sock.setsockopt(zmq.XPUB_VERBOSER, 1)
+        # Bound in bytes: messages are at most broadcast_message_bytes (see _batches).
+        sock.setsockopt(zmq.SNDHWM, self.config.pub_hwm)
+        return sock
+
     def _bind(self, sock: zmq.Socket[bytes], port: int) -> int:
         chosen = port
         for host in self.config.interfaces:
-            addr = f"[{host}]" if ":" in host else host
-            if ":" in host:
-                sock.setsockopt(zmq.IPV6, 1)
             if chosen == 0:
-                endpoint = sock.bind_to_random_port(f"tcp://{addr}")
-                chosen = endpoint
+                chosen = sock.bind_to_random_port(_tcp_address(sock, host))
             else:
-                sock.bind(f"tcp://{addr}:{chosen}")
+                sock.bind(f"{_tcp_address(sock, host)}:{chosen}")
         return chosen
 
     def _watch(self, sock: zmq.Socket[bytes], drain: Callable[[], None]) -> None:
@@ -721,6 +845,7 @@ class Node:
             addresses=tuple(self.config.interfaces), slots=self.config.slots,
             tools=tuple(self.config.tools),
             public_key=self._security.identity.public_key if self._security else None,
+            signing_key=self._security.identity.signing_key_z85 if self._security else None,
         )
 
     def _on_discovered(self, advert: PeerAdvert) -> None:
@@ -880,6 +1005,59 @@ class Node:
             if self._seed_names.get(seed) not in self._links:
                 self._recontact.start((_SEED, seed), None, now, delay=0, pinned=True)
         self._recontact.restart(now)
+
+    def _reopen_pub(self) -> None:
+        """A key left the trusted directory: cut every subscriber off this node's PUB.
+
+        ZeroMQ's PUB has no way to drop one subscriber, and a connection authenticated
+        before the key was removed would otherwise keep receiving every broadcast until it
+        reconnects. So the XPUB is closed and a new one bound on the same port: honest
+        subscribers reconnect through ZAP within their reconnect interval (what was
+        published meanwhile is a sequence gap they count, and knowledge is repaired by
+        anti-entropy, as for any loss), while the revoked key is refused.
+        """
+        old = self._pub
+        if old is None or self._closed:
+            return
+        self._unwatch(old)
+        self._end_handshake_watch(old)
+        old.close(linger=0)
+        self._subscribers.clear()
+        self._subscribed.clear()
+        self._direct_watched = False
+        sock = self._pub = self._new_pub()
+        self.counters["security.pub-reopened"] += 1
+        log.info("node %s: a key left the trusted directory; every subscriber of this "
+                 "node's PUB was cut and must reconnect", self.name)
+        # libzmq closes the old listener on its I/O thread: the port frees within a few
+        # milliseconds. Until the bind succeeds broadcasts reach nobody (and are counted
+        # as gaps by the subscribers, like any other loss).
+        self._bind_pub_again(sock, list(self.config.interfaces),
+                             time.monotonic() + _REBIND_DEADLINE, _REBIND_FIRST_DELAY)
+
+    def _bind_pub_again(self, sock: zmq.Socket[bytes], hosts: list[str], deadline: float,
+                        delay: float) -> None:
+        if sock is not self._pub or sock.closed:
+            return  # the node closed, or cut its subscribers again, meanwhile
+        while hosts:
+            host = hosts[0]
+            try:
+                sock.bind(f"{_tcp_address(sock, host)}:{self.pub_port}")
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EADDRINUSE and time.monotonic() < deadline:
+                    assert self._loop is not None
+                    self._loop.call_later(delay, self._bind_pub_again, sock, hosts, deadline,
+                                          min(delay * 2, _REBIND_MAX_DELAY))
+                    return
+                self.counters["error.pub-rebind"] += 1
+                log.error("node %s cannot bind its PUB socket again on %s:%d (%s): its "
+                          "broadcasts reach nobody; restart the node", self.name, host,
+                          self.pub_port, exc.strerror)
+                return
+            hosts.pop(0)
+        if self._security is not None:
+            self._watch_handshake(sock, None)
+        self._watch(sock, self._drain_xpub)
 
     # ------------------------------------------------------------------ handshakes
 
@@ -1606,14 +1784,14 @@ class Node:
 
     def _deliver_activities(self, env: Envelope, activities: list[Activity], *,
                             direct: bool, offset: int = -1, first: int = 0,
-                            redelivered: bool = False) -> None:
+                            redelivered: bool = False, ident: bytes | None = None) -> None:
         """Hand activities to the handlers and the inbox.
 
         ``offset`` is the journal position of ``activities[0]`` (-1: not journaled),
-        which is activity number ``first`` of the ZeroMQ message. Without an inbox the
-        handlers are the consumers: each journaled message is taken as soon as every
-        handler has returned for it (an exception counts as returning; a crash does
-        not), and the whole message once the batch handlers have returned too.
+        which is activity number ``first`` of the ZeroMQ message. ``ident``: the ROUTER
+        identity to acknowledge once the message is taken (a direct message that is not
+        journaled; None: acknowledged by the caller). Messages of a sender with declined
+        messages wait behind them (see :meth:`_dispatch`).
         """
         channel, sender, seq = env.channel, env.sender, env.seq + first
         # Message's own constructor is a Python function; building the tuples directly
@@ -1629,38 +1807,214 @@ class Node:
         if self._security is not None:
             msgs = self._bound_messages(env, msgs)
         self.counters["received.direct" if direct else "received.broadcast"] += len(msgs)
+        end = offset + len(activities) if offset >= 0 else -1
+        if self._held:
+            queue = self._held.get((sender, direct))
+            if queue is not None:
+                # Order within a sender: nothing overtakes a declined message.
+                if not direct and self._held_count >= self._held_limit:
+                    self._drop("held-full", sender, "dropped %d broadcast(s) from %s: %d "
+                               "declined messages are held already", len(msgs), sender,
+                               self._held_count)
+                    return
+                held = _Held(env, msgs, offset, end, direct, ident)
+                queue.append(held)
+                self._held_count += len(msgs)
+                self._track_unacked(held)
+                return
+        rest = self._dispatch(env, msgs, offset, end, direct, ident, None)
+        if rest is not None:
+            queue = self._held[(sender, direct)] = _HeldQueue()
+            queue.append(rest)
+            self._held_count += len(msgs)
+            self._track_unacked(rest)
+            self._held_changed()
+            self._schedule_offer(queue)
+
+    def _dispatch(self, env: Envelope, msgs: list[Message], offset: int, end: int,
+                  direct: bool, ident: bytes | None, held: _Held | None) -> _Held | None:
+        """Offer one ZeroMQ message's activities to the handlers, then the inbox.
+
+        Without an inbox the handlers are the consumers: each journaled message is
+        taken as soon as every handler has returned for it (an exception counts as
+        returning; a crash does not), and the whole message once the batch handlers
+        have returned too. A handler that raises :class:`NotHandled` stops the offer
+        there: nothing from that point on is taken, and the returned :class:`_Held`
+        says where to go on (``held``: where an earlier offer stopped). Returns None
+        once everything was taken.
+        """
         limit = self.config.inbox_size
         journal = self._journal if offset >= 0 and not limit else None
-        if self._handlers:
-            handlers = tuple(self._handlers)  # a handler may remove itself
-            take_each = journal if not self._batch_handlers else None
-            for msg in msgs:
-                for handler in handlers:
+        index = 0
+        done: tuple[Callable[[Message], None], ...] = ()
+        done_batch = None
+        if held is not None:
+            index, done, done_batch = held.index, held.done, held.done_batch
+        handlers = self._handlers
+        batch_handlers = self._batch_handlers
+        if handlers and done_batch is None:
+            current = tuple(handlers)  # a handler may remove itself
+            take_each = None
+            if journal is not None and not batch_handlers:
+                take_each = journal.take if self._floor is None else self._take
+            for i in range(index, len(msgs)):
+                msg = msgs[i]
+                run = current
+                if done:
+                    run = tuple(h for h in current if h not in done)
+                for handler in run:
                     try:
                         handler(msg)
+                    except NotHandled:
+                        return self._stopped(env, msgs, offset, end, direct, ident, held, i,
+                                             done + run[:_index_of(run, handler)], None)
                     except Exception:
                         log.exception("message handler failed on %s", env.msg_id)
+                done = ()
                 if take_each is not None:
-                    take_each.take(msg.offset + 1)
-        for batch_handler in tuple(self._batch_handlers):
-            try:
-                batch_handler(msgs.copy())  # each its own list, to keep or change
-            except Exception:
-                log.exception("batch handler failed on %s", env.msg_id)
+                    take_each(msg.offset + 1)
+        if batch_handlers:
+            run_batch = tuple(batch_handlers)
+            if done_batch:
+                run_batch = tuple(h for h in run_batch if h not in done_batch)
+            for batch_handler in run_batch:
+                try:
+                    batch_handler(msgs.copy())  # each its own list, to keep or change
+                except NotHandled:
+                    return self._stopped(
+                        env, msgs, offset, end, direct, ident, held, len(msgs), (),
+                        (done_batch or ()) + run_batch[:_index_of(run_batch, batch_handler)])
+                except Exception:
+                    log.exception("batch handler failed on %s", env.msg_id)
         if journal is not None:
-            journal.take(offset + len(activities))
+            if self._floor is None:
+                journal.take(end)
+            else:
+                self._take(end)
+        if ident is not None:
+            self._unacked.discard((env.sender, env.incarnation, env.seq))
+            self._queue_ack(ident, env.seq)
         if not limit or not msgs:
-            return
+            return None
         inbox = self._inbox
         room = limit - len(inbox)
         if room < len(msgs):
             self.counters["dropped.inbox-full"] += len(msgs) - max(room, 0)
             if room <= 0:
-                return
+                return None
             msgs = msgs[:room]
         inbox.extend(msgs)
         if self._inbox_event is not None:
             self._inbox_event.set()
+        return None
+
+    def _stopped(self, env: Envelope, msgs: list[Message], offset: int, end: int,
+                 direct: bool, ident: bytes | None, held: _Held | None, index: int,
+                 done: tuple[Callable[[Message], None], ...],
+                 done_batch: tuple[Callable[[list[Message]], None], ...] | None) -> _Held:
+        """A handler declined: where the offer of this message goes on next time."""
+        if held is None:
+            held = _Held(env, msgs, offset, end, direct, ident)
+        held.index, held.done, held.done_batch = index, done, done_batch
+        if offset >= 0:
+            # Only handlers alone take a message at a time: with batch handlers nothing
+            # of it is taken before they return, and the inbox gets all of it at once.
+            single = (done_batch is None and not self._batch_handlers and index < len(msgs)
+                      and not self.config.inbox_size)
+            held.floor = msgs[index].offset if single else offset
+        self.counters["declined." + ("direct" if direct else "broadcast")] += 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("node %s: a handler declined %s from %s; offered again later",
+                      self.name, env.msg_id, env.sender)
+        return held
+
+    def _track_unacked(self, held: _Held) -> None:
+        if held.ident is not None:
+            self._unacked.add((held.env.sender, held.env.incarnation, held.env.seq))
+
+    def _queue_ack(self, ident: bytes, seq: int) -> None:
+        acks = self._pending_acks.get(ident)
+        if acks is None:
+            self._pending_acks[ident] = [seq]
+        else:
+            acks.append(seq)
+
+    def _take(self, upto: int) -> None:
+        """Take journal positions below ``upto``, but none a declined message holds."""
+        journal = self._journal
+        assert journal is not None
+        floor = self._floor
+        if floor is None:
+            journal.take(upto)
+            return
+        if upto > self._goal:
+            self._goal = upto
+        journal.take(min(upto, floor))
+
+    def _held_changed(self) -> None:
+        """Held messages came or went: move the journal's floor (and the mark up to it)."""
+        floors = [q[0].floor for q in self._held.values() if q and q[0].floor >= 0]
+        floor = min(floors) if floors else None
+        journal = self._journal
+        if journal is None or floor == self._floor:
+            return
+        if self._floor is None:
+            self._goal = max(self._goal, journal.taken)
+        self._floor = floor
+        journal.take(self._goal if floor is None else min(self._goal, floor))
+
+    def _schedule_offer(self, queue: _HeldQueue) -> None:
+        """Back ``queue`` off (capped, doubling) and arm the timer of the next offer."""
+        cfg = self.config
+        queue.delay = min(cfg.redeliver_max, max(cfg.redeliver_initial, queue.delay * 2))
+        queue.due = time.monotonic() + queue.delay
+        self._arm_offer()
+
+    def _arm_offer(self) -> None:
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
+        if not self._held or self._loop is None or self._closed:
+            return
+        due = min(q.due for q in self._held.values())
+        self._held_timer = self._loop.call_at(
+            self._loop.time() + max(0.0, due - time.monotonic()), self._offer_held, False)
+
+    def _offer_held(self, now_all: bool) -> None:
+        """Offer declined messages again: every sender's (``now_all``) or those due."""
+        self._held_timer = None
+        if self._closed:
+            return
+        now = time.monotonic()
+        for key, queue in list(self._held.items()):
+            if now_all:
+                queue.delay = 0.0  # a fresh start: the backoff begins again
+            elif queue.due > now:
+                continue
+            while queue:
+                item = queue[0]
+                if self._dispatch(item.env, item.msgs, item.offset, item.end, item.direct,
+                                  item.ident, item) is not None:
+                    self._schedule_offer(queue)
+                    break
+                self._held_count -= len(item.msgs)
+                queue.popleft()
+                queue.delay = 0.0
+            if not queue:
+                del self._held[key]
+        self._held_changed()
+        self._arm_offer()
+        self._after_batch()
+
+    def redeliver(self) -> None:
+        """Offer the messages handlers declined (:class:`~porter_mesh.errors.NotHandled`)
+        to the handlers again now, instead of at their next backoff (loop thread only).
+
+        Call it when whatever made a handler decline is ready again (a gateway's far
+        side came back). Adding a handler does the same.
+        """
+        if self._held:
+            self._offer_held(True)
 
     def _bound_messages(self, env: Envelope, msgs: list[Message]) -> list[Message]:
         """The messages whose ``actor`` is the (authenticated) sender; the rest are
@@ -1693,7 +2047,7 @@ class Node:
         if sock is None:
             return
         n = 0
-        accepted: list[tuple[Envelope, bytes, bytes, list[Activity]]] = []
+        accepted: list[_Accepted] = []
         secured = self._security is not None
         try:
             while n < _DRAIN_LIMIT:
@@ -1716,39 +2070,83 @@ class Node:
                 raise
             return
         if accepted:
-            # Journal first, then hand to the application, then acknowledge (in
-            # _after_batch): whatever was acknowledged is on record, and stays owed to
-            # the application until it is taken (see _open_journal).
-            offset = -1
-            if self._journal is not None:
-                offset = self._journal.append([
+            self._accept(accepted)
+        if n >= _DRAIN_LIMIT and self._loop is not None:
+            self._loop.call_soon(self._drain_router)
+        self._after_batch()
+
+    def _accept(self, accepted: list[_Accepted]) -> None:
+        """Keep, deliver and acknowledge the new direct messages of one read.
+
+        Journal first, then hand to the application, then acknowledge (the flush in
+        _after_batch): whatever was acknowledged is on record, and stays owed to the
+        application until it is taken (see _open_journal). A message that cannot be
+        journaled (a full disk) is neither delivered nor acknowledged: its sender
+        retries until space returns or its deadline passes. Without a journal a message
+        is acknowledged once taken, so that one a handler declines stays the sender's.
+        """
+        offset = -1
+        journal = self._journal
+        if journal is not None:
+            try:
+                offset = journal.append([
                     JournalRecord(env.sender, env.incarnation, env.seq, env.count,
                                   env.channel, payload, env_bytes)
                     if not env.msg_id.startswith(_KEY_PREFIX) else
                     JournalRecord(env.sender, env.incarnation, env.seq, env.count,
                                   env.channel, payload, env_bytes,
                                   env.msg_id[len(_KEY_PREFIX):], _wall_ms())
-                    for env, env_bytes, payload, _ in accepted
+                    for env, env_bytes, payload, _, _ in accepted
                 ])
-            pub = self._pub
-            watched = self._direct_watched
-            for env, env_bytes, payload, activities in accepted:
-                self._deliver_activities(env, activities, direct=True, offset=offset)
-                if offset >= 0:
-                    offset += env.count
-                if pub is not None and watched:
-                    # A copy for observers (tail), only while one subscribes to it.
-                    with contextlib.suppress(zmq.Again):
-                        send_frames(pub, [encode_topic(env.channel), env_bytes, payload])
+            except StorageError as exc:
+                self._storage_failed(exc, accepted)
+                return
+            if self._storage_error is not None:
+                self._storage_recovered()
+            for env, _, _, _, ident in accepted:
+                self._queue_ack(ident, env.seq)
+        pub = self._pub
+        watched = self._direct_watched
+        for env, env_bytes, payload, activities, ident in accepted:
+            self._deliver_activities(env, activities, direct=True, offset=offset,
+                                     ident=ident if offset < 0 else None)
+            if offset >= 0:
+                offset += env.count
             if pub is not None and watched:
-                self._after_send(pub)
-        if n >= _DRAIN_LIMIT and self._loop is not None:
-            self._loop.call_soon(self._drain_router)
-        self._after_batch()
+                # A copy for observers (tail), only while one subscribes to it.
+                with contextlib.suppress(zmq.Again):
+                    send_frames(pub, [encode_topic(env.channel), env_bytes, payload])
+        if pub is not None and watched:
+            self._after_send(pub)
+
+    def _storage_failed(self, error: StorageError, accepted: list[_Accepted]) -> None:
+        """The journal could not keep ``accepted``: refuse them (no acknowledgement)."""
+        refused = 0
+        for env, _, _, _, _ in accepted:
+            refused += env.count
+            if len(self._unjournaled) >= _MAX_KEYS:
+                del self._unjournaled[next(iter(self._unjournaled))]
+            self._unjournaled[(env.sender, env.incarnation, env.seq)] = None
+            if env.msg_id.startswith(_KEY_PREFIX):
+                # Not kept, so not seen: the retry with this key must land.
+                self._keys.pop((env.sender, env.msg_id[len(_KEY_PREFIX):]), None)
+        self.counters["refused.disk"] += refused
+        first = self._storage_error is None
+        self._storage_error = error
+        log.log(logging.WARNING if first else logging.DEBUG,
+                "node %s: %s; direct messages are refused (not acknowledged, so their "
+                "senders retry) until there is space again%s", self.name, error,
+                "" if first else " (again)")
+
+    def _storage_recovered(self) -> None:
+        error, self._storage_error = self._storage_error, None
+        assert error is not None
+        log.warning("node %s: the delivery journal %s can be written again; direct "
+                    "messages are accepted (%d refused so far, retries included)",
+                    self.name, error.path, self.counters["refused.disk"])
 
     def _on_direct(self, frames: list[bytes],
-                   accepted: list[tuple[Envelope, bytes, bytes, list[Activity]]],
-                   user: str | None = None) -> None:
+                   accepted: list[_Accepted], user: str | None = None) -> None:
         """One ROUTER message; ``user``: the authenticated sender name (secured)."""
         if len(frames) < 2:
             self._drop("frames", user or "?", "dropped a direct message with %d frames",
@@ -1781,7 +2179,7 @@ class Node:
             return
         limit = self.config.inbox_size
         if limit:
-            waiting = len(self._inbox) + sum(e.count for e, _, _, _ in accepted[-64:])
+            waiting = len(self._inbox) + sum(a[0].count for a in accepted[-64:])
             if waiting + env.count > limit:
                 self.counters["backpressure.inbox"] += 1
                 return  # not acknowledged: the sender will retry when we have room
@@ -1790,11 +2188,21 @@ class Node:
             # could take it, so it is not acknowledged and the sender retries.
             self.counters["backpressure.no-consumer"] += 1
             return
+        if self._held_count >= self._held_limit:
+            self.counters["backpressure.held"] += 1
+            return  # handlers decline this much already: the sender retries later
         result = self._dtracker.observe_range(env.sender, _DIRECT_STREAM, env.incarnation,
                                               env.seq, env.count)
-        if result.is_new and env.msg_id.startswith(_KEY_PREFIX) and self._key_seen(env):
+        is_new = result.is_new
+        if not is_new and self._unjournaled:
+            # Seen, but its journal write failed (a full disk): this retry may land.
+            unkept = (env.sender, env.incarnation, env.seq)
+            if unkept in self._unjournaled:
+                del self._unjournaled[unkept]
+                is_new = True
+        if is_new and env.msg_id.startswith(_KEY_PREFIX) and self._key_seen(env):
             self.counters["duplicate.key"] += env.count
-        elif result.is_new:
+        elif is_new:
             try:
                 activities = decode_payload(payload, env.count)
             except ProtocolError as exc:
@@ -1802,14 +2210,17 @@ class Node:
                 self._drop(exc.reason, env.sender, "dropped %d activities from %s: %s",
                            env.count, env.sender, exc)
             else:
-                accepted.append((env, frames[1], payload, activities))
+                # Acknowledged once kept (see _drain_router).
+                accepted.append((env, frames[1], payload, activities, ident))
+                return
+        elif self._unacked and (env.sender, env.incarnation, env.seq) in self._unacked:
+            # A retry of a message a handler declined, held in memory only: it is
+            # acknowledged when taken.
+            self.counters["duplicate.held"] += env.count
+            return
         else:
             self.counters["duplicate.direct"] += env.count
-        acks = self._pending_acks.get(ident)
-        if acks is None:
-            self._pending_acks[ident] = [env.seq]
-        else:
-            acks.append(env.seq)
+        self._queue_ack(ident, env.seq)
 
     def _key_seen(self, env: Envelope) -> bool:
         """Whether a keyed message repeats one seen within the window (and remember it).
@@ -2103,10 +2514,43 @@ class Node:
             if store.generation != self._trust_generation:
                 self._trust_generation = store.generation
                 self._revalidate_links()
+            if store.removals != self._trust_removals:
+                self._trust_removals = store.removals
+                self._reopen_pub()
         if force_beat:
             self._apply_peer_events(self._peers.tick(now))
+            if self.config.unread_warning:
+                self._check_unread(now)
         if now >= self._recontact.next_due:
             self._run_recontacts(now)
+
+    def _check_unread(self, now: float) -> None:
+        """Say once when owed messages wait for an application that does not read them:
+        an inbox nobody reads, or (without an inbox) no handler for what a restart
+        owes. Said again only after the application read in between."""
+        waiting = len(self._inbox) if self.config.inbox_size else sum(
+            r.count for _, r in self._replay)
+        if not waiting:
+            self._unread_warned = False
+            self._read_at = now
+            return
+        idle = now - self._read_at
+        if idle < self.config.unread_warning:
+            self._unread_warned = False
+            return
+        if self._unread_warned:
+            return
+        self._unread_warned = True
+        self.counters["warned.unread"] += 1
+        if self.config.inbox_size:
+            log.warning("node %s: %d message(s) have waited %.0fs in the inbox and nothing "
+                        "reads it (receive(), drain()); pass handlers to the constructor "
+                        "(handlers=[...]) to see them, or read the inbox", self.name,
+                        waiting, idle)
+        else:
+            log.warning("node %s: %d message(s) owed from before a restart have waited "
+                        "%.0fs for a handler; add one (or pass handlers=[...] to the "
+                        "constructor)", self.name, waiting, idle)
 
     # ------------------------------------------------------------------ application
 
@@ -2116,9 +2560,20 @@ class Node:
         On a node without an inbox (``inbox_size=0``) the handlers are the application:
         a direct message is taken (see :meth:`ack`) when every handler has returned for
         it, and until the first handler is added no direct message is acknowledged, so
-        none is lost to an application still starting. Add handlers before
-        :meth:`astart` to see, on a node with an inbox, the messages a restart delivers
-        again; without an inbox they wait for the first handler.
+        none is lost to an application still starting. Pass handlers to the constructor
+        (or add them before :meth:`astart`) to see, on a node with an inbox, the
+        messages a restart delivers again; without an inbox they wait for the first
+        handler.
+
+        A handler that cannot act on a message yet raises
+        :class:`~porter_mesh.errors.NotHandled`: the message is not taken. It stays
+        owed (in the journal, or unacknowledged without a data directory, so that the
+        sender retries), it does not reach the inbox or the later handlers, and it is
+        offered again, to the handlers that have not returned for it, after a capped
+        backoff (``redeliver_initial`` .. ``redeliver_max``), at once when a handler is
+        added or :meth:`redeliver` is called. Later messages of the same sender wait
+        behind it, so order per sender holds. Any other exception is logged and counts
+        as returning (the message is taken).
 
         Returns a function that removes the handler.
         """
@@ -2131,7 +2586,9 @@ class Node:
 
         The same messages, order and thread as :meth:`add_handler`, one call per batch:
         the cheaper choice for an application that counts, filters or forwards many
-        messages. The list is the handler's to keep. Returns a function that removes it.
+        messages. The list is the handler's to keep. A batch handler that raises
+        :class:`~porter_mesh.errors.NotHandled` declines the whole batch (as
+        :meth:`add_handler` says). Returns a function that removes it.
         """
         self._batch_handlers.append(handler)
         self._consumer_added()
@@ -2140,8 +2597,13 @@ class Node:
     def _consumer_added(self) -> None:
         # Without an inbox, messages owed from before a restart wait for a handler; it
         # gets them on the next loop turn, ahead of anything new (see _open_journal).
-        if self._replay and not self.config.inbox_size and self._loop is not None:
+        # Declined messages are offered again at once: the new handler may take them.
+        if self._loop is None:
+            return
+        if self._replay and not self.config.inbox_size:
             self._loop.call_soon(self._redeliver)
+        if self._held:
+            self._loop.call_soon(self.redeliver)
 
     def add_peer_listener(self, listener: Callable[[PeerEvent], None]) -> Callable[[], None]:
         """Call ``listener`` on every roster change (joined, evasive, alive, left)."""
@@ -2163,6 +2625,7 @@ class Node:
         """
         if ack:
             self.ack()
+        self._read_at = time.monotonic()
         inbox = self._inbox
         if limit is None or limit >= len(inbox):
             out = list(inbox)
@@ -2197,6 +2660,7 @@ class Node:
                 self._inbox_event.clear()
                 await self._inbox_event.wait()
         msg = self._inbox.popleft()
+        self._read_at = time.monotonic()
         if msg.offset >= 0:
             self._handed = msg.offset + 1
         return msg
@@ -2218,10 +2682,11 @@ class Node:
         journal = self._journal
         if journal is None:
             return
+        self._read_at = time.monotonic()
         if message is None:
-            journal.take(self._handed)
+            self._take(self._handed)
         elif message.offset >= 0:
-            journal.take(min(message.offset + 1, self._handed))
+            self._take(min(message.offset + 1, self._handed))
 
     async def wait_readable(self) -> None:
         """Wait until the inbox holds at least one message (or the node closes)."""
@@ -2288,7 +2753,28 @@ class Node:
         out["outbox"] = len(self._outbox)
         out["retries"] = self._outbox.resent
         out["peers"] = len(self._peers)
+        if self._storage_error is not None:
+            out["storage.full"] = 1
+        if self._unread_warned:
+            out["inbox.unread"] = 1
         return out
+
+    def storage(self) -> dict[str, Any] | None:
+        """The delivery journal's state, or None without a data directory.
+
+        Returns:
+            ``state`` (``ok``, or ``full`` while the journal cannot be written and
+            direct messages are refused), ``path``, ``free_bytes`` (when full: the space
+            left at the last failure), ``refused`` (direct messages refused for it so
+            far), ``size`` (the journal's bytes).
+        """
+        journal = self._journal
+        if journal is None:
+            return None
+        error = self._storage_error
+        return {"state": "ok" if error is None else "full", "path": str(journal.path),
+                "free_bytes": None if error is None else error.free_bytes,
+                "refused": self.counters["refused.disk"], "size": journal.size}
 
     # ------------------------------------------------------------------ the node's view
 
@@ -2300,8 +2786,9 @@ class Node:
             ``incarnation`` (hex), ``uptime`` (seconds), ``draining``; ``peers`` (one map
             per roster entry: ``name``, ``role``, ``state``, ``draining``, ``last_heard``
             (seconds ago), ``lost``, ``dropped``); ``lost`` and ``dropped`` in total;
-            ``queues`` (``inbox``, ``outbox``, ``subscribers``); ``counters``; plus the
-            sections of :attr:`view_sections` (``knowledge``, when a replica runs).
+            ``queues`` (``inbox``, ``outbox``, ``subscribers``); ``counters``;
+            ``storage`` (:meth:`storage`, with a data directory); plus the sections of
+            :attr:`view_sections` (``knowledge``, when a replica runs).
         """
         from porter_mesh import __version__
 
@@ -2323,6 +2810,9 @@ class Node:
                        "subscribers": self._subscribers[encode_topic(C.CHANNEL_CONTROL)]},
             "counters": dict(self.counters),
         }
+        storage = self.storage()
+        if storage is not None:
+            out["storage"] = storage
         for section, provide in list(self.view_sections.items()):
             try:
                 out[section] = provide()

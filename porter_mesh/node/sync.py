@@ -33,12 +33,19 @@ class SyncNode:
     Args:
         config: a :class:`NodeConfig`, or its fields as keyword arguments.
         start_timeout: seconds to wait for the node to start.
+        handlers: message handlers installed before the node starts (see
+            :class:`~porter_mesh.node.node.Node`): they run on the node's thread and see
+            every message, those a restart delivers again included. A handler added
+            later with :meth:`add_handler` misses those on a node with an inbox.
+        batch_handlers: batch handlers installed the same way.
 
     Raises:
         OperationTimeout: the node did not start in time.
     """
 
     def __init__(self, config: NodeConfig | None = None, *, start_timeout: float = 30.0,
+                 handlers: Iterable[Callable[[Message], None]] = (),
+                 batch_handlers: Iterable[Callable[[list[Message]], None]] = (),
                  **settings: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -47,13 +54,18 @@ class SyncNode:
         self._thread.start()
         self._closed = False
         try:
-            self.node = self._call(self._make(config, settings), start_timeout)
+            self.node = self._call(
+                self._make(config, list(handlers), list(batch_handlers), settings),
+                start_timeout)
         except BaseException:
             self._stop_loop()
             raise
 
-    async def _make(self, config: NodeConfig | None, settings: dict[str, Any]) -> Node:
-        node = Node(config, **settings)
+    async def _make(self, config: NodeConfig | None,
+                    handlers: list[Callable[[Message], None]],
+                    batch_handlers: list[Callable[[list[Message]], None]],
+                    settings: dict[str, Any]) -> Node:
+        node = Node(config, handlers=handlers, batch_handlers=batch_handlers, **settings)
         await node.astart()
         return node
 
@@ -166,6 +178,24 @@ class SyncNode:
             if isinstance(exc, OperationTimeout):
                 raise
             raise OperationTimeout(f"no message within {timeout}s") from None
+
+    def add_handler(self, handler: Callable[[Message], None]) -> Callable[[], None]:
+        """Call ``handler`` (on the node's thread) for every delivered message, as
+        :meth:`Node.add_handler`. Returns a function that removes it."""
+        remove = self._in_loop(lambda: self.node.add_handler(handler))
+        return lambda: self._in_loop(remove)
+
+    def add_batch_handler(self, handler: Callable[[list[Message]], None]
+                          ) -> Callable[[], None]:
+        """Call ``handler`` (on the node's thread) with each ZeroMQ message's messages,
+        as :meth:`Node.add_batch_handler`. Returns a function that removes it."""
+        remove = self._in_loop(lambda: self.node.add_batch_handler(handler))
+        return lambda: self._in_loop(remove)
+
+    def redeliver(self) -> None:
+        """Offer the messages handlers declined to them again now
+        (:meth:`Node.redeliver`)."""
+        self._in_loop(self.node.redeliver)
 
     def ack(self, message: Message | None = None) -> None:
         """Say the application has taken messages from the inbox (:meth:`Node.ack`)."""

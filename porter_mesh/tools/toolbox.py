@@ -98,6 +98,8 @@ from porter_mesh.errors import (
     KnowledgeError,
     NodeClosedError,
     PorterError,
+    SecurityError,
+    StorageError,
     TaskWithdrawn,
     ToolError,
     UnknownPeerError,
@@ -671,7 +673,7 @@ class Toolbox:
                 extra=self._attempt_extra(),
             )
             self.port.remember(activity)
-        except (KnowledgeError, ActivityError) as exc:
+        except (KnowledgeError, ActivityError, StorageError, SecurityError) as exc:
             raise ToolError(f"memory_write: not stored: {exc}") from exc
         except (DeliveryError, NodeClosedError) as exc:
             raise ToolError(f"memory_write: the mesh could not take it: {exc}") from exc

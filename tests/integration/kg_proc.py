@@ -48,9 +48,13 @@ from porter_mesh.core.peers import PeerEvent
 from porter_mesh.errors import PorterError
 from porter_mesh.node.knowledge import Knowledge
 from porter_mesh.node.node import Node
-from tests.integration.harness import NodeProcess
+from tests.integration.harness import NodeProcess, peers_seen
 
 KG_PROC = pathlib.Path(__file__).resolve()
+
+#: Peer timings for loaded machines (two cores running several nodes that fsync), as
+#: command-line options of this script.
+TIMINGS = ("--heartbeat", "0.2", "--evasive-after", "1.5", "--expire-after", "5")
 
 LIVE_QUERY = "SELECT ?o ?by WHERE { ?o a porter:Observation ; porter:discoveredBy ?by }"
 
@@ -87,6 +91,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--expire-after", type=float, default=2.0)
     parser.add_argument("--durability", choices=("fsync", "os"), default="fsync")
     parser.add_argument("--log", default="WARNING")
+    parser.add_argument("--node-dir", type=pathlib.Path,
+                        help="the node's own data directory (its audit log, when secured)")
     return parser.parse_args()
 
 
@@ -100,7 +106,7 @@ async def main() -> None:
         router_port=args.router_port, pub_port=args.pub_port, seeds=tuple(args.seed),
         discovery=not args.no_discovery, heartbeat_interval=args.heartbeat,
         evasive_after=args.evasive_after, expire_after=args.expire_after,
-        channels=(), inbox_size=0,
+        channels=(), inbox_size=0, data_dir=args.node_dir,
     )
     shard = Shard(args.data_dir, agent=args.name, durability=Durability(args.durability))
     reloaded = shard.stats()
@@ -219,6 +225,15 @@ def poll(cond: Callable[[], Any], timeout: float, what: str) -> Any:
             raise AssertionError(f"{what} not reached within {timeout}s (last: {value!r})")
 
 
+def see_each_other(nodes: list[KgProcess], timeout: float = 20) -> None:
+    """Wait until every node has seen every other one join."""
+    names = {n.name for n in nodes}
+    for node in nodes:
+        others = names - {node.name}
+        node.wait_until(lambda ev, o=others: peers_seen(ev) >= o, timeout,
+                        f"{node.name} finds {sorted(others)}")
+
+
 class KgProcess(NodeProcess):
     """One ``kg_proc.py`` process, with helpers to ask it for stats and dumps.
 
@@ -227,9 +242,11 @@ class KgProcess(NodeProcess):
         data_dir: its data directory (the shard).
         extra: more command-line options of this script.
         mesh: the mesh name (unique per test).
+        env: more environment variables (``PORTER_MESH_KEY``... for a secured node).
     """
 
-    def __init__(self, name: str, data_dir: pathlib.Path, *extra: str, mesh: str) -> None:
+    def __init__(self, name: str, data_dir: pathlib.Path, *extra: str, mesh: str,
+                 env: dict[str, str] | None = None) -> None:
         # The harness's start-up, with this script instead of node_proc.py.
         self.name = name
         self.data_dir = data_dir
@@ -237,7 +254,7 @@ class KgProcess(NodeProcess):
                "--data-dir", str(data_dir), *extra]
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
         self.events = []
         self._queue = queue.Queue()
         self._stderr = []

@@ -13,7 +13,8 @@ remember command done), ``rows`` (a recall's answer), ``kg`` (digest, version ve
 Commands (one JSON object per stdin line, ``op`` key): ``publish`` (channel, text, n),
 ``burst`` (channel, text, n, chunk: published ``chunk`` at a time, one loop turn each;
 reports ``burst-start`` and ``burst-done`` with the process's peak RSS so far, ``maxrss``,
-in bytes), ``send`` (to, n, start: numbered direct messages, pipelined), ``stats``,
+in bytes), ``send`` (to, n, start, size: numbered direct messages, pipelined, each with
+``size`` bytes of content), ``stats``,
 ``subscribe``, ``roster``, ``remember`` (n, prefix), ``recall`` (sparql), ``kg``,
 ``send-kind`` (to, kind, payload in hex: one message of the mesh's own, e.g. a malformed
 one; answers ``sent-kind``), ``quit``.
@@ -55,8 +56,12 @@ def peak_rss() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def activity(actor: str, text: str) -> Activity:
-    return Activity.from_dict({"type": "Announce", "actor": actor, "summary": text})
+def activity(actor: str, text: str, size: int = 0) -> Activity:
+    """An Announce whose summary is ``text``, with ``size`` bytes of content if asked."""
+    fields = {"type": "Announce", "actor": actor, "summary": text}
+    if size:
+        fields["content"] = "x" * size
+    return Activity.from_dict(fields)
 
 
 def knowledge_command(knowledge: Knowledge, name: str, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -161,10 +166,10 @@ async def main() -> None:
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     tasks: set[asyncio.Task[None]] = set()
 
-    async def send_many(to: str, start: int, n: int) -> None:
+    async def send_many(to: str, start: int, n: int, size: int) -> None:
         futs = []
         for i in range(start, start + n):
-            futs.append(node.async_send_nowait(to, activity(node.name, f"m{i}")))
+            futs.append(node.async_send_nowait(to, activity(node.name, f"m{i}", size)))
             if len(futs) % 256 == 0:
                 await asyncio.sleep(0)
         ok = 0
@@ -199,7 +204,8 @@ async def main() -> None:
             emit(ev="burst-done", maxrss=peak_rss(),
                  stats=node.stats())
         elif op == "send":
-            task = asyncio.ensure_future(send_many(cmd["to"], cmd.get("start", 0), cmd["n"]))
+            task = asyncio.ensure_future(send_many(cmd["to"], cmd.get("start", 0), cmd["n"],
+                                                   cmd.get("size", 0)))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         elif op == "wait-subscribers":

@@ -168,3 +168,19 @@ def test_scale_benchmark_quick_run_measures_every_mesh(tmp_path: pathlib.Path) -
     assert res["simulation"]["full_mesh"] and res["simulation"]["swim"]
     assert (tmp_path / "scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "views ok" in done.stdout and "import step" in done.stdout
+
+
+@pytest.mark.network
+def test_journal_soak_stays_bounded(tmp_path: pathlib.Path) -> None:
+    """A short soak: every message sent is taken, and the journal stays near its
+    compaction threshold while megabytes go through it."""
+    threshold = 64 * 1024
+    cmd = [sys.executable, "-m", "bench.bench_journal", "--seconds", "2", "--compact-bytes",
+           str(threshold), "--out", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    res = json.loads((tmp_path / "journal.json").read_text())
+    assert res["sent"] == res["taken"] > 0
+    assert res["received_mb"] * 1e6 > 4 * threshold  # far more than the bound went through
+    assert res["max_bytes"] <= 2 * threshold + 256 * 1024  # the bound, plus what is in flight
+    assert (tmp_path / "journal.png").stat().st_size > 0

@@ -9,7 +9,9 @@ handful of cases also run as real processes.
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
+import signal
 import subprocess
 from collections.abc import Iterator
 
@@ -17,7 +19,7 @@ import pytest
 
 from porter_mesh.cli import common
 from porter_mesh.cli.main import build_parser, main
-from tests.integration.cli_proc import cli
+from tests.integration.cli_proc import Running, cli
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -111,6 +113,9 @@ def test_a_bad_value_is_one_line_and_exit_2(argv: list[str], bad: str,
     ["validate", "/nonexistent/file.jsonl"],
     ["request", "task:w1", "hi", "--type", "Note"],
     ["send", "log", "hi", "--type", "Shout"],
+    ["send", "lgo", "hello"],
+    ["request", "lgo", "anyone?", "--context", "abc"],
+    ["tail", "log", "reveiw"],
     ["nosuchcommand"],
 ])
 def test_as_a_process(argv: list[str]) -> None:
@@ -118,6 +123,75 @@ def test_as_a_process(argv: list[str]) -> None:
     assert out.returncode == 2, (out.returncode, out.stderr)
     assert "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_a_channel_outside_the_profile_is_a_mistake_unless_meant(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["send", "lgo", "hello"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("porter-mesh send: 'lgo' is not a channel of the profile (log, task, "
+                   "review or task:<agent>); did you mean 'log'? give --any-channel to use "
+                   "it all the same"), err
+    assert main(["tail", "control", "logs"]) == 2  # tail may watch control
+    assert "'logs' is not a channel of the profile" in capsys.readouterr().err
+    # Meant: it goes on to look for the mesh, which is empty.
+    mesh = f"anychannel{os.getpid()}"
+    assert main(["send", "lgo", "hello", "--any-channel", "--wait", "0", "--mesh", mesh]) == 1
+    assert f"nobody on mesh '{mesh}'" in capsys.readouterr().err
+
+
+def test_recall_names_an_unknown_prefix() -> None:
+    out = cli("recall", "SELECT ?x WHERE { ?x foo:bar ?y }", timeout=30)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("porter-mesh recall: unknown prefix foo: declare it with "
+                                 "PREFIX foo: <...> (line 1, column "), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.parametrize("action", ["stats", "export"])
+def test_kg_without_a_shard_named_is_a_usage_mistake(action: str) -> None:
+    out = cli("kg", action, timeout=30)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert out.stderr.startswith("porter-mesh kg: say which shard: --data-dir DIR, or "
+                                 "--agent NAME"), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_the_mcp_install_hint_works_where_the_command_runs() -> None:
+    import sys
+
+    # The SDK masked, as if the extra were not installed: the command says what to run.
+    masked = ("import sys; sys.modules['mcp'] = None\n"
+              "from porter_mesh.cli.main import main\n"
+              "sys.exit(main(['mcp', '--name', 'x']))")
+    out = subprocess.run([sys.executable, "-c", masked], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    # This interpreter's pip (the venv's, whatever 'pip' the shell finds) and this
+    # checkout (the project is on no package index).
+    assert out.stderr.strip().endswith(
+        f"install it with: {sys.executable} -m pip install -e '{repo}[mcp]'"), out.stderr
+
+
+@pytest.mark.network
+def test_a_second_dashboard_is_told_to_use_another_mesh() -> None:
+    mesh = f"twoui{os.getpid()}"
+    first = Running("ui", "--mesh", mesh, "--port", "0")
+    try:
+        first.wait_until(lambda: any("porter-ui: open" in line for line in first.out), 60,
+                         "the first dashboard's address")
+        second = cli("ui", "--mesh", mesh, "--port", "0", timeout=60)
+    finally:
+        first.stop()
+    assert second.returncode == 2, second.stderr
+    line, = second.stderr.strip().splitlines()
+    assert line.startswith(f"porter-mesh ui: another porter-mesh ui (pid {first.proc.pid}) "
+                           f"already serves mesh {mesh!r} from "), line
+    assert line.endswith(f": open the address it printed, stop it (kill {first.proc.pid}), "
+                         "or run this one on another --mesh"), line
+    assert "--data-dir" not in line, line
 
 
 def test_bad_files_and_data_directories(tmp_path: pathlib.Path) -> None:
@@ -175,3 +249,29 @@ def test_bash_completion_completes_sub_commands_and_options(tmp_path: pathlib.Pa
     lines = out.stdout.splitlines()
     assert lines[0].split() == ["request"], out
     assert "--timeout" in lines[1].split(), out
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("argv", [
+    ["peers", "--wait", "30"],
+    ["tail"],
+    ["request", "log", "anyone?", "--context", "ctrl-c", "--wait", "30"],
+    ["send", "log", "hello", "--wait", "30"],
+    ["agent", "worker", "--name", "ctrl-c-worker", "--no-knowledge"],
+], ids=lambda argv: argv[0])
+def test_ctrl_c_exits_130(argv: list[str]) -> None:
+    """An interrupted command is told apart from one that finished (status 0)."""
+    mesh = f"ctrlc{os.getpid()}-{argv[0]}"
+    running = Running("-v", *argv, "--mesh", mesh)  # a mesh of its own: nobody answers
+    # An agent is ready for Ctrl-C once it says so (after its node, its toolbox and its
+    # signal handlers); a command, once its node is up.
+    ready = " up on mesh " if argv[0] == "agent" else " up: pub "
+    try:
+        running.wait_until(lambda: any(ready in line for line in running.err), 30,
+                           "the command's node up")
+        running.proc.send_signal(signal.SIGINT)
+        status = running.proc.wait(30)
+    finally:
+        running.stop()
+    assert status == 130, (status, running.err[-5:])
+    assert not any("Traceback" in line for line in running.err), running.err

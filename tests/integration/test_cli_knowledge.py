@@ -172,7 +172,7 @@ def test_a_bad_query_fails_at_once_before_joining(mesh: str) -> None:
     # Nobody is on this mesh: a command that joined would wait the whole --wait.
     for query, words in (("SELECT ?a WHERE { ?o porter:about ?a ", "syntax error"),
                          ("LOAD <http://example.com/x>", "LOAD is refused"),
-                         ("SELECT ?a WHERE { ?o nope:about ?a }", "syntax error")):
+                         ("SELECT ?a WHERE { ?o nope:about ?a }", "unknown prefix nope: declare")):
         out, took = timed("recall", query, "--mesh", mesh, "--wait", "60")
         assert out.returncode == 2 and words in out.stderr, out.stderr
         assert took < 15, f"took {took:.1f}s"

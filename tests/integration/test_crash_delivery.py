@@ -82,3 +82,37 @@ def test_acknowledged_messages_are_handled_once_across_kill(
     handled = wait_for_lines(out, TOTAL, second, 60)
     assert len(handled) == len(set(handled)), "a message was handled twice"
     assert set(handled) == {f"m{i}" for i in range(TOTAL)}
+
+
+def test_handler_given_to_sync_node_sees_what_a_restart_owes(
+        procs: list[NodeProcess], mesh: str, tmp_path: Path) -> None:
+    """SyncNode starts its node in its constructor; a handler passed to it is installed
+    before that, so it sees the messages a restart delivers again (a handler added
+    afterwards would leave them in an inbox nothing reads). Such an inbox is reported
+    once, in the log and in stats."""
+    data, out = tmp_path / "recv", tmp_path / "handled.txt"
+    common = ("--data-dir", str(data), "--out", str(out), "--mode", "sync")
+    first = NodeProcess("recv", *common, "--kill-at", "m37", mesh=mesh, script=RECEIVER)
+    procs.append(first)
+    sender = NodeProcess("send", mesh=mesh)
+    procs.append(sender)
+    sender.wait_until(lambda ev: "recv" in peers_seen(ev), 20, "sender finds the receiver")
+    sender.command(op="send", to="recv", start=0, n=TOTAL)
+    assert first.proc.wait(60) == -9, first.stderr[-2000:]
+    assert "m37" not in lines(out)
+
+    second = NodeProcess("recv", *common, "--unread-warning", "1", "--pub-port",
+                         str(first.up["pub"]), "--router-port", str(first.up["router"]),
+                         mesh=mesh, script=RECEIVER)
+    procs.append(second)
+    done = sender.wait_for(lambda e: e["ev"] == "sent", 90, "every send acknowledged")
+    assert done["ok"] == TOTAL
+    handled = wait_for_lines(out, TOTAL, second, 60)
+    assert len(handled) == len(set(handled)), "a message was handled twice"
+    assert set(handled) == {f"m{i}" for i in range(TOTAL)}
+    deadline = time.monotonic() + 20
+    while not second.ask("stats", "stats")["stats"].get("inbox.unread"):
+        assert time.monotonic() < deadline, "the unread inbox was not reported"
+        second.watch(0.3, lambda e: False, "waiting for the unread report")
+    second.stop()
+    assert second.stderr.count("nothing reads it") == 1, second.stderr[-2000:]

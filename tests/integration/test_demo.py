@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,14 +31,19 @@ def is_subsequence(needle: list[tuple[str, str]], hay: list[tuple[str, str]]) ->
 
 def test_demo_command_plays_the_story(tmp_path: Path) -> None:
     out = tmp_path / "demo"
+    mesh = f"mine{os.getpid()}"
     proc = subprocess.run(
         [sys.executable, "-m", "porter_mesh.cli.main", "demo", "--out", str(out),
-         "--timeout", "60"],
+         "--timeout", "60", "--mesh", mesh],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"porter-mesh demo: mesh {mesh!r} on 127.0.0.1" in proc.stdout
     assert "demo complete" in proc.stdout
     assert "api-design" in proc.stdout  # what the architect recalled
+    learned = proc.stdout.split("\nThe team learned:\n", 1)[-1].split("\ndemo complete")[0]
+    assert proc.stdout.lower().count("team learned:") == 1, learned  # one heading
+    assert re.match(r"\d+ row\(s\) \(about, finding\):\n1\. about=api-design", learned), learned
     log = summary_of(out / "messages.jsonl")
     expected = [
         ("architect", "Offer"), ("worker-1", "Accept"), ("worker-1", "Invoke"),

@@ -44,13 +44,11 @@ from porter_mesh.core.knowledge import (
 from porter_mesh.node.node import Reply
 from porter_mesh.node.sync import SyncNode
 from tests.integration.harness import peers_seen
-from tests.integration.kg_proc import KgProcess, poll
+from tests.integration.kg_proc import TIMINGS, KgProcess, poll, see_each_other
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 
 _mesh_ids = itertools.count()
-#: Peer timings for loaded machines: two cores run five nodes that fsync.
-TIMINGS = ("--heartbeat", "0.2", "--evasive-after", "1.5", "--expire-after", "5")
 
 
 @pytest.fixture
@@ -76,14 +74,6 @@ def start(procs: list[KgProcess], name: str, data: Path, *extra: str, mesh: str,
     p = KgProcess(name, data / name, *TIMINGS, *extra, mesh=mesh)
     procs.append(p)
     return p
-
-
-def see_each_other(nodes: list[KgProcess], timeout: float = 20) -> None:
-    names = {n.name for n in nodes}
-    for node in nodes:
-        others = names - {node.name}
-        node.wait_until(lambda ev, o=others: peers_seen(ev) >= o, timeout,
-                        f"{node.name} finds {sorted(others)}")
 
 
 def converged(nodes: list[KgProcess], must_hold: dict[str, int]) -> Callable[[], Any]:

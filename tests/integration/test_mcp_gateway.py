@@ -11,7 +11,13 @@ standard output that is not JSON-RPC; the stray-output test shows that it does.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shlex
+import shutil
+import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -23,6 +29,7 @@ import anyio
 import anyio.to_thread
 import mcp_types as types
 import orjson
+import psutil
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
@@ -218,3 +225,93 @@ def test_the_first_broadcast_waits_for_the_mesh(mesh: str) -> None:
         while msg.sender != "m1":
             msg = n1.receive(5.0)
         assert msg.activity.summary == "first words"
+
+
+# -- the JSON-RPC stream against the commands the server runs ------------------------------
+
+NOBODY = 65534
+#: Written into every descriptor a command can open: not JSON-RPC, so a host that read it
+#: would report a fault.
+FORGED = "garbage-from-a-command"
+
+
+def _as_nobody(workdir: Path, command: list[str]) -> list[str]:
+    """``command`` run as the unprivileged user ``nobody``.
+
+    The interpreter of this machine may live under a directory only root can enter
+    (``/root``), so the command runs in a mount namespace of its own in which that
+    directory is an empty tmpfs with only the interpreter's tree bound back in; nothing
+    changes for any other process.
+    """
+    python = Path(sys.executable).resolve()
+    root = next((p for p in python.parents if p.parent == Path("/")), None)
+    mounts = ""
+    if root is not None and root.stat().st_mode & 0o005 != 0o005:
+        keep = next(p for p in python.parents if p.parent == root)
+        hold = workdir / "hold"
+        mounts = (f"mkdir -p {hold} && mount --bind {keep} {hold} && "
+                  f"mount -t tmpfs -o mode=755,size=1m tmpfs {root} && mkdir {keep} && "
+                  f"mount --bind {hold} {keep} && ")
+    env = f"env HOME={workdir} PYTHONPATH={os.environ.get('PYTHONPATH', '')}"
+    inner = (f"{mounts}exec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups "
+             f"{env} {shlex.join(command)}")
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner]
+
+
+def _server_pid(workspace: Path) -> int:
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            line = child.cmdline()
+            if "porter_mesh.cli.main" in line and str(workspace) in line:
+                return int(child.pid)
+    raise AssertionError("the gateway process was not found among this test's children")
+
+
+def test_a_command_cannot_write_into_the_json_rpc_stream(mesh: str) -> None:
+    """A ``bash`` command of the host's model, running as the same ordinary user as the
+    server, tries to open the server's descriptors through ``/proc/<pid>/fd``: standard
+    input and output, and every pipe it can list. Each attempt is refused, and the host
+    sees nothing but JSON-RPC."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or shutil.which("unshare") is None:
+        pytest.skip("needs root (to run the server as 'nobody'), setpriv and unshare")
+    workdir = Path(tempfile.mkdtemp(prefix="porter-mcp-nobody-"))
+    try:
+        workdir.chmod(0o755)
+        (workdir / "ws").mkdir()
+        os.chown(workdir, NOBODY, NOBODY)
+        os.chown(workdir / "ws", NOBODY, NOBODY)
+        probe = subprocess.run(_as_nobody(workdir, [sys.executable, "-c", "import mcp"]),
+                               capture_output=True, text=True, timeout=60)
+        if probe.returncode != 0:
+            pytest.skip(f"cannot run this interpreter as 'nobody': {probe.stderr[-300:]}")
+        command = _as_nobody(workdir, gateway_command(workdir, mesh, "--no-discovery",
+                                                      "--wait", "0"))
+        _try_to_write(command, workdir / "ws")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _try_to_write(command: list[str], workspace: Path) -> None:
+    async def host_side() -> None:
+        async with connect(command) as host:
+            await host.session.initialize()
+            pid = await in_thread(lambda: _server_pid(workspace))
+            attack = textwrap.dedent(f"""\
+                id -u
+                for n in $( (echo 0; echo 1; ls /proc/{pid}/fd 2>/dev/null) | sort -un); do
+                  fd=/proc/{pid}/fd/$n
+                  case $n in 0|1) ;; *) case $(readlink $fd 2>/dev/null) in
+                    pipe:*) ;; *) continue ;; esac ;; esac
+                  if printf '%s\\n' {FORGED} 2>/dev/null >$fd; then
+                    echo "wrote $n"; else echo "refused $n"; fi
+                done
+                """)
+            out = await host.text("bash", {"command": attack})
+            assert out.splitlines()[0] == str(NOBODY), out  # an ordinary user, not root
+            assert "refused 0" in out and "refused 1" in out, out
+            assert "wrote" not in out, out
+            # The stream is intact: the next call is answered, and nothing else came.
+            assert "m1" in await host.text("peers")
+            assert host.faults == [], host.faults
+
+    anyio.run(host_side)

@@ -565,3 +565,75 @@ def test_batches_that_pile_up_are_joined_in_order(tmp_path: pathlib.Path) -> Non
         assert s.stats().observations == 1 and first.seq == 1
     with Shard(tmp_path / "j", agent="worker-1") as s:
         assert s.query(PROFILE_QUERY).items() == only_first
+
+
+# --- signatures ------------------------------------------------------------------------------
+
+
+def test_a_shard_that_checks_signatures_keeps_forgeries_out_of_every_path(
+        tmp_path: pathlib.Path) -> None:
+    from porter_mesh.adapters.security import (
+        RecordSigner,
+        RecordVerifier,
+        TrustStore,
+        load_identity,
+        provision_mesh,
+    )
+    from porter_mesh.core.knowledge import record_signing_bytes
+
+    trusted, secrets = provision_mesh(tmp_path / "keys", ["alice", "bob", "mallory"])
+    store = TrustStore(trusted)
+    store.refresh()
+    signer = {n: RecordSigner(load_identity(p)) for n, p in secrets.items()}
+
+    opened_shards: list[Shard] = []
+
+    def opened(name: str, *, checks: bool = True) -> Shard:
+        s = Shard(tmp_path / name, agent=name)
+        opened_shards.append(s)
+        s.use_signatures(sign=signer.get(name), verify=RecordVerifier(store) if checks else None)
+        return s
+
+    def forged(origin: str, seq: int, finding: str, by: str | None) -> Record:
+        plain = Record(origin, seq, Observation("urn:porter:file:x", finding, origin, T0))
+        if by is None:
+            return plain
+        return Record(origin, seq, plain.body, sig=signer[by](record_signing_bytes(plain)))
+
+    alice, bob = opened("alice"), opened("bob")
+    relay = opened("mallory", checks=False)  # an insider's replica takes anything
+    try:
+        first = alice.remember("urn:porter:file:x", "genuine one")
+        assert first.sig is not None
+        fake_two = forged("alice", 2, "backdoor", by="mallory")
+        fake_bob = forged("bob", 1, "unsigned", by=None)
+        assert relay.merge([first, fake_two, fake_bob]).accepted == 3
+
+        # Broadcast path: the forgery is left out, the good record of the batch goes in.
+        report = bob.merge([fake_two, first])
+        assert (report.accepted, [(r.origin, r.seq, r.reason) for r in report.refused]) == (
+            1, [("alice", 2, "bad-signature")])
+        # Pull path and catch-up path, relayed by the insider.
+        reply = relay.answer_pull(PullRequest("alice", 1, 2))
+        assert len(reply.records) == 2
+        outcome = bob.handle(decode_sync(encode_sync(reply)), asked=PullRequest("alice", 1, 2))
+        assert outcome.merged is not None and outcome.merged.duplicates == 1
+        assert [r.reason for r in outcome.merged.refused] == ["bad-signature"]
+        fresh = opened("carol-replica")
+        catch_up(relay, fresh)
+        assert fresh.state.version_vector() == {"alice": 1}
+        assert not fresh.state.holds("bob", 1) and not fresh.state.holds("alice", 2)
+
+        # The forged slot was never taken: alice's own seq 2 goes in everywhere, with no
+        # conflict, and a duplicate is not checked again (not even without its signature).
+        second = alice.remember("urn:porter:file:x", "genuine two")
+        assert second.seq == 2
+        assert bob.merge([second]).accepted == 1
+        again = bob.merge([Record(second.origin, second.seq, second.body)])
+        assert (again.duplicates, again.refused) == (1, ())
+        assert {r["finding"] for r in bob.query(
+            "SELECT ?finding WHERE { ?o porter:finding ?finding }").items()} == {
+            "genuine one", "genuine two"}
+    finally:
+        for s in opened_shards:
+            s.close()

@@ -147,6 +147,39 @@ def test_syntax_errors_carry_their_position(shard: Shard, query: str, line: int)
     assert f"line {line}, column {info.value.position[1]}" in str(info.value)
 
 
+@pytest.mark.parametrize("isolate", [False, True])
+def test_an_unknown_prefix_is_named_with_its_declaration(shard: Shard, isolate: bool) -> None:
+    query = ("PREFIX ex: <urn:ex:>\nSELECT ?x WHERE {\n ?x ex:a ?y .\n ?y nope:about ?z }")
+    with pytest.raises(QueryError) as info:
+        shard.query(query, isolate=isolate)
+    text = str(info.value)
+    assert text.startswith("unknown prefix nope: declare it with PREFIX nope: <...> "
+                           "(line 4, column "), text
+    assert "predefined prefixes: porter, as, prov, rdf, rdfs, xsd" in text
+    assert "expected one of" not in text and "'0' ..= '9'" not in text  # no parser innards
+    assert info.value.reason == "syntax" and info.value.position is not None
+    assert info.value.position[0] == 4
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+@pytest.mark.parametrize(("query", "columns"), [
+    ("SELECT * WHERE { ?s porter:about ?o ; porter:finding 'finding 7' }", ("s", "o")),
+    ("SELECT * WHERE { ?s ?p ?o . ?s porter:finding 'finding 7' } LIMIT 1", ("s", "p", "o")),
+    ("SELECT DISTINCT * WHERE { ?obs porter:finding 'finding 7' ; porter:about ?about }",
+     ("obs", "about")),
+])
+def test_select_star_keeps_the_querys_column_order(shard: Shard, query: str,
+                                                   columns: tuple[str, ...],
+                                                   isolate: bool) -> None:
+    result = shard.query(query, isolate=isolate)
+    assert result.variables == columns
+    assert result.rows, query
+    by_name = result.items()[0]
+    assert list(by_name) == list(columns)
+    if "about" in columns:
+        assert by_name["about"] == "urn:porter:file:f7.ts"
+
+
 def test_predefined_prefixes(shard: Shard) -> None:
     result = shard.query(
         "SELECT ?f WHERE { ?o a porter:Observation ; porter:finding ?f ; "

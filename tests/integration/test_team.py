@@ -53,6 +53,12 @@ def _write(tmp_path: Path, text: str, name: str = "team.toml") -> Path:
     return path
 
 
+def _good_team(tmp_path: Path) -> tuple[str, Path]:
+    """A mesh of its own and the GOOD team file on it."""
+    mesh = _mesh()
+    return mesh, _write(tmp_path, GOOD.format(mesh=mesh, max_restarts=5))
+
+
 # -- the file --------------------------------------------------------------------------------
 
 BASE = """
@@ -222,8 +228,7 @@ def _gone(pids: list[int], timeout: float = 10) -> list[int]:
 @pytest.mark.timeout(120)
 def test_up_runs_the_team_restarts_a_killed_agent_and_stops_on_ctrl_c(
         tmp_path: Path) -> None:
-    mesh = _mesh()
-    path = _write(tmp_path, GOOD.format(mesh=mesh, max_restarts=5))
+    mesh, path = _good_team(tmp_path)
     up = Running("up", str(path))
     pids: list[int] = []
     try:
@@ -245,12 +250,109 @@ def test_up_runs_the_team_restarts_a_killed_agent_and_stops_on_ctrl_c(
         assert second != first
         assert (tmp_path / "logs" / "w1.log").read_text().count("worker up on mesh") == 2
         up.proc.send_signal(signal.SIGINT)
-        assert up.proc.wait(30) == 0
+        assert up.proc.wait(30) == 130  # Ctrl-C
     finally:
         up.stop()
     assert "stopped every agent" in up.out[-1], up.out[-5:]
     assert _gone(pids) == []
     assert not any("gave up" in line for line in up.out)
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+def test_a_second_up_refuses_at_once_and_mesh_runs_a_second_copy(tmp_path: Path) -> None:
+    mesh, path = _good_team(tmp_path)
+    first = Running("up", str(path))
+    copy: Running | None = None
+    try:
+        w1 = _pid(first, "w1", "alive on the mesh")
+        rev = _pid(first, "rev", "alive on the mesh")
+        started = time.monotonic()
+        again = cli("up", str(path), timeout=60)
+        took = time.monotonic() - started
+        assert again.returncode == 2, (again.returncode, again.stdout, again.stderr)
+        assert took < 10, f"the refusal took {took:.1f}s"
+        assert again.stdout == "", again.stdout  # no agent was started
+        line, = again.stderr.strip().splitlines()
+        assert f"this team is already running on mesh '{mesh}'" in line, line
+        assert f"w1 pid {w1}" in line and f"rev pid {rev}" in line, line
+        assert f"under porter-mesh up pid {first.proc.pid}" in line, line
+        assert f"kill {first.proc.pid}" in line, line
+        assert f"porter-mesh up {path} --mesh {mesh}-2" in line, line
+
+        copy = Running("up", str(path), "--mesh", f"{mesh}-2")
+        copied = [_pid(copy, "w1", "alive on the mesh"), _pid(copy, "rev", "alive on the mesh")]
+        assert not {w1, rev} & set(copied)
+        assert "worker up on mesh" in (tmp_path / "logs" / f"{mesh}-2" / "w1.log").read_text()
+        peers = cli("peers", "--mesh", f"{mesh}-2", "--json", "--wait", "3", timeout=30)
+        assert {"w1", "rev"} <= {orjson.loads(row)["name"] for row in peers.stdout.splitlines()}
+        for up in (copy, first):
+            up.proc.send_signal(signal.SIGINT)
+            assert up.proc.wait(30) == 130  # Ctrl-C
+    finally:
+        for up in (copy, first):
+            if up is not None:
+                up.stop()
+    assert not any("crashed" in line or "restarting" in line for line in first.out + copy.out)
+    assert _gone([w1, rev, *copied]) == []
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+def test_an_agent_that_refuses_its_settings_is_not_restarted(tmp_path: Path) -> None:
+    mesh, path = _good_team(tmp_path)
+    # A node of another data directory already holds the name w1 on the mesh: w1 will
+    # refuse to start (exit status 2), however often it is started.
+    holder = Running("node", "--name", "w1", "--mesh", mesh,
+                     "--data-dir", str(tmp_path / "holder"))
+    up: Running | None = None
+    try:
+        holder.wait_until(lambda: any("node w1 up" in line for line in holder.err), 30,
+                          "the holder of the name w1")
+        up = Running("up", str(path))
+        rev = _pid(up, "rev", "alive on the mesh")
+        refused = _line(up, "w1               refused its settings (exit status 2), "
+                        "not restarted: ")
+        assert "duplicate agent name 'w1'" in up.out[refused], up.out[refused]
+        assert f"unique per mesh (here '{mesh}')" in up.out[refused], up.out[refused]
+        up.proc.send_signal(signal.SIGINT)
+        assert up.proc.wait(30) == 130
+    finally:
+        for proc in (up, holder):
+            if proc is not None:
+                proc.stop()
+    assert up is not None
+    assert not any(" w1 " in line and ("restarting" in line or "crashed" in line)
+                   for line in up.out), up.out
+    assert _gone([rev]) == []
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+def test_a_draining_worker_says_so_when_it_refuses_a_task(tmp_path: Path) -> None:
+    mesh, path = _good_team(tmp_path)
+    up = Running("up", str(path))
+    try:
+        w1 = _pid(up, "w1", "alive on the mesh")
+        drained = cli("control", "drain", "--to", "w1", "--mesh", mesh, timeout=30)
+        assert drained.returncode == 0, drained.stderr
+        deadline = time.monotonic() + 30
+        while True:  # the roster says so once the worker has taken the drain
+            peers = cli("peers", "--mesh", mesh, "--json", "--wait", "3", timeout=30)
+            rows = {orjson.loads(row)["name"]: orjson.loads(row)
+                    for row in peers.stdout.splitlines()}
+            if rows.get("w1", {}).get("draining"):
+                break
+            assert time.monotonic() < deadline, peers.stdout
+        asked = cli("request", "task:w1", "Write notes.md", "--mesh", mesh, "--timeout", "20",
+                    timeout=60)
+        assert asked.returncode == 1, (asked.stdout, asked.stderr)  # a Reject
+        reject, = [line for line in asked.stdout.splitlines() if " Reject " in line]
+        assert "Draining: I finish the tasks I hold and take no new ones" in reject, reject
+        assert "Busy" not in asked.stdout
+    finally:
+        up.stop()
+    assert _gone([w1]) == []
 
 
 @pytest.mark.network
@@ -359,7 +461,7 @@ def test_an_llm_team_from_a_file_does_its_work_on_the_mesh(tmp_path: Path) -> No
                 assert stats.returncode == 0, stats.stderr
                 metrics = orjson.loads(stats.stdout)["agent"]
             up.proc.send_signal(signal.SIGINT)
-            assert up.proc.wait(30) == 0
+            assert up.proc.wait(30) == 130  # Ctrl-C
         finally:
             up.stop()
         requests = list(fake.requests)

@@ -340,6 +340,36 @@ async def peer_state(session: aiohttp.ClientSession, ui: UI, name: str) -> str |
     return next((p["state"] for p in peers if p["name"] == name), None)
 
 
+def test_every_answer_says_no_referrer(ui: UI) -> None:
+    """The page is opened with the token in its URL: no answer, error or file may let a
+    browser pass that URL on as a Referer (to a link's site, say)."""
+    async def body(session: aiohttp.ClientSession) -> None:
+        base, auth = ui.base, ui.auth
+        requests: list[tuple[str, str, dict[str, str], int]] = [
+            ("GET", f"/?token={ui.token}", {}, 302),
+            ("GET", "/?token=wrong-token", {}, 401),
+            ("GET", "/", auth, 200),
+            ("GET", "/static/app.js", {}, 200),
+            ("GET", "/static/no-such-file.js", {}, 404),
+            ("GET", "/no-such-page", {}, 404),
+            ("GET", "/api/peers", {}, 401),
+            ("GET", "/api/peers", auth, 200),
+            ("GET", "/api/no-such-route", auth, 404),
+            ("GET", "/api/send", auth, 405),
+            ("GET", "/api/peers", {**auth, "Host": "evil.example"}, 403),
+            ("POST", "/api/send", {**auth, "Origin": "http://evil.example"}, 403),
+        ]
+        for method, path, headers, status in requests:
+            async with session.request(method, base + path, headers=headers,
+                                       allow_redirects=False) as resp:
+                assert resp.status == status, (method, path, resp.status)
+                assert resp.headers.get("Referrer-Policy") == "no-referrer", (method, path)
+        async with session.get(base + "/api/stream", headers=auth) as resp:
+            assert resp.status == 200
+            assert resp.headers.get("Referrer-Policy") == "no-referrer"
+    run(body)
+
+
 def test_offer_reply_review_and_control(ui: UI, worker: LineProcess) -> None:
     async def body(session: aiohttp.ClientSession) -> None:
         w1 = await until(lambda: _peer(session, ui, "w1"), 30, "w1 on the roster")
@@ -508,6 +538,90 @@ def test_history_survives_a_restart(mesh: str, tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- load
+
+
+@contextlib.contextmanager
+def tiny_tmpfs(path: Path, size: str = "1m") -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted on ``path`` for the test (skips unless root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Write a file into ``directory`` until its file system is full; return it."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for _ in range(4096):  # bounded: 4096 x 4 KiB, more than the tmpfs holds
+            os.write(fd, b"x" * 4096)
+    except OSError:
+        pass  # full
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_a_full_disk_keeps_the_dashboard_serving_and_loses_nothing(mesh: str,
+                                                                  tmp_path: Path) -> None:
+    """The message log's file system fills up while the user sends notes: every send is
+    answered, the page keeps serving them from memory, the API says the log is failing
+    (with the free space), stderr says it once; when space returns the log catches up,
+    every note on disk exactly once, no line torn."""
+    data = tmp_path / "ui-data"
+    with tiny_tmpfs(data / "ui"):
+        ui = UI(mesh, data)
+        try:
+            async def body(session: aiohttp.ClientSession) -> None:
+                await post(session, ui, "/api/send", {"channel": "log", "text": "before"})
+                log_file = data / "ui" / "messages.jsonl"
+                await until(async_true(lambda: log_file.exists()
+                                       and b"before" in log_file.read_bytes()), 10,
+                            "the first note on disk")
+                filler = fill(data / "ui")
+                texts = [f"while full {i}" for i in range(20)]
+                for text in texts:
+                    await post(session, ui, "/api/send", {"channel": "log", "text": text})
+
+                async def failing() -> dict[str, Any] | None:
+                    health = (await get(session, ui, "/api/peers"))["log"]
+                    return health if not health["ok"] and health["failures"] >= 2 else None
+                health = await until(failing, 10, "the log reported failing, twice")
+                assert health["path"] == str(log_file) and health["unwritten"] >= 1
+                assert "No space left" in health["error"] and health["free_bytes"] < 4096
+                # The page works from memory meanwhile.
+                page = await get(session, ui, "/api/messages?limit=100")
+                assert [m["summary"] for m in page["messages"]] == ["before", *texts]
+
+                filler.unlink()  # space returns
+
+                async def healed() -> dict[str, Any] | None:
+                    health = (await get(session, ui, "/api/peers"))["log"]
+                    return health if health["ok"] and health["unwritten"] == 0 else None
+                await until(healed, 10, "the log written again")
+                lines = log_file.read_bytes().splitlines()
+                summaries = [orjson.loads(line)["summary"] for line in lines]  # none torn
+                assert summaries == ["before", *texts]
+            run(body)
+        finally:
+            assert ui.stop() == 0, ui.stderr
+    errors = [line for line in ui.stderr.splitlines() if "cannot write" in line]
+    assert len(errors) == 1 and "free there" in errors[0], ui.stderr
+    assert "is written again" in ui.stderr
+
+
+def async_true(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def run_check() -> bool:
+        return check()
+    return run_check
 
 
 def test_a_burst_arrives_whole_in_batches(ui: UI, mesh: str) -> None:

@@ -50,7 +50,9 @@ def test_round_trip_minimal() -> None:
 
 
 def test_round_trip_full() -> None:
-    ad = advert(public_key=KEY, slots=3, tools=("bash", "read_file", "memory.query"))
+    ad = advert(public_key=KEY, slots=3, tools=("bash", "read_file", "memory.query"),
+                signing_key=KEY[::-1])
+    assert encode_txt(ad)["sk"] == KEY[::-1]
     assert decode_txt(wire(encode_txt(ad)), addresses=("127.0.0.1",)) == ad
     assert decode_txt(encode_txt(ad), addresses=("127.0.0.1",)) == ad  # str keys too
 
@@ -116,6 +118,7 @@ def test_mesh_names() -> None:
         ({"addresses": ("localhost",)}, "not an IP address"),
         ({"addresses": ["127.0.0.1"]}, "tuple"),
         ({"public_key": "short"}, "Z85"),
+        ({"signing_key": "short"}, "Z85"),
         ({"slots": -1}, "slots"),
         ({"tools": ("a,b",)}, "tool name"),
         ({"tools": tuple(f"t{i}" for i in range(65))}, "tools"),
@@ -214,3 +217,13 @@ def test_the_humans_names_and_the_key_they_speak_with() -> None:
     assert key_name("worker-1") == "worker-1"
     with pytest.raises(ConfigError):
         seat_name("Not A Label")
+
+
+def test_url_host_brackets_ipv6_only() -> None:
+    from porter_mesh.core.addresses import url_host
+
+    assert url_host("127.0.0.1") == "127.0.0.1"
+    assert url_host("localhost") == "localhost"
+    assert url_host("::1") == "[::1]"
+    assert url_host("fe80::1%lo") == "[fe80::1%lo]"
+    assert url_host("[::1]") == "[::1]"

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from porter_mesh.core import as2
+from porter_mesh.core.as2 import codec, schema
 from porter_mesh.core.profile_examples import profile_examples
 from porter_mesh.errors import ActivityError
 
@@ -26,16 +27,16 @@ def test_schema_types_are_the_profile_types() -> None:
     def literal_values(alias: Any) -> set[str]:
         return set(typing.get_args(alias))
 
-    assert literal_values(as2._ActivityType) == set(as2.ACTIVITY_TYPES)
-    assert literal_values(as2._NestedType) == set(as2.ACTIVITY_TYPES | as2.OBJECT_TYPES)
-    fields = set(as2._ActivityShape.__struct_fields__)
+    assert literal_values(schema._ActivityType) == set(as2.ACTIVITY_TYPES)
+    assert literal_values(schema._NestedType) == set(as2.ACTIVITY_TYPES | as2.OBJECT_TYPES)
+    fields = set(schema._ActivityShape.__struct_fields__)
     assert fields == set(as2.ACTIVITY_FIELDS)
-    assert set(as2._ObjectShape.__struct_fields__) == set(as2.OBJECT_FIELDS)
+    assert set(schema._ObjectShape.__struct_fields__) == set(as2.OBJECT_FIELDS)
 
 
 def test_the_profile_examples_take_the_schema_path() -> None:
     examples = profile_examples()
-    slow = {name for name, ex in examples.items() if as2._shape_of(orjson.dumps(ex)) is None}
+    slow = {name for name, ex in examples.items() if schema._shape_of(orjson.dumps(ex)) is None}
     # Only the binding rows of a Recall result and the plain-text fallback need Python.
     assert slow == {"Recall (knowledge lifecycle)", "Fallback"}
     activity = as2.Activity.from_dict(examples["Status announcement"])
@@ -46,7 +47,7 @@ def test_the_profile_examples_take_the_schema_path() -> None:
 
 def _python_accepts(raw: bytes) -> dict[str, Any]:
     decoded = orjson.loads(raw)
-    as2._activity(decoded)  # raises if the Python rules refuse it
+    as2.activity_from_decoded(decoded)  # raises if the Python rules refuse it
     assert isinstance(decoded, dict)
     return decoded
 
@@ -118,22 +119,23 @@ def _same_reads(raw: bytes) -> None:
     """The shape-backed activity of ``raw`` reads as the dict-backed one does."""
     lazy = as2.Activity.from_json(raw)
     assert lazy._s is not None
-    assert _fields(lazy) == _fields(as2._activity(orjson.loads(raw)))
+    assert _fields(lazy) == _fields(as2.activity_from_decoded(orjson.loads(raw)))
 
 
 @FUZZ
 @given(activities())
 def test_schema_never_accepts_what_python_refuses(data: dict[str, Any]) -> None:
     raw = orjson.dumps(data)
-    if as2._shape_of(raw) is not None:
+    if schema._shape_of(raw) is not None:
         assert _python_accepts(raw) == data
         _same_reads(raw)
         activity = as2.Activity.from_json(raw)
-        assert activity.to_dict() == data and activity == as2._activity(orjson.loads(raw))
+        assert activity.to_dict() == data
+        assert activity == as2.activity_from_decoded(orjson.loads(raw))
     else:
         # Python has the last word, and the public call agrees with it.
         try:
-            as2._activity(orjson.loads(raw))
+            as2.activity_from_decoded(orjson.loads(raw))
         except ActivityError:
             with pytest.raises(ActivityError):
                 as2.Activity.from_json(raw)
@@ -204,7 +206,7 @@ def one_fault(draw: st.DrawFn) -> dict[str, Any]:
 @given(valid_activities())
 def test_valid_activities_of_the_usual_shapes_take_the_schema_path(data: dict[str, Any]) -> None:
     raw = orjson.dumps(data)
-    assert as2._shape_of(raw) is not None
+    assert schema._shape_of(raw) is not None
     assert _python_accepts(raw) == data
 
 
@@ -247,15 +249,15 @@ def _faults() -> list[tuple[str, Any]]:
 
 
 def test_every_single_fault_the_schema_lets_through_python_accepts_too() -> None:
-    assert as2._shape_of(orjson.dumps(FULL)) is not None
+    assert schema._shape_of(orjson.dumps(FULL)) is not None
     cases = _faults()
     assert len(cases) > 500
-    let_through = [name for name, body in cases if as2._shape_of(orjson.dumps(body)) is not None]
+    let_through = [name for name, body in cases if schema._shape_of(orjson.dumps(body)) is not None]
     wrong = []
     for name, body in cases:
-        if as2._shape_of(orjson.dumps(body)) is not None:
+        if schema._shape_of(orjson.dumps(body)) is not None:
             try:
-                as2._activity(body)
+                as2.activity_from_decoded(body)
             except ActivityError as exc:
                 wrong.append(f"{name}: {exc}")
     assert not wrong
@@ -266,7 +268,7 @@ def test_every_single_fault_the_schema_lets_through_python_accepts_too() -> None
 @given(one_fault())
 def test_schema_refuses_what_python_refuses_one_fault_at_a_time(data: dict[str, Any]) -> None:
     raw = orjson.dumps(data)
-    if as2._shape_of(raw) is not None:
+    if schema._shape_of(raw) is not None:
         assert _python_accepts(raw) == data
 
 
@@ -274,7 +276,7 @@ def test_schema_refuses_what_python_refuses_one_fault_at_a_time(data: dict[str, 
 @given(st.lists(activities(), max_size=5))
 def test_batch_schema_never_accepts_what_python_refuses(batch: list[dict[str, Any]]) -> None:
     raw = orjson.dumps(batch)
-    fast = as2._shaped_many(raw)
+    fast = codec._shaped_many(raw)
     if fast is not None:
         assert [a.to_dict() for a in fast] == batch
         for item in batch:
@@ -304,11 +306,11 @@ def mutated(draw: st.DrawFn) -> bytes:
 @FUZZ
 @given(mutated())
 def test_mutated_bytes_pass_the_schema_only_if_python_agrees(raw: bytes) -> None:
-    if as2._shape_of(raw) is not None:
+    if schema._shape_of(raw) is not None:
         _python_accepts(raw)
         _same_reads(raw)  # escapes and repeated keys read alike from either decoder
     batch = b"[" + raw + b"]"
-    if as2._shaped_many(batch) is not None:
+    if codec._shaped_many(batch) is not None:
         _python_accepts(raw)
 
 
@@ -350,7 +352,7 @@ def test_a_batch_is_decoded_once_when_its_first_activity_is_read() -> None:
     assert got[1]._src is None and got[0]._d is None  # the others take theirs when read
     assert [a.to_dict() for a in got] == bodies
     assert all(a._src is None for a in got)
-    slow = [as2._activity(body) for body in orjson.loads(orjson.dumps(bodies))]
+    slow = [as2.activity_from_decoded(body) for body in orjson.loads(orjson.dumps(bodies))]
     assert got == slow and [hash(a) for a in got] == [hash(a) for a in slow]
     assert [a.to_json() for a in got] == [orjson.dumps(body) for body in bodies]
 
@@ -366,4 +368,4 @@ def test_a_single_activity_from_json_keeps_its_shape_and_reencodes_compactly() -
         assert (activity.actor, activity.summary, activity.context, activity.object) == (
             "w1", "ok", "c", "x")
         assert activity.to_json() == orjson.dumps(orjson.loads(raw))  # compact, one "summary"
-        assert activity.tag == ("a",) and activity == as2._activity(orjson.loads(raw))
+        assert activity.tag == ("a",) and activity == as2.activity_from_decoded(orjson.loads(raw))

@@ -13,7 +13,9 @@ FORBIDDEN = {"zmq", "asyncio", "zeroconf", "socket", "threading", "subprocess", 
 def test_core_modules_import_no_io() -> None:
     root = pathlib.Path(porter_mesh.core.__file__).parent
     offenders = []
-    for path in sorted(root.glob("*.py")):
+    paths = sorted(root.rglob("*.py"))
+    assert root / "__init__.py" in paths and root / "as2" / "model.py" in paths  # subpackages too
+    for path in paths:
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
             names: list[str] = []
@@ -23,5 +25,5 @@ def test_core_modules_import_no_io() -> None:
                 names = [node.module]
             for name in names:
                 if name.split(".")[0] in FORBIDDEN:
-                    offenders.append(f"{path.name}: {name}")
+                    offenders.append(f"{path.relative_to(root)}: {name}")
     assert not offenders, offenders

@@ -2,12 +2,12 @@
 memory per message, and each refusal a package error with a reason that can be counted.
 
 The decoders are the envelope codec (envelope, topic, broadcast and direct frames,
-payload batches, control bodies), the AS2 parser (one activity, a JSON array), the
-knowledge sync codec (sync messages, records) and the discovery TXT decoder. Inputs are
-random bytes, mutations of valid encodings (bit flips, cuts, splices, inserted hostile
-msgpack length headers), structured msgpack and JSON with the right keys and wrong
-values, and a fixed set of hand-made hostile inputs (huge declared lengths, deep
-nesting, oversize).
+payload batches, control bodies), each control kind's body codec, the AS2 parser (one
+activity, a JSON array), the knowledge sync codec (sync messages, records) and the
+discovery TXT decoder. Inputs are random bytes, mutations of valid encodings (bit flips,
+cuts, splices, inserted hostile msgpack length headers), structured msgpack and JSON
+with the right keys and wrong values, and a fixed set of hand-made hostile inputs (huge
+declared lengths, deep nesting, oversize).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from porter_mesh.core import constants as C
+from porter_mesh.core import control as K
 from porter_mesh.core.advert import TXT_KEYS, PeerAdvert, decode_txt, encode_txt
 from porter_mesh.core.as2 import Activity, activities_from_json_array, parse_activity
 from porter_mesh.core.envelope import (
@@ -101,6 +102,11 @@ ENVELOPE_SEEDS = [encode_envelope(_env()), encode_envelope(_env("heartbeat")),
                   encode_envelope(_env(count=2))]
 CONTROL_SEEDS = [encode_control({"s": {"log": 4}, "d": False}),
                  encode_control({"a": {"n": "w", "m": "x"}, "x": ["127.0.0.1"], "p": []})]
+HELLO_SEED = K.encode_hello(K.Introduction(
+    PeerAdvert(name="worker-1", role="worker", mesh="default", pub_port=1, router_port=2,
+               version=C.PROTOCOL_VERSION, incarnation=7, addresses=("127.0.0.1",)),
+    (PeerAdvert(name="reviewer", role="reviewer", mesh="default", pub_port=3, router_port=4,
+                version=C.PROTOCOL_VERSION, incarnation=8, addresses=("::1",)),)))
 PAYLOAD_SEEDS = [encode_payload([ANNOUNCE]), encode_payload([ANNOUNCE, OFFER, ANNOUNCE])]
 ACTIVITY_SEEDS = [ANNOUNCE.to_json(), OFFER.to_json()]
 RECORD_SEEDS = [encode_record(r) for r in RECORDS]
@@ -117,6 +123,16 @@ DECODERS: dict[str, tuple[Decoder, list[bytes], tuple[type[Exception], ...]]] = 
     "activity": (parse_activity, ACTIVITY_SEEDS, (ProtocolError,)),
     "activity-array": (activities_from_json_array, PAYLOAD_SEEDS, (ProtocolError,)),
     "sync": (decode_sync, SYNC_SEEDS, (KnowledgeError,)),
+    "control-hb": (K.decode_heartbeat, [CONTROL_SEEDS[0]], (ProtocolError,)),
+    "control-hello": (K.decode_hello, [HELLO_SEED], (ProtocolError,)),
+    "control-welcome": (K.decode_welcome, [HELLO_SEED], (ProtocolError,)),
+    "control-ack": (K.decode_ack, [K.encode_ack(K.Ack((1, 65)))], (ProtocolError,)),
+    "control-command": (K.decode_command, [K.encode_command(K.Command("w"))],
+                        (ProtocolError,)),
+    "control-unsupported": (K.decode_unsupported, [K.encode_unsupported(K.Unsupported("x"))],
+                            (ProtocolError,)),
+    "control-stats-reply": (K.decode_stats_reply, [K.encode_stats_reply(K.StatsReply({"a": 1}))],
+                            (ProtocolError,)),
     "record": (decode_record, RECORD_SEEDS, (KnowledgeError,)),
 }
 
@@ -240,6 +256,18 @@ def test_random_and_mutated_bytes(name: str, data: st.DataObject) -> None:
 @given(data=st.data())
 def test_envelope_shaped_msgpack(name: str, data: st.DataObject) -> None:
     raw = data.draw(msgpack_maps(ENVELOPE_KEYS))
+    refused_cleanly(name, raw, lambda: DECODERS[name][0](raw))
+
+
+#: The keys of every control body (porter_mesh.core.control).
+CONTROL_KEYS = ["s", "d", "a", "x", "p", "o", "f", "to", "k"]
+
+
+@pytest.mark.parametrize("name", sorted(n for n in DECODERS if n.startswith("control-")))
+@FUZZ
+@given(data=st.data())
+def test_control_shaped_msgpack(name: str, data: st.DataObject) -> None:
+    raw = data.draw(msgpack_maps(CONTROL_KEYS))
     refused_cleanly(name, raw, lambda: DECODERS[name][0](raw))
 
 

@@ -34,6 +34,7 @@ from porter_mesh.core.knowledge import (
     observation_id_from_iri,
     pull_requests_for,
     record_from_journal,
+    record_signing_bytes,
 )
 from porter_mesh.errors import KnowledgeError, SyncError
 
@@ -517,3 +518,40 @@ def test_record_from_journal_equals_the_checked_decoding() -> None:
         assert trusted == decode_record(data) == record
         assert trusted.key == record.key and trusted.wire == data
         assert trusted.body.id == record.body.id
+
+
+# --- signatures (carried and defined here; made and checked by the adapters) -------------------
+
+
+def test_a_signature_travels_with_its_record_and_is_not_part_of_its_identity() -> None:
+    sig = bytes(range(64))
+    for record in (Record("w", 4, obs(4, "w"), sig=sig),
+                   Record("w", 5, Retraction(obs(1).id, "w", T0), sig=sig)):
+        data = encode_record(record)
+        for back in (decode_record(data), record_from_journal(data),
+                     decode_sync(encode_sync(Records((record,)))).records[0]):  # type: ignore[union-attr]
+            assert back.sig == sig and back == record
+        unsigned = Record(record.origin, record.seq, record.body)
+        assert unsigned == record and encode_record(unsigned) != data
+        assert decode_record(encode_record(unsigned)).sig is None
+
+
+def test_what_is_signed_binds_the_author_the_place_and_the_content() -> None:
+    base = record_signing_bytes(rec("alice", 2))
+    assert record_signing_bytes(rec("alice", 2)) == base
+    others = {record_signing_bytes(r) for r in (
+        rec("alice", 3, 2),                       # another place in the same log
+        Record("mallory", 2, obs(2, "mallory")),  # another author
+        rec("alice", 2, 9),                       # other content
+        Record("alice", 2, Retraction(obs(2, "alice").id, "alice", T0)),  # another kind
+    )}
+    assert base not in others and len(others) == 4
+
+
+@pytest.mark.parametrize("sig", [b"short", "x" * 64, 7])
+def test_a_malformed_signature_is_refused(sig: object) -> None:
+    item = msgpack.unpackb(encode_record(rec("w", 1)))
+    with pytest.raises(SyncError, match="signature"):
+        decode_record(msgpack.packb([*item, sig]))
+    with pytest.raises(KnowledgeError, match="signature"):
+        Record("w", 1, obs(1, "w"), sig=b"short")

@@ -15,7 +15,10 @@ import zmq
 from porter_mesh.adapters.security import (
     AuditLog,
     MeshSecurity,
+    RecordSigner,
+    RecordVerifier,
     TrustStore,
+    add_signing_key,
     check_libzmq,
     create_key_pair,
     load_identity,
@@ -44,9 +47,10 @@ def public_of(path: pathlib.Path) -> str:
     return zmq.auth.load_certificate(path)[0].decode()
 
 
-def advert(name: str, key: str | None) -> PeerAdvert:
+def advert(name: str, key: str | None, signing: str | None = None) -> PeerAdvert:
     return PeerAdvert(name=name, role="agent", mesh="m", pub_port=1, router_port=2,
-                      version=C.PROTOCOL_VERSION, incarnation=1, public_key=key)
+                      version=C.PROTOCOL_VERSION, incarnation=1, public_key=key,
+                      signing_key=signing)
 
 
 # -- libzmq ------------------------------------------------------------------------------------
@@ -145,6 +149,22 @@ def test_the_store_follows_the_directory_without_a_restart(tmp_path: pathlib.Pat
     assert not (trusted / "a.key_secret").exists()
 
 
+def test_the_store_counts_keys_that_leave_it(tmp_path: pathlib.Path) -> None:
+    """Removals (which must cut open connections) are told apart from additions."""
+    trusted, _ = provision_mesh(tmp_path / "keys", ["a", "b"])
+    store = TrustStore(trusted)
+    store.refresh()
+    before = store.removals
+    public, _ = create_key_pair(tmp_path / "more", "c")
+    trust_key(public, trusted)
+    assert store.refresh() and store.removals == before  # an addition cuts nobody
+    (trusted / "b.key").unlink()
+    assert store.refresh() and store.removals == before + 1
+    newer, _ = create_key_pair(tmp_path / "newer", "c")
+    trust_key(newer, trusted, force=True)  # c's old key is no longer trusted
+    assert store.refresh() and store.removals == before + 2
+
+
 def test_a_stray_file_or_an_ambiguous_key_does_not_hide_the_others(tmp_path: pathlib.Path
                                                                    ) -> None:
     trusted, _ = provision_mesh(tmp_path / "keys", ["a", "b"])
@@ -170,6 +190,12 @@ def test_adverts_are_checked_against_the_binding(tmp_path: pathlib.Path) -> None
     assert store.advert_problem(advert("alice", stranger))[0] == "advert-key-mismatch"  # type: ignore[index]
     assert store.advert_problem(advert("carol", stranger))[0] == "untrusted-advert"  # type: ignore[index]
     assert store.advert_problem(advert("carol", bob))[0] == "advert-key-mismatch"  # type: ignore[index]
+    # The signing key, when an advert carries one, must be the one trusted for the name.
+    alice_signs = load_identity(secrets["alice"]).signing_key_z85
+    bob_signs = load_identity(secrets["bob"]).signing_key_z85
+    assert store.advert_problem(advert("alice", alice, alice_signs)) is None
+    assert store.advert_problem(advert("alice", alice, bob_signs))[0] == (  # type: ignore[index]
+        "advert-key-mismatch")
 
 
 # -- the audit log -----------------------------------------------------------------------------
@@ -279,3 +305,98 @@ def test_keygen_and_trust_commands(tmp_path: pathlib.Path, capsys: pytest.Captur
     assert cli(["trust", "--mesh", "lab"]) == 2
     err = capsys.readouterr().err
     assert "is not trusted" in err and "give a public" in err
+
+
+# -- signing keys ----------------------------------------------------------------------------
+
+
+def test_keygen_adds_a_signing_key_that_trusting_the_certificate_trusts(
+        tmp_path: pathlib.Path) -> None:
+    trusted, secrets = provision_mesh(tmp_path, ["alice", "bob"])
+    alice = load_identity(secrets["alice"])
+    assert alice.signing_public is not None and len(alice.signing_public) == 32
+    assert alice.signing_secret is not None
+    assert zmq.utils.z85.encode(alice.signing_secret).decode() not in repr(alice)
+    assert b"signing-secret-key" not in (tmp_path / "alice.key").read_bytes()
+    store = TrustStore(trusted)
+    store.refresh()
+    assert store.signing_key_for("alice") == alice.signing_public
+    assert store.signing_key_for("bob") != alice.signing_public
+
+    sign, verify = RecordSigner(alice), RecordVerifier(store)
+    signature = sign(b"record bytes")
+    assert verify("alice", b"record bytes", signature) is None
+    assert verify("alice", b"other bytes", signature) == RecordVerifier.BAD_SIGNATURE
+    assert verify("bob", b"record bytes", signature) == RecordVerifier.BAD_SIGNATURE
+    assert verify("alice", b"record bytes", None) == RecordVerifier.UNSIGNED
+    assert verify("carol", b"record bytes", signature) == RecordVerifier.UNKNOWN_SIGNER
+
+    # A replaced key pair is followed at the next refresh (no restart).
+    public, _ = create_key_pair(tmp_path / "new", "alice")
+    trust_key(public, trusted, force=True)
+    store.refresh()
+    assert verify("alice", b"record bytes", signature) == RecordVerifier.BAD_SIGNATURE
+
+
+def test_a_key_pair_without_a_signing_key_can_be_given_one(tmp_path: pathlib.Path) -> None:
+    # A pair as pyzmq writes it (and as keygen did before signing keys existed).
+    zmq.auth.create_certificates(str(tmp_path), "old", metadata={"name": "old"})
+    secret = tmp_path / "old.key_secret"
+    os.chmod(secret, 0o600)
+    before = load_identity(secret)
+    assert before.signing_secret is None
+    with pytest.raises(SecurityError, match="--add-signing-key"):
+        RecordSigner(before)
+    trusted = tmp_path / "trusted"
+    trust_key(tmp_path / "old.key", trusted)
+    store = TrustStore(trusted)
+    store.refresh()
+    assert store.trusts("old") and store.signing_key_for("old") is None
+
+    public, _ = add_signing_key(tmp_path, "old")
+    after = load_identity(secret)
+    assert after.public_key == before.public_key  # the CURVE key is kept
+    assert after.signing_secret is not None and mode(secret) == 0o600
+    with pytest.raises(SecurityError, match="already has a signing key"):
+        add_signing_key(tmp_path, "old")
+    trust_key(public, trusted)  # same CURVE key: no --force needed
+    store.refresh()
+    assert store.signing_key_for("old") == after.signing_public
+    assert RecordVerifier(store)("old", b"x", RecordSigner(after)(b"x")) is None
+
+
+def test_a_signing_key_that_does_not_match_its_secret_is_refused(tmp_path: pathlib.Path
+                                                                 ) -> None:
+    _, secret = create_key_pair(tmp_path, "w")
+    _, other = create_key_pair(tmp_path / "o", "w")
+    text = secret.read_text().splitlines(keepends=True)
+    foreign = next(line for line in other.read_text().splitlines(keepends=True)
+                   if "signing-key =" in line)
+    secret.write_text("".join(foreign if "signing-key =" in line else line for line in text))
+    with pytest.raises(SecurityError, match="does not belong"):
+        load_identity(secret)
+    secret.write_text(secret.read_text().replace("signing-key = \"", "signing-key = \"!"))
+    with pytest.raises(SecurityError, match="not a 40-character"):
+        load_identity(secret)
+
+
+def test_keygen_command_adds_a_signing_key_and_trust_lists_who_signs(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    zmq.auth.create_certificates(str(tmp_path), "old")
+    os.chmod(tmp_path / "old.key_secret", 0o600)
+    create_key_pair(tmp_path, "new")
+    trusted = tmp_path / "trusted"
+    for name in ("old", "new"):
+        assert cli(["trust", str(tmp_path / f"{name}.key"), "--dir", str(trusted)]) == 0
+    capsys.readouterr()
+    assert cli(["trust", "--list", "--dir", str(trusted)]) == 0
+    listing = dict(line.split(" ", 1) for line in capsys.readouterr().out.splitlines())
+    assert listing["new"].endswith("signs records")
+    assert "--add-signing-key" in listing["old"]
+    assert cli(["keygen", "old", "--dir", str(tmp_path), "--add-signing-key"]) == 0
+    assert cli(["keygen", "old", "--dir", str(tmp_path), "--add-signing-key"]) == 1
+    assert "already has a signing key" in capsys.readouterr().err
+    assert cli(["trust", str(tmp_path / "old.key"), "--dir", str(trusted)]) == 0
+    capsys.readouterr()
+    assert cli(["trust", "--list", "--dir", str(trusted)]) == 0
+    assert capsys.readouterr().out.count("signs records") == 2

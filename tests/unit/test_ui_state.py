@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import pathlib
+import subprocess
+import sys
 from typing import Any
 
 import orjson
@@ -336,3 +338,60 @@ def test_a_task_from_a_command_line_seat_is_the_humans() -> None:
                    rec("w1", "Offer", "review")):
         other.observe(record)
     assert other.task(CTX)["review"] is None  # type: ignore[index]
+
+
+#: Run in a child process: a file-size limit (RLIMIT_FSIZE) makes the log's write stop
+#: short in the middle of a line and then fail, as a disk filling up does; raising the
+#: limit again is space returning. The child prints what it saw as JSON.
+_SHORT_WRITE = """
+import json, logging, pathlib, resource, signal, sys
+from porter_mesh.gateways.ui.state import LOG_FILE, MessageLog
+logging.basicConfig()
+from tests.unit.test_ui_state import records
+directory = pathlib.Path(sys.argv[1])
+made = records(40)
+log = MessageLog(directory, history=20)
+log.append(made[0])
+assert log.flush()
+size = (directory / LOG_FILE).stat().st_size
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG instead
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (size + 40, hard))
+for r in made[1:12]:
+    log.append(r)
+first = log.flush()
+torn = (directory / LOG_FILE).stat().st_size
+for r in made[12:]:  # more while the disk stays full: at most history are held
+    log.append(r)
+second = log.flush()
+failing = log.status()
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+healed = log.flush()
+log.close()
+print(json.dumps({"first": first, "second": second, "healed": healed, "size": size,
+                  "torn": torn, "failing": failing, "after": log.status(),
+                  "ids": [r["id"] for r in made]}))
+"""
+
+
+def test_a_failed_write_keeps_the_records_and_resumes_to_the_byte(
+        tmp_path: pathlib.Path) -> None:
+    root = pathlib.Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _SHORT_WRITE, str(tmp_path)], cwd=root,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    seen = orjson.loads(done.stdout)
+    assert seen["torn"] == seen["size"] + 40  # the write stopped inside a line
+    assert not seen["first"] and not seen["second"] and seen["healed"]
+    failing = seen["failing"]
+    assert not failing["ok"] and failing["failures"] == 2 and "too large" in failing["error"]
+    # The batch cut short (11 records) is kept whole; of the 28 appended after it, the
+    # newest 20 (the history) are held and 8 dropped.
+    assert failing["unwritten"] == 11 + 20 and failing["dropped"] == 8, failing
+    assert seen["after"]["ok"] and seen["after"]["unwritten"] == 0
+    assert done.stderr.count("cannot write") == 1 and "is written again" in done.stderr
+    # On disk: whole lines only, each record once, the torn one completed byte for byte.
+    lines = b"".join((tmp_path / name).read_bytes() for name in
+                     ("messages.1.jsonl", LOG_FILE)).splitlines()
+    ids = [orjson.loads(line)["id"] for line in lines]
+    assert ids == seen["ids"][:12] + seen["ids"][20:]

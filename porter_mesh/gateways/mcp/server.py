@@ -19,13 +19,23 @@ Nothing but JSON-RPC is written to standard output: the SDK's stdio transport po
 file descriptor 1 at standard error while it serves, and the node starts only after
 that, so neither a stray ``print`` nor a child process can corrupt the stream. Logs go
 to standard error.
+
+A command the host's model runs (``bash``) could still reach the stream another way:
+through ``/proc/<server pid>/fd/N``, which opens the server's own pipes anew, for
+writing too, to any process of the same user. :func:`seal_descriptors` closes that way:
+it marks the server not "dumpable" (``prctl(PR_SET_DUMPABLE, 0)``), after which the
+kernel lets only processes with ``CAP_SYS_PTRACE`` (root) open the server's ``/proc``
+entries. Children are not affected (``execve`` makes each dumpable again), so the tools'
+own bookkeeping of the commands they start works as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
+import os
 import threading
 from collections.abc import Mapping
 from typing import Any, Final
@@ -45,7 +55,7 @@ from porter_mesh.gateways.mcp.mesh import MESSAGES, ROSTER, GatewayAgent
 from porter_mesh.tools.prompt import MESSAGING_SECTION
 from porter_mesh.tools.schemas import to_mcp
 
-__all__ = ["RESOURCE_URIS", "McpGateway"]
+__all__ = ["RESOURCE_URIS", "McpGateway", "seal_descriptors"]
 
 _log = logging.getLogger("porter_mesh.gateways.mcp")
 
@@ -61,6 +71,32 @@ _DESCRIPTIONS: Final = {
 
 #: JSON-RPC error code for an unknown resource (the MCP specification's).
 RESOURCE_NOT_FOUND: Final = -32002
+#: ``prctl`` option (``<linux/prctl.h>``).
+_PR_SET_DUMPABLE: Final = 4
+
+
+def seal_descriptors() -> bool:
+    """Make this process's descriptors unreachable through ``/proc`` by other processes
+    of the same user, so that no command the server runs can open its JSON-RPC pipes.
+
+    Root (``CAP_SYS_PTRACE``) can still open them: see ``docs/mcp.md``. Core dumps of
+    the server are disabled as a side effect.
+
+    Returns:
+        True when the process is sealed; False where ``prctl`` is unavailable (not
+        Linux) or refused, which is logged once as a warning.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        failed = libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0
+        error = os.strerror(ctypes.get_errno()) if failed else ""
+    except (OSError, AttributeError) as exc:  # no libc prctl: not Linux
+        failed, error = True, str(exc)
+    if failed:
+        _log.warning("cannot seal the MCP server's descriptors (prctl(PR_SET_DUMPABLE): "
+                     "%s): a command it runs as the same user can write into its JSON-RPC "
+                     "stream through /proc", error)
+    return not failed
 
 
 def instructions(agent: GatewayAgent) -> str:

@@ -32,7 +32,9 @@ Security (every rule is checked by a middleware before any handler runs):
 * ``/api/*`` needs the token, as ``Authorization: Bearer TOKEN`` or the HttpOnly,
   SameSite=Strict cookie set when ``/?token=TOKEN`` is opened (then a 302 to ``/``);
 * a ``POST`` whose ``Origin`` (or ``Sec-Fetch-Site``) says another site sent it gets 403;
-  state changes are POST only, with a JSON body of at most :data:`MAX_BODY` bytes.
+  state changes are POST only, with a JSON body of at most :data:`MAX_BODY` bytes;
+* every answer carries ``Referrer-Policy: no-referrer``, so the URL with the token never
+  leaves the browser as a ``Referer``.
 
 Errors are JSON, ``{"error": "<code>", "reason": "<what to do>"}``; ``docs/ui.md``
 lists every route. The gateway uses the node's public API only and owns no mesh rule.
@@ -58,6 +60,8 @@ from aiohttp import web
 
 from porter_mesh import __version__
 from porter_mesh.core import constants as C
+from porter_mesh.core.addresses import url_host
+from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.as2 import remember as remember_activity
 from porter_mesh.core.hlc import hlc_physical_ms
@@ -89,6 +93,8 @@ __all__ = ["BATCH_INTERVAL", "COOKIE", "MAX_BODY", "PROFILE_QUERY", "Dashboard",
 
 log = logging.getLogger("porter_mesh.gateways.ui")
 
+#: Seconds between two attempts to write the message log while its writes fail.
+LOG_RETRY_INTERVAL: Final = 1.0
 #: Seconds between two stream flushes (the most a record waits before it is sent).
 BATCH_INTERVAL: Final = 0.1
 #: Seconds between keep-alive comments on an idle stream.
@@ -103,8 +109,13 @@ MAX_BODY: Final = 256 * 1024
 COOKIE: Final = "porter_ui_token"
 #: A message whose clock is this many seconds ahead of ours marks its sender clock-skew.
 CLOCK_SKEW_LIMIT: Final = 1.0
-#: Departed peers kept on the roster (as ``expired`` or ``left``).
+#: Departed agents kept on the roster (as ``expired`` or ``left``).
 MAX_DEPARTED: Final = 200
+#: Roles of the nodes that are not agents, and what the roster calls them: a command
+#: line's seat, and the nodes that only watch (``tail``, ``up``'s and ``stats``'s
+#: observers, the demo's own node). They take no tasks and obey no drain.
+NOT_AGENTS: Final = {C.ROLE_SEAT: "seat", "human": "seat", C.ROLE_WATCHER: "watcher",
+                     "observer": "watcher", "demo": "watcher"}
 #: Direct sends whose observed copy is still expected (to skip it when it comes).
 MAX_OWN_COPIES: Final = 1000
 #: The types the compose form may send.
@@ -134,6 +145,12 @@ class ApiError(Exception):
         self.status = status
         self.error = error
         self.reason = reason
+
+
+async def _no_referrer(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer (errors, redirects, files and the stream included) tells the browser
+    never to send a ``Referer``: the page is first opened with the token in its URL."""
+    response.headers["Referrer-Policy"] = "no-referrer"
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -192,15 +209,23 @@ def _peer_state(info: PeerInfo, skewed: bool) -> str:
     return "draining" if info.draining else "alive"
 
 
+def peer_kind(name: str, role: str) -> str:
+    """``agent``, or what else a node is: ``seat`` (the human's, a command line's) or
+    ``watcher`` (see :data:`NOT_AGENTS`)."""
+    if is_human(name):
+        return "seat"
+    return NOT_AGENTS.get(role, "agent")
+
+
 def peer_record(info: PeerInfo, *, now: float, state: str,
                 stats: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A roster entry as the API shows it (``last_heard``: seconds ago; ``stats``, the
-    peer's own numbers, only once it answered for them)."""
+    """A roster entry as the API shows it (``last_heard``: seconds ago; ``kind``: see
+    :func:`peer_kind`; ``stats``, the peer's own numbers, only once it answered for
+    them)."""
     advert = info.advert
-    host = advert.addresses[0] if advert.addresses else ""
-    if ":" in host:
-        host = f"[{host}]"
-    record = {"name": advert.name, "role": advert.role, "state": state,
+    host = url_host(advert.addresses[0]) if advert.addresses else ""
+    record = {"name": advert.name, "role": advert.role,
+              "kind": peer_kind(advert.name, advert.role), "state": state,
               "last_heard": round(max(0.0, now - info.last_heard), 3), "slots": advert.slots,
               "tools": list(advert.tools), "incarnation": f"{advert.incarnation:x}",
               "address": f"{host}:{advert.router_port}", "draining": info.draining}
@@ -251,6 +276,8 @@ class Dashboard:
         self._peers_dirty = False
         self._roster_sig: tuple[Any, ...] = ()
         self._flush_handle: asyncio.TimerHandle | None = None
+        self._log_retry: asyncio.TimerHandle | None = None
+        self._closing = False
         self._roster_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self._allowed_hosts: frozenset[str] = frozenset()
@@ -270,9 +297,7 @@ class Dashboard:
     @property
     def url(self) -> str:
         """The address to open, with the token."""
-        host = self.hosts[0]
-        host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}/?token={self.token}"
+        return f"http://{url_host(self.hosts[0])}:{self.port}/?token={self.token}"
 
     async def astart(self) -> None:
         """Bind HTTP on every host (the port of the first for all) and start the roster
@@ -290,7 +315,7 @@ class Dashboard:
             if self.port == 0:
                 self.port = int(runner.addresses[0][1])  # the OS's pick, for every host
         names = {"127.0.0.1", "localhost", "[::1]"} | {
-            f"[{h}]" if ":" in h else h for h in self.hosts}
+            url_host(h) for h in self.hosts}
         self._allowed_hosts = frozenset(
             [f"{n}:{self.port}" for n in names] + (list(names) if self.port == 80 else []))
         self._allowed_origins = frozenset(f"http://{h}" for h in self._allowed_hosts)
@@ -299,6 +324,10 @@ class Dashboard:
 
     async def aclose(self) -> None:
         """Close every stream, stop HTTP, flush the log (the node is the caller's)."""
+        self._closing = True
+        if self._log_retry is not None:
+            self._log_retry.cancel()
+            self._log_retry = None
         for remove in self._remove:
             with contextlib.suppress(ValueError):
                 remove()
@@ -367,7 +396,13 @@ class Dashboard:
 
     def _on_peer(self, event: PeerEvent) -> None:
         name = event.peer.name
-        if event.kind is PeerEventKind.LEFT:
+        if event.kind is PeerEventKind.LEFT and peer_kind(name, event.peer.advert.role) != "agent":
+            # A seat or a watcher that went is no news: each command has a seat of its
+            # own, and a roster of every one that ever ran says nothing.
+            self._departed.pop(name, None)
+            self.stats.left(name)
+            self._skew.pop(name, None)
+        elif event.kind is PeerEventKind.LEFT:
             state = "expired" if event.reason == "expired" else "left"
             record = peer_record(event.peer, now=time.monotonic(), state=state)
             record["reason"] = event.reason
@@ -420,14 +455,25 @@ class Dashboard:
             loop = asyncio.get_running_loop()
             self._flush_handle = loop.call_later(BATCH_INTERVAL, self._flush)
 
+    def _roster_event(self) -> bytes:
+        """The stream's ``peers`` event: the roster and the message log's health."""
+        return _sse("peers", orjson.dumps({"peers": self.peers(), "log": self.log.status()}))
+
+    def _retry_log(self) -> None:
+        self._log_retry = None
+        self._schedule_flush()
+
     def _flush(self) -> None:
         self._flush_handle = None
-        try:
-            self.log.flush()
-        except OSError as exc:
+        was_ok = self.log.status()["ok"]
+        if not self.log.flush():
             self.counters["log-write-failed"] += 1
-            log.error("message log: cannot write %s: %s (records stay in memory)",
-                      self.log.directory, exc)
+            if not self._closing and self._log_retry is None:
+                # Nothing new may come to flush: try again on a timer until space returns.
+                loop = asyncio.get_running_loop()
+                self._log_retry = loop.call_later(LOG_RETRY_INTERVAL, self._retry_log)
+        if self.log.status()["ok"] != was_ok:
+            self._peers_dirty = True  # the roster event carries the log's health
         events: list[bytes] = []
         if self._pending:
             pending, self._pending = self._pending, []
@@ -437,7 +483,7 @@ class Dashboard:
             events.append(_sse("tasks", orjson.dumps(tasks)))
         if self._peers_dirty:
             self._peers_dirty = False
-            events.append(_sse("peers", orjson.dumps({"peers": self.peers()})))
+            events.append(self._roster_event())
         if events:
             self.counters["events"] += len(events)
             for client in list(self._clients):
@@ -448,8 +494,7 @@ class Dashboard:
         """Register a stream client and the events it must get first (no await between,
         so nothing is missed or sent twice)."""
         client = _Client()
-        first = [b"retry: 1000\n\n",
-                 _sse("peers", orjson.dumps({"peers": self.peers()}))]
+        first = [b"retry: 1000\n\n", self._roster_event()]
         if last_id:
             gap = self.log.after(last_id)
             if gap is None:
@@ -496,6 +541,7 @@ class Dashboard:
 
     def _make_app(self) -> web.Application:
         app = web.Application(middlewares=[self._guard], client_max_size=MAX_BODY)
+        app.on_response_prepare.append(_no_referrer)
         api: list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = [
             ("GET", "/api/info", self._info),
             ("GET", "/api/peers", self._peers),
@@ -578,7 +624,8 @@ class Dashboard:
                       "batch_interval": BATCH_INTERVAL})
 
     async def _peers(self, request: web.Request) -> web.StreamResponse:
-        return _json({"self": self.me, "mesh": self.node.config.mesh, "peers": self.peers()})
+        return _json({"self": self.me, "mesh": self.node.config.mesh, "peers": self.peers(),
+                      "log": self.log.status()})
 
     async def _tasks(self, request: web.Request) -> web.StreamResponse:
         return _json({"tasks": self.tracker.tasks()})

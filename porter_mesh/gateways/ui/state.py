@@ -22,6 +22,16 @@ a record is skipped, counted and logged once. Lines are buffered and written by
 :meth:`MessageLog.flush`, which the server calls with every stream batch (so at most one
 batch is lost to ``kill -9``).
 
+**A write that fails** (a full disk, a quota, a read-only remount) loses nothing the
+dashboard has shown or acknowledged: the records stay in memory (the page keeps being
+served from there), and what was not written, down to the byte where a short write
+stopped, is written when a later :meth:`MessageLog.flush` succeeds, so no line on disk
+is torn or doubled. The first failure of an outage is logged once (the file, the error,
+the free space left there); every failed attempt is counted; :meth:`MessageLog.status`
+says so for the API; and the first successful write after it is logged too. While the
+disk stays full the unwritten records are bounded by ``history`` (older ones would not
+be reloaded after a restart anyway); any beyond that are counted as ``dropped``.
+
 **The task tracker** (:class:`TaskTracker`) folds the records whose ``context`` is a
 task id into one card per task. It watches; it enforces nothing (the architect's
 :class:`~porter_mesh.core.tasks.TaskBoard` does that), so it reads each activity by who
@@ -58,6 +68,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -227,15 +238,23 @@ class MessageLog:
         self._entries: list[LogEntry] = []
         self._by_id: dict[str, LogEntry] = {}
         self._next_pos = 0
+        # Records not yet started on disk, and the unwritten rest of the batch that a
+        # failed or short write left (with the number of records it ends).
         self._pending: list[bytes] = []
+        self._unwritten = b""
+        self._unwritten_lines = 0
         self._file_lines = 0
-        self._file: Any = None
+        self._fd: int | None = None
+        #: Failed write attempts, and records dropped unwritten while the disk was full.
+        self.failures = 0
+        self.dropped = 0
+        self._failure: dict[str, Any] | None = None
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
             self._load()
-            self._file = open(self.path, "ab")  # noqa: SIM115 (held open: appended to)
-            if self._file.tell() and not self._ends_with_newline():
-                self._file.write(b"\n")  # end a torn last line, so the next one is whole
+            self._fd = self._open()
+            if os.fstat(self._fd).st_size and not self._ends_with_newline():
+                self._unwritten = b"\n"  # end a torn last line, so the next one is whole
 
     @property
     def path(self) -> pathlib.Path:
@@ -248,6 +267,10 @@ class MessageLog:
         """The previous segment's file."""
         assert self.directory is not None
         return self.directory / (LOG_FILE.removesuffix(".jsonl") + ".1.jsonl")
+
+    def _open(self) -> int:
+        # O_APPEND: each write lands at the end, after whatever the last one left.
+        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def _ends_with_newline(self) -> bool:
         with open(self.path, "rb") as fh:
@@ -323,30 +346,101 @@ class MessageLog:
         """
         data = orjson.dumps(record)
         entry = self._index(record, data)
-        if entry is not None and self._file is not None:
+        if entry is not None and self.directory is not None:
             self._pending.append(data)
+            excess = len(self._pending) - self.history
+            if excess > 0 and self._failure is not None:  # see the module docstring
+                del self._pending[:excess]
+                self.dropped += excess
         return entry
 
-    def flush(self) -> None:
-        """Write the records appended since the last flush; rotate a full segment."""
-        if not self._pending or self._file is None:
+    @property
+    def unwritten(self) -> int:
+        """Records held in memory that are not (wholly) on disk yet."""
+        return len(self._pending) + self._unwritten_lines
+
+    def flush(self) -> bool:
+        """Write what was appended since the last successful flush; rotate a full segment.
+
+        A failure is not raised: the records stay in memory and the next call tries again
+        (see the module docstring).
+
+        Returns:
+            True when everything appended is on disk (or there is no disk).
+        """
+        if self.directory is None or (not self._pending and not self._unwritten):
+            return True
+        try:
+            while self._pending or self._unwritten:
+                if not self._unwritten:
+                    self._unwritten = b"".join(line + b"\n" for line in self._pending)
+                    self._unwritten_lines = len(self._pending)
+                    self._pending = []
+                if self._fd is None:
+                    self._fd = self._open()
+                written = os.write(self._fd, self._unwritten)
+                self._unwritten = self._unwritten[written:]
+                if not self._unwritten:
+                    self._file_lines += self._unwritten_lines
+                    self._unwritten_lines = 0
+                    if self._file_lines >= self.history:
+                        self._rotate()
+        except OSError as exc:
+            self._write_failed(exc)
+            return False
+        if self._failure is not None:
+            log.warning("message log: %s is written again (%d failed attempt(s) since %s)",
+                        self.path, self._failure["attempts"],
+                        time.strftime("%H:%M:%S", time.localtime(self._failure["since"])))
+            self._failure = None
+        return True
+
+    def _rotate(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+        os.replace(self.path, self.previous_path)
+        self._file_lines = 0
+        self._fd = self._open()
+
+    def _write_failed(self, exc: OSError) -> None:
+        self.failures += 1
+        free = _free_bytes(self.path.parent)
+        if self._failure is not None:
+            self._failure.update(attempts=self._failure["attempts"] + 1, error=str(exc),
+                                 free_bytes=free)
             return
-        pending, self._pending = self._pending, []
-        self._file.write(b"\n".join(pending) + b"\n")
-        self._file.flush()
-        self._file_lines += len(pending)
-        if self._file_lines >= self.history:
-            self._file.close()
-            os.replace(self.path, self.previous_path)
-            self._file = open(self.path, "ab")  # noqa: SIM115
-            self._file_lines = 0
+        self._failure = {"since": time.time(), "attempts": 1, "error": str(exc),
+                         "free_bytes": free}
+        log.error("message log: cannot write %s: %s (%s free there); the dashboard keeps "
+                  "serving from memory and writes the %d record(s) held when a write "
+                  "succeeds: free some space on that disk", self.path,
+                  exc.strerror or exc, "unknown" if free is None else f"{free} bytes",
+                  self.unwritten)
+
+    def status(self) -> dict[str, Any]:
+        """The log's health, for the API: ``path``, ``ok`` (the last write succeeded),
+        ``unwritten`` (records held in memory only), ``failures`` (failed attempts in all),
+        ``dropped``, and while writes fail, ``error``, ``free_bytes`` and ``since``
+        (seconds since the epoch)."""
+        status: dict[str, Any] = {
+            "path": str(self.path) if self.directory is not None else None,
+            "ok": self._failure is None, "unwritten": self.unwritten,
+            "failures": self.failures, "dropped": self.dropped}
+        if self._failure is not None:
+            status.update(error=self._failure["error"], free_bytes=self._failure["free_bytes"],
+                          since=self._failure["since"])
+        return status
 
     def close(self) -> None:
-        """Flush and close the file (the log stays readable in memory)."""
-        self.flush()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Flush and close the file (the log stays readable in memory). Records that still
+        cannot be written are lost with the process: logged with their number."""
+        if not self.flush():
+            log.error("message log: %d record(s) could not be written to %s before the "
+                      "dashboard stopped", self.unwritten, self.path)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def page(self, *, limit: int, before: str | None = None,
              where: MessageFilter = _MATCH_ALL) -> tuple[list[LogEntry], bool]:
@@ -393,6 +487,14 @@ class MessageLog:
             return None
         start = anchor.pos - self._entries[0].pos + 1
         return self._entries[start:]
+
+
+def _free_bytes(directory: pathlib.Path) -> int | None:
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 # ---------------------------------------------------------------------------- tasks

@@ -111,10 +111,25 @@ whenUnauthorised(() => {
   connection("offline", "no token");
 });
 
+// The message log's health: while the dashboard cannot write its log (a full disk), the
+// page says so; it keeps working from the dashboard's memory.
+function showLogHealth(health) {
+  const badge = $("#log-health");
+  const failing = Boolean(health) && health.ok === false;
+  badge.hidden = !failing;
+  if (failing) {
+    const free = health.free_bytes == null ? "unknown" : `${health.free_bytes} bytes`;
+    badge.textContent = `message log not written: ${health.error} (${free} free); ` +
+      `${health.unwritten} record(s) held in memory`;
+    badge.title = health.path || "";
+  }
+}
+
 async function refreshPeers() {
   try {
     const answer = await get("/api/peers");
     roster.update(answer.peers || []);
+    showLogHealth(answer.log);
   } catch (err) {
     // the connection badge says what is wrong
   }
@@ -165,7 +180,11 @@ function openStream() {
     timeline.add(records);
     inbox.add(records);
   });
-  stream.addEventListener("peers", (event) => roster.update(JSON.parse(event.data).peers || []));
+  stream.addEventListener("peers", (event) => {
+    const answer = JSON.parse(event.data);
+    roster.update(answer.peers || []);
+    showLogHealth(answer.log);
+  });
   stream.addEventListener("tasks", (event) => tasks.upsert(JSON.parse(event.data)));
   stream.addEventListener("reset", () => {
     // the stream cannot resume from where this page was: read everything again

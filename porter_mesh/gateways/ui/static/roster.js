@@ -1,5 +1,8 @@
-// The roster: one card per peer, its state in colour, its own numbers (what its brain
-// did, what it lost), and drain/halt buttons.
+// The roster: one card per agent, its state in colour, its own numbers (what its brain
+// did, what it lost), and drain/halt buttons. Nodes that are not agents (a command
+// line's seat, a tail, an observer: the server's `kind`) take no tasks and obey no
+// drain: they are named in one line under the cards while they are on the mesh, and
+// forgotten when they go.
 
 import { el, fill, ago, clock } from "./dom.js";
 import { post } from "./api.js";
@@ -49,6 +52,13 @@ function statsTitle(stats) {
   return lines.join("\n");
 }
 
+/** "worker, 2 slots"; a role that holds no tasks alone ("reviewer"). */
+function roleText(peer) {
+  const slots = Number(peer.slots) || 0;
+  const role = String(peer.role || "?");
+  return slots ? `${role}, ${slots} slot${slots === 1 ? "" : "s"}` : role;
+}
+
 /** A button that asks for a second click before it acts ("Halt" -> "Halt: sure?"). */
 function confirmButton(label, attrs, act) {
   let armed = 0;
@@ -77,10 +87,12 @@ export class Roster {
   constructor(root, { status, onAgent }) {
     this.root = root;
     this.list = root.querySelector(".cards");
+    this.othersLine = root.querySelector(".others");
     this.count = root.querySelector(".count");
     this.status = status;
     this.onAgent = onAgent;
     this.peers = [];
+    this.others = [];
     this.heardAt = new Map(); // name -> performance.now() ms of last heard
     this.self = "porter-ui";
     root.querySelector(".drain-all").addEventListener("click", () => this.control("drain"));
@@ -95,9 +107,12 @@ export class Roster {
     for (const peer of peers) {
       this.heardAt.set(peer.name, now - 1000 * (Number(peer.last_heard) || 0));
     }
-    this.peers = [...peers].sort((a, b) =>
+    const sorted = [...peers].sort((a, b) =>
       (STATE_ORDER[a.state] ?? 9) - (STATE_ORDER[b.state] ?? 9) ||
       String(a.name).localeCompare(String(b.name)));
+    this.peers = sorted.filter((p) => (p.kind ?? "agent") === "agent");
+    this.others = sorted.filter((p) => (p.kind ?? "agent") !== "agent" &&
+      p.state !== "left" && p.state !== "expired");
     for (const peer of peers) this.onAgent(peer.name);
     this.render();
   }
@@ -105,11 +120,23 @@ export class Roster {
   render() {
     const live = this.peers.filter((p) => p.state === "alive" || p.state === "draining").length;
     this.count.textContent = `${live}/${this.peers.length}`;
+    this.renderOthers();
     if (this.peers.length === 0) {
       fill(this.list, el("p", { class: "empty" }, "no agents yet: start one with porter-mesh agent"));
       return;
     }
     fill(this.list, this.peers.map((peer) => this.card(peer)));
+  }
+
+  renderOthers() {
+    this.othersLine.hidden = this.others.length === 0;
+    fill(this.othersLine, this.others.length ? [
+      el("span", { class: "label" }, "also here: "),
+      this.others.map((peer) => el("span", { class: "other", "data-testid": "other-peer",
+        dataset: { name: String(peer.name), kind: peer.kind },
+        title: `${peer.name}: ${peer.kind} (role ${peer.role || "?"}), not an agent`},
+      String(peer.name))),
+    ] : []);
   }
 
   card(peer) {
@@ -120,11 +147,10 @@ export class Roster {
     el("header", null,
       el("span", { class: "dot", "aria-hidden": "true" }),
       el("span", { class: "name", title: name }, name),
-      el("span", { class: "role" }, peer.role || ""),
       el("span", { class: "state" }, peer.state)),
     el("dl", null,
+      el("dt", null, "role"), el("dd", { class: "role" }, roleText(peer)),
       el("dt", null, "heard"), el("dd", { class: "heard" }, this.heardText(name)),
-      el("dt", null, "slots"), el("dd", null, String(peer.slots ?? 0)),
       el("dt", null, "at"), el("dd", { class: "mono", title: peer.incarnation || "" },
         peer.address || "")),
     tools.length ? el("div", { class: "tools" }, tools.map((t) => el("span", null, t))) : null,

@@ -39,6 +39,12 @@ export function matches(rec, f) {
   return true;
 }
 
+/** "14:51:57.483" as its seconds and its milliseconds, which a narrow page hides. */
+function splitClock(text) {
+  const dot = text.indexOf(".");
+  return dot < 0 ? [text] : [text.slice(0, dot), el("span", { class: "ms" }, text.slice(dot))];
+}
+
 function who(rec) {
   const parts = [el("span", { class: "sender" }, rec.sender || "?")];
   const target = rec.recipient || (rec.activity && typeof rec.activity.target === "string"
@@ -53,7 +59,8 @@ function who(rec) {
 /** One timeline row (also used by the inbox, with `extra` controls at its end). */
 export function recordLine(rec, extra = null) {
   return el("div", { class: "line" },
-    el("time", { class: "t", title: new Date(rec.ts * 1000).toISOString() }, clock(rec.ts)),
+    el("time", { class: "t", title: new Date(rec.ts * 1000).toISOString() },
+      ...splitClock(clock(rec.ts))),
     el("span", { class: "chan", "data-kind": channelKind(rec.channel), title: rec.channel },
       channelKind(rec.channel) === "direct" ? "direct" : rec.channel),
     el("span", { class: "who" }, who(rec)),
