@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -372,5 +373,71 @@ def test_several_agents_each_at_its_path_listed_by_the_root_card(
                 assert state_of(events[-1]) == TaskState.TASK_STATE_INPUT_REQUIRED
 
         asyncio.run(body())
+    finally:
+        gw.stop()
+
+
+@pytest.fixture
+def small_disk(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A 4 MiB tmpfs of the test's own (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    where = tmp_path / "small"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _fill(disk: pathlib.Path) -> pathlib.Path:
+    """Fill ``disk`` to the last byte; returns the filler file."""
+    filler = disk / "filler"
+    chunk = b"\0" * 65536
+    with filler.open("wb") as out:
+        for _ in range(4 * 1024 * 1024 // len(chunk) + 16):  # bounded: more than the disk
+            try:
+                out.write(chunk)
+                out.flush()
+            except OSError:
+                break
+    for _ in range(4096):  # the last few bytes
+        try:
+            with filler.open("ab") as out:
+                out.write(b"\0" * 64)
+        except OSError:
+            break
+    return filler
+
+
+def test_a_full_disk_is_a_clear_error_and_the_gateway_serves_on(
+        mesh: str, small_disk: pathlib.Path, worker: Running) -> None:
+    gw = Gateway(mesh, small_disk / "gw", "w1")
+    try:
+        async def body() -> None:
+            async with client_for(gw.url) as client:
+                before = await until_stop(client.send_message(message("Write a rhyme")))
+                assert state_of(before[-1]) == TaskState.TASK_STATE_INPUT_REQUIRED
+                kept, _ = task_of(before[0])
+                filler = _fill(small_disk)
+                with pytest.raises(Exception) as refused:
+                    await until_stop(client.send_message(message("Write another rhyme")))
+                assert "free some space" in str(refused.value), refused.value
+                # Still serving: what it kept is there, and with room again it works.
+                task = await client.get_task(GetTaskRequest(id=kept))
+                assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+                filler.unlink()
+                after = await until_stop(client.send_message(message("Write a third")))
+                assert state_of(after[-1]) == TaskState.TASK_STATE_INPUT_REQUIRED
+
+        asyncio.run(body())
+        assert gw.proc.proc.poll() is None
+        # The gateway's own log says it once (the SDK logs what it caught its own way).
+        ours = [line for line in gw.proc.err if "porter_mesh.a2a" in line]
+        assert sum("free some space" in line for line in ours) == 1, ours
     finally:
         gw.stop()

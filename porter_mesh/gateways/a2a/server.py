@@ -67,6 +67,7 @@ from a2a.types.a2a_pb2 import (
     TaskStatus,
     TaskStatusUpdateEvent,
 )
+from a2a.utils.errors import InternalError
 from google.protobuf import json_format
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -77,7 +78,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.lifecycle import Status, TaskRecord, follow
-from porter_mesh.errors import PorterError
+from porter_mesh.errors import NotHandled, PorterError, StorageError
 from porter_mesh.gateways.a2a.mapping import (
     Ask,
     FileArtifact,
@@ -237,6 +238,12 @@ class MeshExecutor(AgentExecutor):
         self.agent = agent
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        try:
+            await self._execute(context, event_queue)
+        except StorageError as exc:
+            raise InternalError(message=self.gateway.refused("storage", str(exc))) from exc
+
+    async def _execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         gw = self.gateway
         message = context.message
         task_id = context.task_id or ""
@@ -316,6 +323,12 @@ class MeshExecutor(AgentExecutor):
         return await gw.deliver(channel, activity)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        try:
+            await self._cancel(context, event_queue)
+        except StorageError as exc:
+            raise InternalError(message=self.gateway.refused("storage", str(exc))) from exc
+
+    async def _cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         gw = self.gateway
         task_id = context.task_id or ""
         held = gw.held.get(task_id) or gw.track(task_id, context.context_id or "",
@@ -470,10 +483,12 @@ class A2AGateway:
         status: a new state, or the agent's words in the same state)."""
         out = [self.record(held, _artifact(held, item, self.log.last(held.task_id) + 1),
                            forward=forward) for item in step.artifacts]
-        held.record = step.record
         if step.changed or step.text:
             out.append(self.record(held, _status(held, step.record, step.text),
                                    forward=forward))
+        # Only once it is logged: a write that failed leaves the task where it was, so
+        # the same activity, delivered again, is translated again.
+        held.record = step.record
         return out
 
     def force(self, held: _Held, status: Status, text: str, *, forward: bool = True,
@@ -514,6 +529,8 @@ class A2AGateway:
             held, response = await self._writes.get()
             try:
                 await self._apply(held, response)
+            except StorageError as exc:
+                self.refused("storage", str(exc))
             except Exception:
                 log.exception("a2a: could not update task %s in the store", held.task_id)
 
@@ -559,8 +576,13 @@ class A2AGateway:
         held = self._by_context.get(context) if context is not None else None
         if held is None:
             return
-        if msg.sender != self.node.name:
+        if msg.sender == self.node.name:
+            return
+        try:
             self.observe(held, msg.activity, channel=msg.channel, sender=msg.sender)
+        except StorageError as exc:
+            # Not taken: a direct message stays owed and comes again once there is room.
+            raise NotHandled(self.refused("storage", str(exc))) from exc
 
     def _restore(self) -> None:
         """Follow again the tasks of an earlier run, from the event log."""
