@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from agents.cascade import watch_tasks
 from agents.context import AgentContext, Brain, TappedPort
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
@@ -40,7 +41,6 @@ from porter_mesh.entrypoint import (
 from porter_mesh.errors import ConfigError, OperationTimeout, PorterError
 from porter_mesh.node.config import knowledge_dir
 from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
-from porter_mesh.node.node import Message
 from porter_mesh.node.port import NodePort
 from porter_mesh.node.sync import SyncNode
 from porter_mesh.tools.external import ExternalTools
@@ -152,6 +152,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-command", metavar="CMD",
                         help="for tests: a shell command a worker runs (bash tool) first "
                         "on every task it accepts, e.g. a long one to pause it in")
+    parser.add_argument("--delegate-to", metavar="AGENT",
+                        help="worker: offer AGENT a sub-task of every task it accepts")
     parser.add_argument("--withdraw-timeout", type=float, default=600.0,
                         help="architect: seconds a withdrawal sent to a paused or gone "
                         "worker keeps being retried")
@@ -177,18 +179,6 @@ def system_prompt(args: argparse.Namespace) -> str | None:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read --system-prompt-file {args.system_prompt_file}: "
                           f"{getattr(exc, 'strerror', None) or exc}") from None
-
-
-def _watch_withdrawals(node: SyncNode, toolbox: Toolbox, name: str) -> None:
-    """Show the toolbox every message as it arrives (on the node's thread), so that a
-    withdrawal stops the withdrawn attempt while a tool is still running for it."""
-
-    def on_message(msg: Message) -> None:
-        if toolbox.observe(msg.channel, msg.sender, msg.activity):
-            print(f"[{name}] task {msg.activity.context} withdrawn by {msg.sender}: "
-                  f"{msg.activity.summary}", file=sys.stderr, flush=True)
-
-    node.call_in_loop(lambda: node.node.add_handler(on_message))
 
 
 def make_brain(args: argparse.Namespace) -> Brain:
@@ -269,13 +259,14 @@ def run(args: argparse.Namespace) -> int:
             toolbox.halt("halted while starting")
         if node.node.draining:
             toolbox.drain()  # a drain that came while the agent was starting
-        _watch_withdrawals(node, toolbox, args.name)
+        watch_tasks(node, toolbox, args.name)
         options: dict[str, Any] = {
             "workers": args.workers, "reviewer": args.reviewer, "slots": args.slots,
             "offer_timeout": args.offer_timeout, "task_timeout": args.task_timeout,
             "fail_after": args.fail_after, "go": go, "goal": args.goal,
             "system_prompt": prompt,
             "work_command": args.work_command, "withdraw_timeout": args.withdraw_timeout,
+            "delegate_to": args.delegate_to,
         }
         ctx = AgentContext(args.name, args.role, toolbox, tapped, stop, options)
         def on_signal(signum: int, _frame: object) -> None:

@@ -193,6 +193,7 @@ class ArchitectBrain:
                         self._withdraw(ctx, out)
                     else:
                         ctx.port.send(out.channel, out.activity)
+                    ctx.toolbox.sent(out.channel, out.activity)
                 except PorterError as exc:
                     ctx.say(f"could not send {out.activity.type} on {out.channel}: {exc}")
             elif isinstance(out, TaskChanged):
@@ -337,7 +338,8 @@ class WorkerBrain:
     Options: ``slots`` (tasks held at once), ``reviewer`` (the reviewer's agent name),
     ``fail_after`` (fault injection for tests: ``"accept"`` makes the process SIGKILL
     itself right after accepting a task).
-    ``work_command`` (for tests: a shell command run first on every accepted task).
+    ``work_command`` (for tests: a shell command run first on every accepted task),
+    ``delegate_to`` (an agent offered a sub-task of every accepted task, first).
 
     A task withdrawn from it (the tools raise :class:`TaskWithdrawn`) is dropped at once:
     the attempt stops where it is and reports nothing.
@@ -392,11 +394,7 @@ class WorkerBrain:
             if ctx.options.get("fail_after") == "accept":
                 ctx.say("fault injection: dying right after accepting")
                 os.kill(os.getpid(), signal.SIGKILL)
-            if task.story:
-                self._attempt(ctx, ctx_id, lambda: self._first_pass(ctx, ctx_id, task))
-            else:
-                self._attempt(ctx, ctx_id,
-                              lambda: self._write_brief(ctx, ctx_id, task, revision=None))
+            self._attempt(ctx, ctx_id, lambda: self._begin(ctx, ctx_id, task))
         elif is_task_delete(act) and mine:
             ctx.say(f"task {ctx_id} withdrawn: {act.summary}")
             self.held.pop(ctx_id, None)
@@ -425,10 +423,22 @@ class WorkerBrain:
                     f"{exc.reason}; reporting nothing")
             self.held.pop(ctx_id, None)
 
-    def _first_pass(self, ctx: AgentContext, ctx_id: str, task: Held) -> None:
+    def _begin(self, ctx: AgentContext, ctx_id: str, task: Held) -> None:
+        """Delegate a part when told to (the tools name the task as its parent), run the
+        test's work command if any, then do the task."""
+        delegate = ctx.options.get("delegate_to")
+        if delegate:
+            _call(ctx, "send_message", channel=C.DIRECT_PREFIX + str(delegate),
+                  message=f"Part of: {task.summary}"[:150], type="Offer")
         work = ctx.options.get("work_command")
         if work:
             _call(ctx, "bash", command=str(work))
+        if task.story:
+            self._first_pass(ctx, ctx_id, task)
+        else:
+            self._write_brief(ctx, ctx_id, task, revision=None)
+
+    def _first_pass(self, ctx: AgentContext, ctx_id: str, task: Held) -> None:
         _call(ctx, "bash", command="mkdir -p src/routes src/models tests && "
               "touch src/__init__.py src/routes/__init__.py src/models/__init__.py && "
               "echo 'project layout ready'")
@@ -473,6 +483,7 @@ class WorkerBrain:
             object=as2.collection([as2.document(f) for f in files]),
             extra={ATTEMPT_FIELD: task.attempt} if task.attempt is not None else None)
         ctx.port.send(C.CHANNEL_REVIEW, request)
+        ctx.toolbox.sent(C.CHANNEL_REVIEW, request)
         ctx.say(f"review of {ctx_id} asked from {reviewer}: {summary}")
 
 

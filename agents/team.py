@@ -33,6 +33,7 @@ The file
     slots = 1                    # workers: tasks held at once
     tools = ["read_file", "bash"]            # default: the role's
     mcp_servers = ["python srv.py"]          # stdio MCP servers whose tools it also gets
+    a2a = "http://127.0.0.1:9999"            # workers: an outside A2A agent does the work
     subscriptions = ["log", "task", "review"]  # default: all three
     # brain = "llm" only:
     endpoint = "http://127.0.0.1:8000/v1"    # required: an OpenAI-compatible endpoint
@@ -151,6 +152,7 @@ class AgentSpec:
     tools: tuple[str, ...] | None = None
     subscriptions: tuple[str, ...] | None = None
     mcp_servers: tuple[str, ...] | None = None
+    a2a: str | None = None
     endpoint: str | None = None
     model: str | None = None
     api_key_env: str | None = None
@@ -263,6 +265,12 @@ def _mcp_server(value: str) -> str | None:
     return _config(external_server)(value)
 
 
+def _a2a_url(value: str) -> str | None:
+    if value.startswith(("http://", "https://")) and len(value) > len("https://"):
+        return None
+    return f"expected the A2A agent's base URL, http://host:port, got {value!r}"
+
+
 def _url(value: str) -> str | None:
     from agents.llm import chat_completions_url
 
@@ -321,6 +329,7 @@ AGENT_KEYS: Final[Mapping[str, Key]] = {
     "tools": Key("strs", check=_known(ALL_TOOLS, "tool")),
     "subscriptions": Key("strs", check=_known(CHANNELS, "channel")),
     "mcp_servers": Key("strs", check=_each(_mcp_server)),
+    "a2a": Key("str", check=_a2a_url, role="worker"),
     "endpoint": Key("str", check=_url, llm=True),
     "model": Key("str", check=_not_blank, llm=True),
     "api_key_env": Key("str", check=_env_name, llm=True),
@@ -527,12 +536,17 @@ def agent_argv(team: Team, spec: AgentSpec, *, mesh: str | None = None,
         mesh: another mesh name than the file's (the demo makes one per run).
         workspace: a workspace for every agent, instead of theirs (the demo's).
     """
-    argv = ["agent", spec.role, "--name", spec.name, "--mesh", mesh or team.mesh.name,
-            "--workspace", str(workspace or spec.workspace or default_workspace(team))]
+    where: list[str] = []
     for address in team.mesh.interfaces:
-        argv += ["--interface", address]
+        where += ["--interface", address]
     for peer in team.mesh.peers:
-        argv += ["--peer", peer]
+        where += ["--peer", peer]
+    if spec.a2a is not None:  # an outside A2A agent, joined as this worker
+        return ["a2a", "--join", spec.a2a, "--name", spec.name, "--mesh",
+                mesh or team.mesh.name, *where, *(["--slots", str(spec.slots)]
+                                                  if spec.slots is not None else [])]
+    argv = ["agent", spec.role, "--name", spec.name, "--mesh", mesh or team.mesh.name,
+            "--workspace", str(workspace or spec.workspace or default_workspace(team)), *where]
     if spec.brain != "scripted":
         argv += ["--brain", spec.brain]
     if spec.brain == "scripted" and spec.role in ("architect", "worker"):

@@ -3,14 +3,16 @@
 The seat (``porter-ui-<suffix>``, :func:`~porter_mesh.cli.common.own_seat`) stays on
 the mesh after sending: it receives its direct inbox and the broadcast channels, and
 prints every activity in the request's context that a node other than the human's
-sends, until ``--count N`` replies when given, otherwise until a reply that
-ends the exchange:
+sends, until ``--count N`` replies when given, otherwise:
 
-* a ``Reject`` (exit 1: the mesh said no);
-* an approval: an ``Accept`` on ``review``;
-* a result: an activity with a ``result`` (an ``Invoke`` that ran, a ``Recall``), or
-  the holder's closing ``Announce``;
-* for a ``Question``: the first direct answer that is not an ``Accept``.
+* for an ``Offer`` of a task to an agent: until the task reaches a final state
+  (completed, failed, cancelled, rejected) or waits on the requester (input-required:
+  the holder asked a question; in-review with the human as reviewer). Each change of
+  state is said on stderr, and the last line says where the task ended. Exit 0 only
+  for completed;
+* for anything else, until a reply that ends the exchange: a ``Reject`` (exit 1), an
+  approval (an ``Accept`` on ``review``), a result (an activity with a ``result``, or an
+  ``Announce``), or, for a ``Question``, the first direct answer.
 
 No such reply within ``--timeout`` seconds is exit 1.
 """
@@ -28,6 +30,7 @@ from porter_mesh.cli.seat import deliver
 from porter_mesh.core import constants as C
 from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity
+from porter_mesh.core.lifecycle import Status, TaskRecord, follow
 from porter_mesh.node.node import Message, Node
 from porter_mesh.node.transcript import message_json, message_line
 
@@ -59,6 +62,23 @@ def ends_exchange(msg: Message, request: Activity) -> bool:
     return request.type == "Question" and msg.direct
 
 
+def task_end(task: TaskRecord) -> str | None:
+    """Where a followed task stopped, in words, or ``None`` while it goes on."""
+    ctx = task.context
+    if task.final:
+        note = f": {task.note}" if task.note else ""
+        return f"task {ctx} ended {task.status.value}{note}"
+    if task.status is Status.INPUT_REQUIRED:
+        return (f"task {ctx} is input-required: {task.holder} asks: {task.question}; "
+                f"answer with porter-mesh send task:{task.holder} TEXT --type Note "
+                f"--context {ctx}")
+    if task.status is Status.IN_REVIEW and is_human(task.reviewer):
+        return (f"task {ctx} is in-review, waiting for your review; approve or request "
+                f"changes with porter-mesh send review TEXT --type Accept|Reject "
+                f"--context {ctx}")
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
     request = prepare(args)
     context = request.context
@@ -78,6 +98,8 @@ def main(args: argparse.Namespace) -> int:
             print(outcome.line(), file=sys.stderr, flush=True)
             deadline = time.monotonic() + args.timeout
             replies = 0
+            task = follow(None, request, sender=node.name, channel=args.channel,
+                          now=time.time())
             while True:
                 try:
                     msg = await node.receive(timeout=max(0.0, deadline - time.monotonic()))
@@ -93,6 +115,18 @@ def main(args: argparse.Namespace) -> int:
                 print(message_json(msg) if args.json else message_line(msg), flush=True)
                 if args.count and replies >= args.count:
                     return 0
+                if task is not None:
+                    before = task.status
+                    task = follow(task, msg.activity, sender=msg.sender,
+                                  channel=msg.channel, now=time.time())
+                    assert task is not None
+                    if task.status is not before:
+                        print(f"task {context}: {task.status.value}", file=sys.stderr,
+                              flush=True)
+                    if not args.count and (end := task_end(task)) is not None:
+                        print(f"porter-mesh request: {end}", file=sys.stderr, flush=True)
+                        return 0 if task.status is Status.COMPLETED else 1
+                    continue
                 if not args.count and ends_exchange(msg, request):
                     return 1 if msg.activity.type == "Reject" else 0
         return 0

@@ -86,6 +86,14 @@ from porter_mesh.core import as2
 from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.constants import CHANNEL_LOG, DIRECT_PREFIX
+from porter_mesh.core.lifecycle import (
+    ATTEMPT_FIELD,
+    CANCEL_TAG,
+    DONE_TAG,
+    Status,
+    attempt_of,
+)
+from porter_mesh.core.lifecycle import text_of as _text_of
 from porter_mesh.core.taskid import is_task_id, new_task_id
 from porter_mesh.errors import ConfigError, TaskError
 
@@ -114,11 +122,7 @@ __all__ = [
 
 _log = logging.getLogger("porter_mesh.tasks")
 
-#: Extension field that carries the claim's attempt number on task activities.
-ATTEMPT_FIELD: Final = "attempt"
 
-#: Tag a holder puts on an Announce to report a task finished without review.
-DONE_TAG: Final = "done"
 
 
 class TaskState(enum.Enum):
@@ -134,6 +138,25 @@ class TaskState(enum.Enum):
     REJECTED = "rejected"
     CANCELLED = "cancelled"
     FAILED = "failed"
+
+    @property
+    def status(self) -> Status:
+        """The state in the mesh's one vocabulary (:class:`~.lifecycle.Status`)."""
+        return _STATUS[self]
+
+
+_STATUS: Final[Mapping[TaskState, Status]] = {
+    TaskState.PENDING: Status.SUBMITTED,
+    TaskState.OFFERED: Status.SUBMITTED,
+    TaskState.ACCEPTED: Status.WORKING,
+    TaskState.IN_PROGRESS: Status.WORKING,
+    TaskState.IN_REVIEW: Status.IN_REVIEW,
+    TaskState.CHANGES_REQUESTED: Status.CHANGES_REQUESTED,
+    TaskState.DONE: Status.COMPLETED,
+    TaskState.REJECTED: Status.REJECTED,
+    TaskState.CANCELLED: Status.CANCELLED,
+    TaskState.FAILED: Status.FAILED,
+}
 
 
 #: States in which a worker holds the task (and so uses one of its slots).
@@ -217,6 +240,11 @@ class Task:
     def finished(self) -> bool:
         """The task reached a terminal state."""
         return self.state in TERMINAL_STATES
+
+    @property
+    def status(self) -> Status:
+        """The state in the mesh's one vocabulary."""
+        return self.state.status
 
 
 class EventKind(enum.Enum):
@@ -419,21 +447,6 @@ def apply(task: Task, event: TaskEvent, now: float) -> Task:
 # -- AS2 helpers --------------------------------------------------------------------------
 
 
-def attempt_of(activity: Activity) -> int | None:
-    """The claim's attempt number an activity carries, or ``None``.
-
-    Args:
-        activity: any activity.
-
-    Returns:
-        The ``"attempt"`` extension field when it is a positive integer.
-    """
-    value = activity.extra.get(ATTEMPT_FIELD)
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    return None
-
-
 def with_attempt(activity: Activity, attempt: int | None) -> Activity:
     """Return ``activity`` carrying the ``"attempt"`` extension field.
 
@@ -470,30 +483,28 @@ def is_task_delete(activity: Activity) -> bool:
 
 
 def cancel_activity(
-    actor: str, context: str, summary: str, *, attempt: int | None = None
+    actor: str, context: str, summary: str, *, attempt: int | None = None,
+    cancel: bool = False, parent: str | None = None,
 ) -> Activity:
     """Build the withdrawal of a task (see :func:`is_task_delete`).
 
     Args:
-        actor: who withdraws it (the board's owner).
+        actor: who withdraws it (the board's owner, or the task's requester).
         context: the task URN.
         summary: why, in one line.
         attempt: the claim withdrawn, when only one claim is meant.
+        cancel: the task itself is cancelled, not only this claim: tagged
+            :data:`~.lifecycle.CANCEL_TAG`, so every observer shows it cancelled.
+        parent: the parent task, for a sub-task cancelled with it.
 
     Returns:
         A ``Delete`` activity.
     """
-    extra = None if attempt is None else {ATTEMPT_FIELD: attempt}
-    return as2.delete(actor, summary, context, context=context, extra=extra)
-
-
-def _text_of(activity: Activity) -> str:
-    """The activity's prose: summary plus the object's and result's text, if any."""
-    parts = [activity.summary, activity.content or ""]
-    for part in (activity.object, activity.result):
-        if isinstance(part, as2.ASObject) and part.content:
-            parts.append(part.content)
-    return " -- ".join(p for p in parts if p)
+    extra: dict[str, object] = {} if attempt is None else {ATTEMPT_FIELD: attempt}
+    if parent is not None:
+        extra["parent"] = parent
+    return as2.delete(actor, summary, context, context=context, extra=extra or None,
+                      tag=[CANCEL_TAG] if cancel else None)
 
 
 # -- the board ------------------------------------------------------------------------------
@@ -1029,9 +1040,11 @@ class TaskBoard:
     def _announce(self, context: str, summary: str) -> Activity:
         return as2.announce(self.owner, summary, context=context)
 
-    def _withdraw(self, task: Task, claim: Claim, summary: str) -> Send:
+    def _withdraw(self, task: Task, claim: Claim, summary: str, *,
+                  cancel: bool = False) -> Send:
         self._told.add((task.context, claim))
-        activity = cancel_activity(self.owner, task.context, summary, attempt=claim.attempt)
+        activity = cancel_activity(self.owner, task.context, summary, attempt=claim.attempt,
+                                   cancel=cancel)
         return Send(DIRECT_PREFIX + claim.worker, activity)
 
     def _cancel(self, task: Task, reason: str, now: float) -> list[BoardOutput]:
@@ -1039,7 +1052,7 @@ class TaskBoard:
         new = apply(task, TaskEvent(EventKind.CANCEL, self.owner, text=reason), now)
         out = self._store(task, new, reason)
         if claim is not None:
-            out.append(self._withdraw(task, claim, f"Cancelled: {reason}"))
+            out.append(self._withdraw(task, claim, f"Cancelled: {reason}", cancel=True))
         return out + self._dispatch(now)
 
     def _fence_holder(self, name: str, reason: str, now: float, *, tell: bool) -> list[BoardOutput]:

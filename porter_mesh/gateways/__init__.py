@@ -9,6 +9,8 @@ translates at its edge and owns no rule of the mesh (``DESIGN.md``, "Layers").
   roster and recent messages over MCP's stdio transport, served by ``porter-mesh mcp``.
 * :mod:`porter_mesh.gateways.iacp` -- IACP 1.1 foragers join as workers, one node each,
   served by ``porter-mesh iacp-bridge``.
+* :mod:`porter_mesh.gateways.a2a` -- A2A 1.0 both ways: mesh agents served to A2A
+  clients, and outside A2A agents joined as workers, by ``porter-mesh a2a``.
 """
 
 from __future__ import annotations

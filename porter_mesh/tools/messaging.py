@@ -51,6 +51,7 @@ from porter_mesh.core.constants import (
     DIRECT_PREFIX,
     TASK_URN_PREFIX,
 )
+from porter_mesh.core.lifecycle import PARENT_FIELD
 from porter_mesh.core.taskid import is_task_id
 from porter_mesh.core.tasks import ATTEMPT_FIELD, is_task_delete
 from porter_mesh.errors import ActivityError, ToolError
@@ -207,6 +208,7 @@ def compose(
     context: str | None = None,
     tag: Sequence[str] | None = None,
     attempt: int | None = None,
+    parent: str | None = None,
 ) -> Activity:
     """Build the activity for a message.
 
@@ -218,6 +220,8 @@ def compose(
         context: the task or thread reference.
         tag: labels.
         attempt: the task claim's attempt number, echoed as an extension field.
+        parent: for an Offer of a sub-task, the task it is part of (extension field
+            ``parent``).
 
     Returns:
         The activity.
@@ -227,7 +231,10 @@ def compose(
     """
     summary, details = split_text(text)
     target = channel[len(DIRECT_PREFIX) :] if channel.startswith(DIRECT_PREFIX) else None
-    extra = {ATTEMPT_FIELD: attempt} if attempt is not None else None
+    fields: dict[str, object] = {ATTEMPT_FIELD: attempt} if attempt is not None else {}
+    if parent is not None:
+        fields[PARENT_FIELD] = parent
+    extra = fields or None
     tags = list(tag) if tag else None
     try:
         build = _TEXT_BUILDERS.get(kind)

@@ -74,10 +74,12 @@ import os
 import shlex
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from porter_mesh.core import as2
+from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.constants import (
     CHANNEL_CONTROL,
@@ -86,6 +88,7 @@ from porter_mesh.core.constants import (
     CHANNEL_TASK,
     DIRECT_PREFIX,
 )
+from porter_mesh.core.lifecycle import Status, TaskRecord, is_cancel, same_party
 from porter_mesh.core.taskid import new_task_id
 from porter_mesh.core.tasks import ATTEMPT_FIELD, attempt_of, is_task_delete
 from porter_mesh.errors import (
@@ -104,6 +107,7 @@ from porter_mesh.errors import (
 from porter_mesh.tools import memory, messaging, search
 from porter_mesh.tools.external import ExternalTools
 from porter_mesh.tools.git import git_argv, run_git
+from porter_mesh.tools.ledger import TaskLedger
 from porter_mesh.tools.port import InboxItem, MeshPort
 from porter_mesh.tools.prompt import roster_section, system_prompt_sections
 from porter_mesh.tools.schemas import (
@@ -122,7 +126,7 @@ from porter_mesh.tools.shell import (
 )
 from porter_mesh.tools.workspace import Workspace
 
-__all__ = ["Toolbox"]
+__all__ = ["CancelOutcome", "Toolbox"]
 
 _log = logging.getLogger("porter_mesh.tools")
 
@@ -143,6 +147,28 @@ def _clip_end(text: str, limit: int = RECORD_LIMIT) -> str:
 
 def _clip_start(text: str, limit: int = RECORD_LIMIT) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+@dataclass(frozen=True, slots=True)
+class CancelOutcome:
+    """What :meth:`Toolbox.cancel` did with a cancel addressed to this agent.
+
+    Attributes:
+        context: the task.
+        sender: who asked.
+        reason: the cancel's reason, in words.
+        refused: why it was refused (the sender is neither the requester nor the
+            human, or the task is already over), else ``None``.
+        subtasks: the open sub-tasks this agent offered for it, to cancel in turn.
+        parent: the task this one is a sub-task of, if any.
+    """
+
+    context: str
+    sender: str
+    reason: str
+    refused: str | None = None
+    subtasks: tuple[TaskRecord, ...] = ()
+    parent: str | None = None
 
 
 class Toolbox:
@@ -222,6 +248,8 @@ class Toolbox:
         self._interrupted: str | None = None
         self._offered_by: dict[str, str] = {}
         self._lock = threading.Lock()  # observe() runs on the node's thread
+        self._idle = threading.Condition(self._lock)  # notified when a command ends
+        self.ledger = TaskLedger(port.agent_name)
 
     # -- the loop's interface -------------------------------------------------------------
 
@@ -315,6 +343,25 @@ class Toolbox:
         if running is not None:
             running.stop("interrupted: the caller stopped waiting")
 
+    def _command_ended(self) -> None:
+        with self._idle:
+            self._running = self._running_for = None
+            self._idle.notify_all()
+
+    def wait_stopped(self, context: str, timeout: float) -> bool:
+        """Wait until no command runs for ``context`` (one stopped by a withdrawal or a
+        cancel has ended, every process it started gone).
+
+        Args:
+            context: the task.
+            timeout: seconds.
+
+        Returns:
+            ``True`` when none runs for it; ``False`` if one still does at ``timeout``.
+        """
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running_for != context, timeout)
+
     def _command_started(self, task: str | None) -> Callable[[CommandHandle], None]:
         """What a command of this toolbox, run for ``task``, calls once it runs."""
 
@@ -360,13 +407,15 @@ class Toolbox:
         chan = messaging.check_channel(channel, me)
         kind = type or messaging.default_type(chan, self.role, message)
         on_task_channel = chan == CHANNEL_TASK or chan.startswith(DIRECT_PREFIX)
+        parent: str | None = None
         if context is not None:
             ctx: str | None = messaging.normalise_context(context)
         elif kind == "Offer" and on_task_channel:
             ctx = new_task_id()
+            parent = self._holding()
         else:
             ctx = self.context
-        self._acting_for(ctx)
+        self._acting_for(parent if parent is not None else ctx)
         takes_task = kind == "Accept" and chan != CHANNEL_REVIEW and ctx is not None
         if takes_task and self.draining and ctx not in self._accepted:
             raise ToolError(
@@ -376,16 +425,27 @@ class Toolbox:
         attempt = self._attempts.get(ctx) if ctx is not None else None
         activity = messaging.compose(
             actor=me, channel=chan, text=message, kind=kind, context=ctx, tag=tag,
-            attempt=attempt,
+            attempt=attempt, parent=parent,
         )
         self._send(chan, activity)
         if takes_task and ctx is not None:
             self._accepted.add(ctx)
+        if parent is not None:
+            # A sub-task: this agent goes on working on the task it holds.
+            return f"Sent {kind} on {chan} about sub-task {ctx} of your task {parent}."
         if ctx is not None and (context is not None or kind == "Offer"):
             self.context = ctx
             self._interrupted = None
         where = f" about task {ctx}" if ctx else ""
         return f"Sent {kind} on {chan}{where}."
+
+    def _holding(self) -> str | None:
+        """The current task when this agent holds it (was offered it, still open)."""
+        ctx = self.context
+        record = self.ledger.get(ctx) if ctx is not None else None
+        if record is None or record.holder != self.agent_name or record.final:
+            return None
+        return ctx
 
     def read_messages(self, channel: str | None = None) -> str:
         """Drain the inbox and return it as text (see :mod:`.messaging`).
@@ -461,6 +521,11 @@ class Toolbox:
         """
         me = self.agent_name
         ctx = activity.context
+        if sender != me:
+            self.ledger.saw(activity, sender=sender, channel=channel)
+        if is_cancel(activity):
+            outcome = self.cancel(channel, sender, activity, seen=True)
+            return outcome is not None and outcome.refused is None
         if (
             ctx is None
             or activity.is_fallback
@@ -470,6 +535,51 @@ class Toolbox:
             return False
         return self.withdraw(ctx, attempt_of(activity), sender=sender,
                              reason=activity.summary)
+
+    def cancel(self, channel: str, sender: str, activity: Activity, *,
+               seen: bool = False) -> CancelOutcome | None:
+        """Obey (or refuse) a cancel of a task this agent holds; safe from any thread.
+
+        Only the task's requester or the human may cancel it. An accepted cancel stops
+        the task as a withdrawal does (its running command is stopped, every later call
+        for it refused) and names the open sub-tasks this agent offered for it, which the
+        caller cancels in turn (see ``docs/protocol.md``, "Cancel").
+
+        Args:
+            channel: where it arrived.
+            sender: the authenticated sender.
+            activity: the activity.
+            seen: the ledger has already folded it (:meth:`observe` did).
+
+        Returns:
+            ``None`` when ``activity`` is not a cancel addressed to this agent; else what
+            was done.
+        """
+        me = self.agent_name
+        ctx = activity.context
+        if (ctx is None or not is_cancel(activity)
+                or not (channel == DIRECT_PREFIX + me or activity.target == me)):
+            return None
+        record = self.ledger.get(ctx)
+        reason = activity.summary
+        if record is not None and not (same_party(sender, record.requester)
+                                       or is_human(sender)):
+            return CancelOutcome(ctx, sender, reason, refused=(
+                f"only {record.requester} (who requested task {ctx}) or the human may "
+                f"cancel it; {sender} may not"))
+        if (record is not None and record.final and record.status is not Status.CANCELLED
+                and not seen):
+            return CancelOutcome(ctx, sender, reason,
+                                 refused=f"task {ctx} is already {record.status.value}")
+        if not seen:
+            self.ledger.saw(activity, sender=sender, channel=channel)
+        with self._lock:
+            self._stop_task(ctx, None, f"cancelled by {sender}: {reason}")
+            running = self._running if self._running_for == ctx else None
+        if running is not None:
+            running.stop(f"cancelled: {reason}")
+        return CancelOutcome(ctx, sender, reason, subtasks=tuple(self.ledger.open_children(ctx)),
+                             parent=record.parent if record is not None else None)
 
     def withdraw(self, context: str, attempt: int | None, *, sender: str,
                  reason: str) -> bool:
@@ -496,16 +606,20 @@ class Toolbox:
                 _log.warning("ignored a withdrawal of %s from %s, which did not offer it",
                              context, sender)
                 return False
-            self._withdrawn[context] = (attempt if attempt is not None else kept, reason)
-            self._attempts.pop(context, None)
-            self._accepted.discard(context)
-            if self.context == context:
-                self.context = None
-                self._interrupted = context
+            self._stop_task(context, attempt if attempt is not None else kept, reason)
             running = self._running if self._running_for == context else None
         if running is not None:
             running.stop(f"withdrawn: {reason}")
         return True
+
+    def _stop_task(self, context: str, attempt: int | None, reason: str) -> None:
+        """Act no more for ``context`` (call with the lock held)."""
+        self._withdrawn[context] = (attempt, reason)
+        self._attempts.pop(context, None)
+        self._accepted.discard(context)
+        if self.context == context:
+            self.context = None
+            self._interrupted = context
 
     def withdrawn(self, context: str) -> str | None:
         """Why a task was withdrawn from this agent, or ``None`` if it was not."""
@@ -631,8 +745,7 @@ class Toolbox:
                 on_start=self._command_started(task),
             )
         finally:
-            with self._lock:
-                self._running = self._running_for = None
+            self._command_ended()
         entry = self._withdrawn.get(task) if task is not None else None
         if task is not None and entry is not None:
             # The attempt is void: nothing of it is recorded or returned as a result.
@@ -691,8 +804,7 @@ class Toolbox:
                                    output_bytes=self.tail_bytes,
                                    on_start=self._command_started(task))
         finally:
-            with self._lock:
-                self._running = self._running_for = None
+            self._command_ended()
         if command in ("add", "commit"):
             shown = shlex.join(["git", *argv[argv.index(command):]])
             self._record_invoke(shown, result, text)
@@ -780,9 +892,15 @@ class Toolbox:
         attempt = self._attempts.get(self.context)
         return None if attempt is None else {ATTEMPT_FIELD: attempt}
 
+    def sent(self, channel: str, activity: Activity) -> None:
+        """Tell the ledger about an activity this agent sent without the tools (a
+        board's offers and withdrawals, a review request, a cancel's cascade)."""
+        self.ledger.saw(activity, sender=self.agent_name, channel=channel)
+
     def _send(self, channel: str, activity: Activity) -> None:
         try:
             self.port.send(channel, activity)
+            self.sent(channel, activity)
         except UnknownPeerError as exc:
             names = ", ".join(sorted(e.name for e in self.port.roster())) or "nobody"
             raise ToolError(

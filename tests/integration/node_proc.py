@@ -223,6 +223,19 @@ async def main() -> None:
                 emit(ev="error", error=str(exc), tag=cmd.get("tag"))
             else:
                 emit(ev="sent-kind", tag=cmd.get("tag"))
+        elif op == "send-activity":
+            try:
+                fut = node.async_send_nowait(cmd["to"], Activity.from_dict(cmd["activity"]))
+            except PorterError as exc:
+                emit(ev="error", error=str(exc), tag=cmd.get("tag"))
+            else:
+                tag = cmd.get("tag")
+
+                def sent(f: asyncio.Future[None], tag: Any = tag) -> None:
+                    error = None if f.cancelled() else f.exception()
+                    emit(ev="sent-activity", tag=tag, error=None if error is None else str(error))
+
+                fut.add_done_callback(sent)
         elif op == "roster":
             emit(ev="roster", peers={p.name: {"state": p.state.value, "skew": p.clock_skew_ms}
                                      for p in node.peers()}, tag=cmd.get("tag"))

@@ -36,7 +36,8 @@ BAD: dict[object, tuple[str, ...]] = {
     common.channel_name: ("control", "task:Bad Name", "a b"),
 }
 #: A valid value for a required option or positional, by type.
-GOOD: dict[object, str] = {common.agent_name: "ok-name", common.channel_name: "log"}
+GOOD: dict[object, str] = {common.agent_name: "ok-name", common.channel_name: "log",
+                          common.task_context: "t1"}
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()

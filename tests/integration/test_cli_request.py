@@ -33,16 +33,44 @@ def worker(mesh: str, tmp_path: pathlib.Path) -> Iterator[Running]:
         proc.stop()
 
 
-def test_an_offer_prints_the_accept_and_ends_on_the_result(worker: Running, mesh: str) -> None:
+def test_an_offer_is_followed_until_it_waits_on_the_requester(worker: Running,
+                                                              mesh: str) -> None:
     out = cli("request", "task:w1", "do X", "--type", "Offer", "--mesh", mesh,
               "--timeout", "60", "--wait", "20")
-    assert out.returncode == 0, out.stderr
+    # The worker asks the human for review: the task waits on the requester, which is
+    # not success (only completed is).
+    assert out.returncode == 1, out.stderr
     lines = out.stdout.splitlines()
     assert "w1" in lines[0] and "Accept" in lines[0], lines
-    assert "Invoke" in lines[-1] and "[exit status 0]" in lines[-1], lines
+    assert any("Invoke" in line and "[exit status 0]" in line for line in lines), lines
+    assert "Offer" in lines[-1] and "review" in lines[-1], lines
     assert out.stderr.startswith("context urn:porter:task:"), out.stderr
     context = out.stderr.split()[1]
     assert all(context in line for line in lines)
+    said = out.stderr.splitlines()
+    assert f"task {context}: working" in said, said
+    assert said[-1].startswith(f"porter-mesh request: task {context} is in-review, "
+                               "waiting for your review"), said
+
+
+def test_an_approved_task_is_completed(worker: Running, mesh: str) -> None:
+    ctx = "urn:porter:task:ok1"
+    request = Running("request", "task:w1", "do W", "--type", "Offer", "--context", ctx,
+                      "--mesh", mesh, "--timeout", "60", "--wait", "20")
+    try:
+        request.wait_until(lambda: any("in-review" in line for line in request.err), 60,
+                           "the review request")
+        request.proc.wait(30)
+        assert request.proc.returncode == 1
+        approve = cli("send", "review", "Looks good", "--type", "Accept", "--context", ctx,
+                      "--mesh", mesh, "--wait", "20")
+        assert approve.returncode == 0, approve.stderr
+    finally:
+        request.stop()
+    # The human's approval completes it, as its holder tells 'tasks'.
+    out = cli("tasks", "--all", "--json", "--mesh", mesh)
+    records = {r["context"]: r for r in map(json.loads, out.stdout.splitlines())}
+    assert records[ctx]["state"] == "completed", records
 
 
 def test_count_and_json(worker: Running, mesh: str) -> None:

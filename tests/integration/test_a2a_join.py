@@ -1,0 +1,166 @@
+"""``porter-mesh a2a --join URL --name N``: an outside A2A agent works on the mesh.
+
+The outside agent (``a2a_outside_agent.py``, on the A2A SDK's server side) runs as its
+own process; the join command puts it on the mesh as worker ``ext1``. A requester on
+the mesh offers it tasks as it would any worker: it sees the Accept, the agent's
+artifact as a Create, and the closing Announce; the agent's ``input-required`` reaches
+it as a Question that it answers; its withdrawal of a task becomes ``CancelTask``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import orjson
+import pytest
+
+pytest.importorskip("a2a.client", reason="the A2A SDK is not installed: pip install "
+                    "'porter-mesh[a2a]'")
+
+from porter_mesh.core import as2
+from porter_mesh.core import constants as C
+from porter_mesh.core.tasks import cancel_activity
+from porter_mesh.node.node import Message
+from porter_mesh.node.sync import SyncNode
+from tests.integration.cli_proc import Running, cli
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
+
+DEADLINE = 30.0
+AGENT = pathlib.Path(__file__).with_name("a2a_outside_agent.py")
+
+
+class Outside:
+    """The outside A2A agent's process."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(AGENT), *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self._seen = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.url = self.wait_line("serving").split()[1]
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._seen:
+                self.lines.append(line.strip())
+                self._seen.notify_all()
+
+    def wait_line(self, start: str) -> str:
+        deadline = time.monotonic() + DEADLINE
+        with self._seen:
+            while True:
+                for line in self.lines:
+                    if line.startswith(start):
+                        return line
+                left = deadline - time.monotonic()
+                assert left > 0, f"no line {start!r}: {self.lines}"
+                self._seen.wait(left)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+@pytest.fixture
+def joined(mesh: str, tmp_path: pathlib.Path) -> Iterator[Outside]:
+    outside = Outside()
+    join = Running("a2a", "--join", outside.url, "--name", "ext1", "--mesh", mesh,
+                   "--data-dir", str(tmp_path / "ext1"))
+    try:
+        join.wait_until(lambda: any(" up on mesh " in line for line in join.out), 30,
+                        "the worker is up")
+        yield outside
+    finally:
+        join.stop()
+        outside.stop()
+
+
+def _until(node: SyncNode, context: str, kind: str) -> list[Message]:
+    seen: list[Message] = []
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        msg = node.receive(timeout=max(0.0, deadline - time.monotonic()))
+        if msg.activity.context != context:
+            continue
+        seen.append(msg)
+        if msg.activity.type == kind:
+            return seen
+
+
+def test_request_gets_accept_artifact_and_announce(joined: Outside, mesh: str) -> None:
+    out = cli("request", "task:ext1", "shout this", "--type", "Offer", "--mesh", mesh,
+              "--timeout", "30", "--wait", "20")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "Accept" in lines[0], lines
+    assert any("Create" in line for line in lines), lines
+    assert "Announce" in lines[-1], lines
+    peers = cli("peers", "--mesh", mesh, "--json", "--wait", "3")
+    assert '"ext1"' in peers.stdout and '"worker"' in peers.stdout, peers.stdout
+
+
+def test_question_answered_and_cancel(joined: Outside, mesh: str) -> None:
+    with SyncNode(name="arch1", role="architect", mesh=mesh,
+                  channels=(C.CHANNEL_LOG, C.CHANNEL_TASK, C.CHANNEL_REVIEW)) as node:
+        node.wait_for_peers(["ext1"], timeout=DEADLINE)
+        ctx = "urn:porter:task:join-ask-1"
+        node.send("ext1", as2.offer("arch1", "ask me", "please ask me", context=ctx,
+                                    target="ext1"), timeout=DEADLINE)
+        seen = _until(node, ctx, "Question")
+        created = [m.activity for m in seen if m.activity.type == "Create"]
+        assert created and created[0].object.content == "PLEASE ASK ME"  # type: ignore[union-attr]
+        assert "Which language?" in (seen[-1].activity.summary or "")
+        node.send("ext1", as2.Activity("Note", "arch1", "Python", context=ctx,
+                                       object=as2.note_object("Python")), timeout=DEADLINE)
+        done = _until(node, ctx, "Announce")
+        assert any(m.activity.type == "Create" and m.activity.object.url == "language.txt"  # type: ignore[union-attr]
+                   for m in done)
+        listed = cli("tasks", "--mesh", mesh, "--json", "--all", "--wait", "3")
+        assert listed.returncode == 0, listed.stderr
+        mine = [t for t in map(orjson.loads, listed.stdout.splitlines()) if t["context"] == ctx]
+        assert mine and mine[0]["holder"] == "ext1" and mine[0]["state"] == "completed", mine
+        # A task the agent keeps working on is cancelled through the mesh.
+        slow = "urn:porter:task:join-slow-1"
+        node.send("ext1", as2.offer("arch1", "slow", "slow work", context=slow, target="ext1"),
+                  timeout=DEADLINE)
+        _until(node, slow, "Create")
+        node.send("ext1", cancel_activity("arch1", slow, "no longer needed", cancel=True),
+                  timeout=DEADLINE)
+        joined.wait_line("cancelled")  # the outside agent's executor was told
+        confirmed = _until(node, slow, "Announce")[-1].activity
+        assert "cancelled" in (confirmed.tag or ()), confirmed.to_dict()
+
+
+def test_a_team_entry_puts_the_outside_agent_on_the_mesh(mesh: str,
+                                                         tmp_path: pathlib.Path) -> None:
+    outside = Outside()
+    team = tmp_path / "team.toml"
+    team.write_text(f'[mesh]\nname = "{mesh}"\n\n[[agents]]\nname = "ext2"\nrole = "worker"\n'
+                    f'a2a = "{outside.url}"\nslots = 2\n')
+    up = Running("up", str(team))
+    try:
+        out = cli("request", "task:ext2", "from the team", "--type", "Offer", "--mesh", mesh,
+                  "--timeout", "30", "--wait", "20")
+        assert out.returncode == 0, (out.stderr, up.err[-10:])
+        assert "Announce" in out.stdout.splitlines()[-1]
+    finally:
+        up.stop()
+        outside.stop()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[mesh]\nname = "{mesh}"\n\n[[agents]]\nname = "ext3"\nrole = "worker"\n'
+                   'a2a = "localhost:9"\n')
+    refused = cli("up", str(bad))
+    assert refused.returncode == 2
+    assert "agents[0].a2a: expected the A2A agent's base URL" in refused.stderr
