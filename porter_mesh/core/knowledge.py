@@ -469,7 +469,7 @@ class Record:
 def record_signing_bytes(record: Record) -> bytes:
     """The bytes an author signs for ``record`` (and a replica checks the signature on).
 
-    A tag, the kind, the origin (length-prefixed), the seq (8 bytes), the 32-byte
+    A tag, the origin (length-prefixed), the kind, the seq (8 bytes), the 32-byte
     content id and the 32-byte chain link ``prev`` (zeros when the record has none); the
     id is the SHA-256 of every content field, so the signature covers the content, the
     record's place in its origin's log and, through the link, the author's earlier
@@ -481,11 +481,17 @@ def record_signing_bytes(record: Record) -> bytes:
     Returns:
         The canonical bytes to sign.
     """
-    origin = record.origin.encode("ascii")  # agent names are ASCII by their pattern
-    return b"".join((
-        _SIGNED_TAG, bytes((int(record.kind),)), len(origin).to_bytes(1, "big"), origin,
-        record.seq.to_bytes(8, "big"), record.body.id, record.prev or _NO_LINK,
-    ))
+    kind = b"\x00" if record.body.__class__ is Observation else b"\x01"
+    return b"".join((_signed_prefix(record.origin), kind, record.seq.to_bytes(8, "big"),
+                     record.body.id, record.prev or _NO_LINK))
+
+
+@functools.lru_cache(maxsize=MAX_ORIGINS)
+def _signed_prefix(origin: str) -> bytes:
+    """The tag and the length-prefixed origin: the same for all of an origin's records
+    (kept, as every record proved by a chain is hashed over its signed bytes)."""
+    raw = origin.encode("ascii")  # agent names are ASCII by their pattern
+    return _SIGNED_TAG + len(raw).to_bytes(1, "big") + raw
 
 
 def record_link(record: Record) -> bytes:
