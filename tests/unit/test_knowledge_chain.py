@@ -200,3 +200,13 @@ def test_a_malformed_link_is_refused(prev: object) -> None:
         decode_record(msgpack.packb([*item[:-1], prev]))
     with pytest.raises(KnowledgeError, match="chain link"):
         Record("alice", 2, second.body, sig=second.sig, prev=b"short")
+
+
+def test_unsigned_records_carry_no_link_and_keep_their_encoding() -> None:
+    observation = plain("alice", 2)
+    retraction = Record("alice", 3, Retraction(observation.body.id, "alice", T0))
+    for record, fields in ((observation, 9), (retraction, 6)):
+        item = msgpack.unpackb(encode_record(record))
+        assert len(item) == fields
+        back = decode_record(encode_record(record))
+        assert (back.sig, back.prev) == (None, None)
