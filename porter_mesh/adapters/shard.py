@@ -41,15 +41,19 @@ process (the data is in the kernel) but not of the machine. The benchmark measur
 The store itself is never synced: it is rebuilt from the journal.
 
 **Signatures.** On a secured mesh the node gives its shard a signer and a verifier
-(:meth:`Shard.use_signatures`). The shard signs each record its agent writes, and checks
-the signature of every record it is given by anyone before planning the merge, whatever
-path brought it (broadcast, pull, catch-up, a relayed listing): a record that is not
-already held (same slot, same content) and whose signature is missing, made with another
-key, or by an author without a trusted signing key is left out of the batch and reported
-in :attr:`MergeReport.refused`; the rest of the batch is merged. A forged record thus
-never takes a slot of its claimed author's log, and never makes an honest batch that
-carries it conflict. Without a verifier (an unsecured mesh, offline tools) records are
-taken as they come, signed or not.
+(:meth:`Shard.use_signatures`). The shard signs each record its agent writes, chained to
+the agent's previous record (its link is computed from the record held at ``seq - 1``,
+which the journal keeps, so a restarted author continues its chain), and proves the
+author of every record it is given by anyone before planning the merge, whatever path
+brought it (broadcast, pull, catch-up, a relayed listing), with one signature check per
+run of one author's consecutive records (:func:`~porter_mesh.core.knowledge.
+authenticate`). A record that is not already held (same slot, same content) and whose
+signature is missing, made with another key, or by an author without a trusted signing
+key, and that no proved successor vouches for, is left out of the batch and reported in
+:attr:`MergeReport.refused`; the rest of the batch is merged. A forged record thus never
+takes a slot of its claimed author's log, and never makes an honest batch that carries
+it conflict. Without a verifier (an unsecured mesh, offline tools) records are taken as
+they come, signed or not.
 
 **A full disk.** A journal write that fails or falls short (``ENOSPC``, ``EIO``) is cut
 back to the last good frame and raised as :class:`~porter_mesh.errors.StorageError`
@@ -126,12 +130,15 @@ from porter_mesh.core.knowledge import (
     ReplicaState,
     Retraction,
     SyncMessage,
+    authenticate,
     encode_record,
     format_timestamp,
     observation_id_from_iri,
     observation_iri,
     record_from_journal,
+    record_link,
     record_signing_bytes,
+    sign_record,
 )
 from porter_mesh.errors import ConfigError, KnowledgeError, StorageError, SyncError
 
@@ -684,6 +691,7 @@ class Shard:
             self._replay()
             self._sign: SignRecord | None = None
             self._verify: VerifyRecord | None = None
+            self._last_link: tuple[int, bytes] | None = None  # (seq, link) of our last
             self._applier = _Applier(self._write_store, recover=self._reopen_store)
             self._engine = QueryEngine(self._store, checkpoint=self._checkpoint)
             self._graph: rdflib.Graph | None = None
@@ -818,35 +826,51 @@ class Shard:
         """Journal writes that failed since the shard was opened (a full disk...)."""
         return self._journal.failures
 
-    def _signed(self, record: Record) -> Record:
-        if self._sign is None:
-            return record
-        return Record(record.origin, record.seq, record.body,
-                      sig=self._sign(record_signing_bytes(record)))
+    def _write_own(self, record: Record) -> Record:
+        """Sign (when there is a signer) and store this agent's new record."""
+        if self._sign is not None:
+            record = sign_record(record, self._link_below(record.origin, record.seq),
+                                 self._sign)
+        self._commit([record])
+        self._last_link = (record.seq, record_link(record))  # only once it is stored
+        return record
+
+    def _link_below(self, origin: str, seq: int) -> bytes | None:
+        """The link of ``origin``'s record ``seq - 1``, which record ``seq`` chains to.
+
+        Kept from the last record this agent wrote; after a restart (or when the record
+        below came back from a peer) it is computed once from the journal. ``None`` when
+        nothing is held below (the author's first record).
+        """
+        if self._last_link is not None and self._last_link[0] == seq - 1:
+            return self._last_link[1]
+        loc = self._state.locator(origin, seq - 1) if seq > 1 else None
+        if loc is None:
+            return None
+        return record_link(record_from_journal(self._journal.read(loc)))
 
     def _verified(self, records: Sequence[Record]
                   ) -> tuple[Sequence[Record], tuple[RefusedRecord, ...]]:
-        """The records whose signatures prove their authors, and those refused.
+        """The records whose authors are proved, and those refused.
 
-        A record already held at its slot with the same content was checked when it was
+        A record already held at its slot with the same content was proved when it was
         stored (or written here), so it is not checked again: a catch-up that repeats
-        what is held costs no signature checks.
+        what is held costs no signature checks. The others cost one signature check per
+        run of one author's consecutive records (see ``authenticate``).
         """
         verify, state = self._verify, self._state
         if verify is None:
             return records, ()
-        kept: list[Record] = []
-        refused: list[RefusedRecord] = []
-        for record in records:
-            if state.holds_record(record.origin, record.seq, record.key):
-                kept.append(record)
-                continue
-            reason = verify(record.origin, record_signing_bytes(record), record.sig)
-            if reason is None:
-                kept.append(record)
-            else:
-                refused.append(RefusedRecord(record.origin, record.seq, reason))
-        return (records if not refused else kept), tuple(refused)
+        refused = authenticate(
+            records,
+            lambda r: verify(r.origin, record_signing_bytes(r), r.sig),
+            held=lambda r: state.holds_record(r.origin, r.seq, r.key),
+        )
+        if not refused:
+            return records, ()
+        kept = [r for i, r in enumerate(records) if i not in refused]
+        return kept, tuple(RefusedRecord(records[i].origin, records[i].seq, reason)
+                           for i, reason in sorted(refused.items()))
 
     def _write_store(self, task: _StoreTask) -> None:
         """Apply graph changes, then move the watermark to ``task.new_mark``.
@@ -931,9 +955,7 @@ class Shard:
         obs = Observation(about, finding, agent, generated_at or format_timestamp(time.time()),
                           context, severity)
         with self._lock:
-            record = self._signed(Record(agent, self._state.next_seq(agent), obs))
-            self._commit([record])
-        return record
+            return self._write_own(Record(agent, self._state.next_seq(agent), obs))
 
     def retract(self, observation: str | bytes) -> Record:
         """Withdraw an observation everywhere, permanently.
@@ -964,10 +986,8 @@ class Shard:
                     f"no observation {observation_iri(target)} in this shard; find its id "
                     "with a query such as SELECT ?obs WHERE {{ ?obs porter:about ?a }}"
                 )
-            record = self._signed(Record(agent, self._state.next_seq(agent),
-                                         Retraction(target, agent, format_timestamp(time.time()))))
-            self._commit([record])
-        return record
+            return self._write_own(Record(agent, self._state.next_seq(agent),
+                                          Retraction(target, agent, format_timestamp(time.time()))))
 
     def merge(
         self, records: Sequence[Record], *, after: Mapping[str, int] | None = None

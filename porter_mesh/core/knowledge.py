@@ -20,14 +20,19 @@ corrupted. ``generatedAtTime`` is part of the identity on purpose: stating a fac
 later is a new observation, so a retraction (which is permanent) never forbids a fact
 from being learned again.
 
-**Signatures.** A record may carry its author's Ed25519 signature over
-:func:`record_signing_bytes`: a tag, the kind, the origin, the seq and the content id
-(which hashes every content field), so one signature binds the record to its place in
-its origin's log. This module only carries signatures and says what is signed; making
-and checking them needs keys, which belong to the adapters (a secured mesh checks every
-record before it is stored, whatever path brought it). A signature is not part of a
-record's identity: Ed25519 signatures are deterministic, and the content id is what
-replicas compare.
+**Signatures and the chain.** A record may carry its author's Ed25519 signature over
+:func:`record_signing_bytes`: a tag, the kind, the origin, the seq, the content id
+(which hashes every content field) and ``prev``, the :func:`record_link` of the
+author's record ``seq - 1`` (a BLAKE2b-256 of that record's signed bytes and its
+signature). One signature therefore binds the record to its place in its origin's log
+and, through ``prev``, every earlier record of that log, signatures included. A run of
+records ``a..b`` from one origin is proved by one check: record ``b``'s signature, then
+``prev`` of each record against the link of the one below it, down to ``a``
+(:func:`authenticate`). A record whose link does not match is checked on its own. This
+module carries signatures and links and says what is signed; making and checking
+signatures needs keys, which belong to the adapters (a secured mesh checks every record
+before it is stored, whatever path brought it). Neither is part of a record's identity:
+Ed25519 signatures are deterministic, and the content id is what replicas compare.
 
 Merge is set union and therefore idempotent and commutative: a record already held is a
 duplicate, a new record is appended, and the graph an observer sees is *observations
@@ -68,7 +73,7 @@ import functools
 import hashlib
 import re
 from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any, Final, TypeAlias
@@ -81,6 +86,7 @@ from porter_mesh.errors import KnowledgeError, SyncError
 
 __all__ = [
     "DIGEST_BUCKETS",
+    "LINK_BYTES",
     "MAX_ABOUT_CHARS",
     "MAX_CATCHUP_RECORDS",
     "MAX_CONTEXT_CHARS",
@@ -107,6 +113,7 @@ __all__ = [
     "ReplicaState",
     "Retraction",
     "SyncMessage",
+    "authenticate",
     "decode_record",
     "decode_sync",
     "encode_record",
@@ -116,7 +123,9 @@ __all__ = [
     "observation_iri",
     "pull_requests_for",
     "record_from_journal",
+    "record_link",
     "record_signing_bytes",
+    "sign_record",
 ]
 
 # --- vocabulary -------------------------------------------------------------------------
@@ -173,9 +182,14 @@ _TIMESTAMP_RE: Final = re.compile(
 _OBS_TAG: Final = b"porter-observation/1\n"
 _OPTIONAL_FIELDS: Final = frozenset({"context", "severity"})
 _RETRACT_TAG: Final = b"porter-retraction/1\n"
-_SIGNED_TAG: Final = b"porter-record-signature/1\n"
+_SIGNED_TAG: Final = b"porter-record-signature/2\n"
 #: Length of a record's Ed25519 signature.
 SIGNATURE_BYTES: Final = 64
+#: Length of a chain link (``Record.prev``, :func:`record_link`).
+LINK_BYTES: Final = 32
+# What the signed bytes hold in place of a link when a record states none (its author's
+# first record, or a record signed alone): it matches no record's link.
+_NO_LINK: Final = bytes(LINK_BYTES)
 
 
 def _fail(message: str, *, local: bool) -> KnowledgeError:
@@ -407,6 +421,9 @@ class Record:
             what was read from disk); not part of equality.
         sig: the author's Ed25519 signature over :func:`record_signing_bytes`, or
             ``None`` (records made on an unsecured mesh); not part of equality.
+        prev: the :func:`record_link` of the author's record ``seq - 1``, which the
+            signature covers, or ``None`` (no link: a first record, an unsigned one);
+            not part of equality.
 
     Raises:
         KnowledgeError: ``origin`` does not match the body's author, or ``seq`` is out of
@@ -419,12 +436,16 @@ class Record:
     key: bytes = field(init=False, repr=False)
     wire: bytes | None = field(default=None, compare=False, repr=False)
     sig: bytes | None = field(default=None, compare=False, repr=False)
+    prev: bytes | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _check_seq(self.seq, "seq", local=True)
         if self.sig is not None and (
                 not isinstance(self.sig, bytes) or len(self.sig) != SIGNATURE_BYTES):
             raise KnowledgeError(f"a record signature must be {SIGNATURE_BYTES} bytes")
+        if self.prev is not None and (
+                not isinstance(self.prev, bytes) or len(self.prev) != LINK_BYTES):
+            raise KnowledgeError(f"a record's chain link must be {LINK_BYTES} bytes")
         author = (
             self.body.discovered_by
             if isinstance(self.body, Observation)
@@ -448,9 +469,11 @@ class Record:
 def record_signing_bytes(record: Record) -> bytes:
     """The bytes an author signs for ``record`` (and a replica checks the signature on).
 
-    A tag, the kind, the origin (length-prefixed), the seq (8 bytes) and the 32-byte
-    content id; the id is the SHA-256 of every content field, so the signature covers
-    the content and the record's place in its origin's log, and nothing else.
+    A tag, the origin (length-prefixed), the kind, the seq (8 bytes), the 32-byte
+    content id and the 32-byte chain link ``prev`` (zeros when the record has none); the
+    id is the SHA-256 of every content field, so the signature covers the content, the
+    record's place in its origin's log and, through the link, the author's earlier
+    records.
 
     Args:
         record: the record.
@@ -458,11 +481,104 @@ def record_signing_bytes(record: Record) -> bytes:
     Returns:
         The canonical bytes to sign.
     """
-    origin = record.origin.encode("ascii")  # agent names are ASCII by their pattern
-    return b"".join((
-        _SIGNED_TAG, bytes((int(record.kind),)), len(origin).to_bytes(1, "big"), origin,
-        record.seq.to_bytes(8, "big"), record.body.id,
-    ))
+    kind = b"\x00" if record.body.__class__ is Observation else b"\x01"
+    return b"".join((_signed_prefix(record.origin), kind, record.seq.to_bytes(8, "big"),
+                     record.body.id, record.prev or _NO_LINK))
+
+
+@functools.lru_cache(maxsize=MAX_ORIGINS)
+def _signed_prefix(origin: str) -> bytes:
+    """The tag and the length-prefixed origin: the same for all of an origin's records
+    (kept, as every record proved by a chain is hashed over its signed bytes)."""
+    raw = origin.encode("ascii")  # agent names are ASCII by their pattern
+    return _SIGNED_TAG + len(raw).to_bytes(1, "big") + raw
+
+
+def record_link(record: Record) -> bytes:
+    """The link the author's next record carries as ``prev``.
+
+    BLAKE2b-256 of :func:`record_signing_bytes` and the signature (empty when there is
+    none). Covering the signature means a record proved by the chain also carries its
+    author's own signature, so a replica never stores, nor serves alone later, a
+    signature it has not proved; covering the signed bytes, which hold the record's own
+    ``prev``, makes the chain reach every earlier record.
+
+    Args:
+        record: the author's record ``seq``.
+
+    Returns:
+        The 32-byte link.
+    """
+    return hashlib.blake2b(record_signing_bytes(record) + (record.sig or b""),
+                           digest_size=LINK_BYTES).digest()
+
+
+def sign_record(record: Record, prev: bytes | None, sign: Callable[[bytes], bytes]) -> Record:
+    """``record`` chained to ``prev`` and signed by its author.
+
+    Args:
+        record: the author's new record (any signature or link it has is replaced).
+        prev: the :func:`record_link` of the author's record ``seq - 1``, or ``None``
+            for its first record.
+        sign: the author's signer (64-byte Ed25519 signature of the given bytes).
+
+    Returns:
+        The record carrying ``prev`` and the signature.
+    """
+    chained = Record(record.origin, record.seq, record.body, prev=prev)
+    return Record(record.origin, record.seq, record.body,
+                  sig=sign(record_signing_bytes(chained)), prev=prev)
+
+
+def authenticate(
+    records: Sequence[Record],
+    check: Callable[[Record], str | None],
+    *,
+    held: Callable[[Record], bool],
+) -> dict[int, str]:
+    """Prove who wrote each record of a batch, with one signature check per run.
+
+    Records not ``held`` are taken per origin from the highest seq down. A record whose
+    successor in the batch (same origin, ``seq + 1``) was proved, and whose link that
+    successor names as its ``prev``, is proved by hashing alone: the successor's
+    signature covers the link, and the link covers this record's signed bytes and
+    signature. Any other record (the top of a run, the record below a broken link, a
+    record beside a held one) is proved by its own signature, ``check``. So a genuine
+    run costs one check, and a record altered inside it is refused alone: its successor
+    no longer vouches for it, its own signature fails, and the records below it are
+    checked afresh. A held record is neither checked nor used to vouch for others: its
+    copy in the batch is not the one that was checked.
+
+    The link a run's lowest record carries is not compared with the record held below
+    it: proof runs downwards only, so that comparison would prove nothing more. Two
+    records the author signed for one slot are a conflict, which the merge plan refuses.
+
+    Args:
+        records: the batch.
+        check: checks one record's own signature; ``None`` when good, else the reason.
+        held: whether a record is already held (same slot, same content).
+
+    Returns:
+        The refused records: index in ``records`` -> reason from ``check``.
+    """
+    order = sorted((i for i, record in enumerate(records) if not held(record)),
+                   key=lambda i: (records[i].origin, records[i].seq), reverse=True)
+    refused: dict[int, str] = {}
+    proved: Record | None = None  # the last record proved, one seq above the next
+    for i in order:
+        record = records[i]
+        if (proved is not None and proved.prev is not None
+                and proved.seq == record.seq + 1 and proved.origin == record.origin
+                and proved.prev == record_link(record)):
+            proved = record
+            continue
+        reason = check(record)
+        if reason is None:
+            proved = record
+        else:
+            refused[i] = reason
+            proved = None
+    return refused
 
 
 def encode_record(record: Record) -> bytes:
@@ -474,7 +590,8 @@ def encode_record(record: Record) -> bytes:
     Returns:
         ``[0, origin, seq, id, about, finding, generatedAt, context, severity]`` or
         ``[1, origin, seq, id, target, retractedAt]`` packed with msgpack, with the
-        signature appended as one more item when the record carries one.
+        signature appended as one more item when the record carries one, and after it
+        the chain link when it carries that too.
     """
     if record.wire is not None:
         return record.wire
@@ -488,6 +605,8 @@ def encode_record(record: Record) -> bytes:
         item = [1, record.origin, record.seq, body.id, body.target, body.retracted_at]
     if record.sig is not None:
         item.append(record.sig)
+        if record.prev is not None:
+            item.append(record.prev)
     return msgpack.packb(item, use_bin_type=True)
 
 
@@ -497,27 +616,36 @@ def _record_from_item(item: object, *, wire: bytes | None) -> Record:
         raise SyncError("a record must be a non-empty array")
     kind = item[0]
     sig: bytes | None = None
+    prev: bytes | None = None
     try:
-        if kind == RecordKind.OBSERVATION and len(item) in (9, 10):
+        if kind == RecordKind.OBSERVATION and len(item) in (9, 10, 11):
             _, origin, seq, claimed, about, finding, at, context, severity = item[:9]
             origin = _check_origin(origin, local=False)
             _check_seq(seq, "seq", local=False)
             body: Body = Observation(about, finding, origin, at, context, severity)
-        elif kind == RecordKind.RETRACTION and len(item) in (6, 7):
+            extra = item[9:]
+        elif kind == RecordKind.RETRACTION and len(item) in (6, 7, 8):
             _, origin, seq, claimed, target, at = item[:6]
             origin = _check_origin(origin, local=False)
             _check_seq(seq, "seq", local=False)
             body = Retraction(target, origin, at)
+            extra = item[6:]
         else:
             raise SyncError(
                 f"a record must be [0, ...8 fields] or [1, ...5 fields], each optionally "
-                f"followed by a signature; got kind {kind!r} with {len(item) - 1} fields"
+                f"followed by a signature and then a chain link; got kind {kind!r} with "
+                f"{len(item) - 1} fields"
             )
-        if len(item) in (7, 10):
-            sig = item[-1]
+        if extra:
+            sig = extra[0]
             if not isinstance(sig, bytes) or len(sig) != SIGNATURE_BYTES:
                 raise SyncError(f"record ({origin}, {seq}) refused: its signature must be "
                                 f"{SIGNATURE_BYTES} bytes")
+        if len(extra) == 2:
+            prev = extra[1]
+            if not isinstance(prev, bytes) or len(prev) != LINK_BYTES:
+                raise SyncError(f"record ({origin}, {seq}) refused: its chain link must be "
+                                f"{LINK_BYTES} bytes")
     except SyncError:
         raise
     except KnowledgeError as exc:  # a field rule from the dataclasses: the peer's fault
@@ -529,7 +657,7 @@ def _record_from_item(item: object, *, wire: bytes | None) -> Record:
             f"record ({origin}, {seq}) refused: its content does not hash to the id it "
             "carries (forged or corrupted)"
         )
-    return Record(origin, seq, body, wire=wire, sig=sig)
+    return Record(origin, seq, body, wire=wire, sig=sig, prev=prev)
 
 
 def decode_record(data: bytes) -> Record:
@@ -576,16 +704,18 @@ def record_from_journal(data: bytes) -> Record:
     item = msgpack.unpackb(data, raw=False)
     if item[0] == RecordKind.OBSERVATION:
         _, origin, seq, body_id, about, finding, at, context, severity = item[:9]
-        sig = item[9] if len(item) == 10 else None
+        extra = item[9:]
         body: Body = _build(Observation, about=about, finding=finding, discovered_by=origin,
                             generated_at=at, context=context, severity=severity, id=body_id)
     else:
         _, origin, seq, body_id, target, at = item[:6]
-        sig = item[6] if len(item) == 7 else None
+        extra = item[6:]
         body = _build(Retraction, target=target, retracted_by=origin, retracted_at=at,
                       id=body_id)
     record: Record = _build(Record, origin=origin, seq=seq, body=body,
-                            key=body_id[:_KEY_BYTES], wire=bytes(data), sig=sig)
+                            key=body_id[:_KEY_BYTES], wire=bytes(data),
+                            sig=extra[0] if extra else None,
+                            prev=extra[1] if len(extra) == 2 else None)
     return record
 
 

@@ -23,9 +23,11 @@ from porter_mesh.adapters.security import AUDIT_FILE, RecordSigner, load_identit
 from porter_mesh.adapters.shard import Shard
 from porter_mesh.core.knowledge import (
     Observation,
+    PullRequest,
     Record,
     format_timestamp,
     record_signing_bytes,
+    sign_record,
 )
 from porter_mesh.node.config import ENV_KEY, ENV_TRUSTED
 from tests.integration.kg_proc import TIMINGS, KgProcess, poll, see_each_other
@@ -42,7 +44,8 @@ class SecuredMesh:
     def __init__(self, root: Path) -> None:
         self.name = f"kgs{os.getpid()}-{next(_ids)}"
         self.root = root
-        self.agents = {a: f"{a}-{self.name}" for a in ("alice", "bob", "carol", "mallory")}
+        self.agents = {a: f"{a}-{self.name}"
+                       for a in ("alice", "bob", "carol", "dave", "mallory")}
         self.trusted, self.secrets = provision_mesh(root / "keys", list(self.agents.values()))
 
     def start(self, procs: list[KgProcess], who: str) -> KgProcess:
@@ -146,6 +149,62 @@ def test_an_insider_cannot_plant_records_in_another_agents_name(
             warnings = [line for line in log.splitlines()
                         if "(forged-record)" in line and f"({origin}," in line]
             assert len(warnings) == 1, (who, origin, warnings)
+
+
+def test_an_insider_relaying_a_genuine_run_with_one_record_replaced_gets_only_it_refused(
+        tmp_path: Path, procs: list[KgProcess]) -> None:
+    """A relayed run is proved by its top record's signature and the chain below it, so
+    a record swapped inside it must not ride on its neighbours' proof."""
+    mesh = SecuredMesh(tmp_path)
+    alice_name = mesh.agents["alice"]
+    alice, mallory = mesh.start(procs, "alice"), mesh.start(procs, "mallory")
+    see_each_other([alice, mallory], 30)
+    alice.command(op="remember", n=6, prefix="alice genuine ")
+    alice.wait_for(lambda e: e["ev"] == "stored-batch", 30, "alice's six records")
+    genuine = {e["seq"]: e["id"][:32] for e in alice.stored()}
+    assert sorted(genuine) == [1, 2, 3, 4, 5, 6]
+    poll(lambda: all(held(mallory, alice_name, s) for s in genuine), 30,
+         "the insider holds alice's six records")
+    alice.stop()
+    mallory.stop()
+
+    # The insider rebuilds its shard with alice's genuine run, record 4 replaced by its
+    # own record in alice's name, chained exactly where the genuine one was.
+    old_dir = mallory.data_dir.with_name(mallory.data_dir.name + "-old")
+    mallory.data_dir.rename(old_dir)
+    with Shard(old_dir) as old:
+        run = list(old.answer_pull(PullRequest(alice_name, 1, 6)).records)
+    signer = RecordSigner(load_identity(mesh.secrets[mesh.agents["mallory"]]))
+    swapped = sign_record(Record(alice_name, 4, Observation(
+        "urn:porter:file:deploy.sh", f"alice says: {BACKDOOR}", alice_name,
+        format_timestamp(time.time()))), run[3].prev, signer)
+    run[3] = swapped
+    with Shard(mallory.data_dir, agent=mesh.agents["mallory"]) as shard:
+        assert shard.merge(run).accepted == 6
+    mallory = mesh.start(procs, "mallory")
+
+    # A newcomer catches up from the insider alone: the rest of the run goes in, the
+    # swapped record is refused, counted against alice and audited.
+    dave = mesh.start(procs, "dave")
+    see_each_other([mallory, dave], 30)
+    poll(lambda: all(held(dave, alice_name, s) == genuine[s] for s in (1, 2, 3, 5, 6)), 40,
+         "dave holds the genuine records around the swapped one")
+    stats = poll(lambda: (lambda st: st if st["kg"]["refused_by_origin"].get(alice_name)
+                          else None)(dave.stats()), 40, "dave refuses the swapped record")
+    assert stats["kg"]["refused.bad-signature"] >= 1
+    assert stats["node"]["audit.forged-record"] >= 1
+    assert ("forged-record", alice_name) in {(line["event"], line["peer"])
+                                              for line in mesh.audit("dave")}
+    assert held(dave, alice_name, 4) is None
+
+    # Alice comes back: dave takes her genuine record 4, and the backdoor never shows.
+    alice = mesh.start(procs, "alice")
+    poll(lambda: held(dave, alice_name, 4) == genuine[4], 40,
+         "dave holds alice's genuine record 4")
+    findings = live_findings(dave)
+    assert not [f for f in findings if BACKDOOR in f], findings
+    assert sorted(f for f in findings if f.startswith("alice genuine ")) == [
+        f"alice genuine {i}" for i in range(6)]
 
 
 def test_a_node_whose_key_cannot_sign_refuses_to_write_knowledge_and_says_why(

@@ -19,6 +19,13 @@ import pyoxigraph as ox
 import pytest
 import rdflib
 
+from porter_mesh.adapters.security import (
+    RecordSigner,
+    RecordVerifier,
+    TrustStore,
+    load_identity,
+    provision_mesh,
+)
 from porter_mesh.adapters.shard import Durability, Shard
 from porter_mesh.cli.main import main as cli_main
 from porter_mesh.core.knowledge import (
@@ -570,21 +577,20 @@ def test_batches_that_pile_up_are_joined_in_order(tmp_path: pathlib.Path) -> Non
 # --- signatures ------------------------------------------------------------------------------
 
 
-def test_a_shard_that_checks_signatures_keeps_forgeries_out_of_every_path(
-        tmp_path: pathlib.Path) -> None:
-    from porter_mesh.adapters.security import (
-        RecordSigner,
-        RecordVerifier,
-        TrustStore,
-        load_identity,
-        provision_mesh,
-    )
-    from porter_mesh.core.knowledge import record_signing_bytes
-
-    trusted, secrets = provision_mesh(tmp_path / "keys", ["alice", "bob", "mallory"])
+def signing_keys(tmp_path: pathlib.Path, names: list[str]
+                 ) -> tuple[TrustStore, dict[str, RecordSigner]]:
+    """A trusted directory holding ``names``' keys, and each one's record signer."""
+    trusted, secrets = provision_mesh(tmp_path / "keys", names)
     store = TrustStore(trusted)
     store.refresh()
-    signer = {n: RecordSigner(load_identity(p)) for n, p in secrets.items()}
+    return store, {n: RecordSigner(load_identity(p)) for n, p in secrets.items()}
+
+
+def test_a_shard_that_checks_signatures_keeps_forgeries_out_of_every_path(
+        tmp_path: pathlib.Path) -> None:
+    from porter_mesh.core.knowledge import record_signing_bytes
+
+    store, signer = signing_keys(tmp_path, ["alice", "bob", "mallory"])
 
     opened_shards: list[Shard] = []
 
@@ -637,3 +643,42 @@ def test_a_shard_that_checks_signatures_keeps_forgeries_out_of_every_path(
     finally:
         for s in opened_shards:
             s.close()
+
+
+def test_an_author_chains_its_records_across_a_restart_and_a_catch_up_checks_once_per_run(
+        tmp_path: pathlib.Path) -> None:
+    from porter_mesh.core.knowledge import record_link
+
+    store, signers = signing_keys(tmp_path, ["alice", "bob"])
+    verifier = RecordVerifier(store)
+    checked: list[str] = []
+
+    def counting(origin: str, data: bytes, sig: bytes | None) -> str | None:
+        checked.append(origin)
+        return verifier(origin, data, sig)
+
+    sign = signers["alice"]
+    written: list[Record] = []
+    with Shard(tmp_path / "alice", agent="alice") as alice:
+        alice.use_signatures(sign=sign, verify=verifier)
+        written += [alice.remember("urn:porter:file:x", f"before {i}") for i in range(3)]
+        written.append(alice.retract(written[0].body.id))
+    # A restarted author takes its link from the journal, so its chain goes on.
+    with Shard(tmp_path / "alice", agent="alice") as alice:
+        alice.use_signatures(sign=sign, verify=verifier)
+        written += [alice.remember("urn:porter:file:x", f"after {i}") for i in range(3)]
+        assert [r.seq for r in written] == list(range(1, 8))
+        assert written[0].prev is None
+        assert [r.prev for r in written[1:]] == [record_link(r) for r in written[:-1]]
+        with Shard(tmp_path / "bob", agent="bob") as bob:
+            bob.use_signatures(sign=None, verify=counting)
+            # Pull replies and catch-up chunks come from alice's journal: one check each.
+            reply = alice.answer_pull(PullRequest("alice", 2, 4))
+            outcome = bob.handle(decode_sync(encode_sync(reply)),
+                                 asked=PullRequest("alice", 2, 4))
+            assert outcome.merged is not None and outcome.merged.accepted == 3
+            assert checked == ["alice"]
+            checked.clear()
+            catch_up(alice, bob)
+            assert bob.digest() == alice.digest()
+            assert checked == ["alice", "alice"]  # the run below 2 and the run above 4
