@@ -39,9 +39,12 @@ from porter_mesh.node.node import Message, Node
 from porter_mesh.node.sync import SyncNode
 from porter_mesh.tools.toolbox import CancelOutcome, Toolbox
 
-__all__ = ["CASCADE_TIMEOUT", "carry_out_cancel", "watch_tasks"]
+__all__ = ["CASCADE_TIMEOUT", "LEDGER_FILE", "carry_out_cancel", "watch_tasks"]
 
 _log = logging.getLogger("porter_mesh.agent")
+
+#: The task ledger's file in the agent's data directory.
+LEDGER_FILE: Final = "tasks.json"
 
 #: Seconds a cancel sent to a sub-task's holder keeps being retried (a paused holder
 #: hears it when it resumes).

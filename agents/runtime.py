@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from agents.cascade import watch_tasks
+from agents.cascade import LEDGER_FILE, watch_tasks
 from agents.context import AgentContext, Brain, TappedPort
 from porter_mesh.cli.common import add_data_options, data_dir_of, report_error
 from porter_mesh.core import constants as C
@@ -39,6 +39,7 @@ from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
 from porter_mesh.node.port import NodePort
 from porter_mesh.node.sync import SyncNode
 from porter_mesh.tools.external import ExternalTools
+from porter_mesh.tools.ledger import TaskLedger
 from porter_mesh.tools.toolbox import Toolbox
 
 ROLES = ("architect", "worker", "reviewer")
@@ -149,6 +150,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "on every task it accepts, e.g. a long one to pause it in")
     parser.add_argument("--delegate-to", metavar="AGENT",
                         help="worker: offer AGENT a sub-task of every task it accepts")
+    parser.add_argument("--ask", metavar="QUESTION",
+                        help="worker: ask the requester QUESTION on every task it accepts "
+                        "and wait for the answer before working on")
     parser.add_argument("--withdraw-timeout", type=float, default=600.0,
                         help="architect: seconds a withdrawal sent to a paused or gone "
                         "worker keeps being retried")
@@ -247,7 +251,8 @@ def run(args: argparse.Namespace) -> int:
         if args.mcp_servers:
             external = ExternalTools.start(args.mcp_servers)
         toolbox = Toolbox(tapped, workspace if args.role != "architect" else None,
-                          role=args.role, tools=args.tools, external=external)
+                          role=args.role, tools=args.tools, external=external,
+                          ledger=TaskLedger(args.name, path=data_dir / LEDGER_FILE))
         toolbox_ref.append(toolbox)
         if stop.is_set():
             toolbox.halt("halted while starting")
@@ -260,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
             "fail_after": args.fail_after, "go": go, "goal": args.goal,
             "system_prompt": prompt,
             "work_command": args.work_command, "withdraw_timeout": args.withdraw_timeout,
-            "delegate_to": args.delegate_to,
+            "delegate_to": args.delegate_to, "ask": args.ask,
         }
         ctx = AgentContext(args.name, args.role, toolbox, tapped, stop, options)
         for sig in (signal.SIGINT, signal.SIGTERM):

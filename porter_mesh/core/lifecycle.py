@@ -78,6 +78,7 @@ __all__ = [
     "follow",
     "is_cancel",
     "parent_of",
+    "record_from_json",
     "same_party",
     "text_of",
 ]
@@ -178,6 +179,29 @@ class TaskRecord:
             "parent": self.parent, "reviewer": self.reviewer, "question": self.question,
             "note": self.note, "created": self.created, "updated": self.updated,
         }
+
+
+def record_from_json(data: object) -> TaskRecord | None:
+    """A record from :meth:`TaskRecord.to_json` (as kept on disk), or ``None`` when
+    ``data`` is not one."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        status = Status(data["state"])
+        ctx, title, requester = data["context"], data["title"], data["requester"]
+        if not (is_task_id(ctx) and isinstance(title, str) and isinstance(requester, str)):
+            return None
+        holder, parent, reviewer = data.get("holder"), data.get("parent"), data.get("reviewer")
+        attempt = data.get("attempt")
+        return TaskRecord(
+            ctx, title, requester, holder if isinstance(holder, str) else None, status,
+            attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None,
+            parent if isinstance(parent, str) else None,
+            reviewer if isinstance(reviewer, str) else None,
+            str(data.get("question") or ""), str(data.get("note") or ""),
+            float(data.get("created") or 0.0), float(data.get("updated") or 0.0))
+    except (KeyError, ValueError, TypeError):
+        return None
 
 
 def same_party(a: str | None, b: str | None) -> bool:

@@ -184,6 +184,8 @@ class Toolbox:
         tail_bytes: bytes of the end of a command's output returned to the agent.
         inbox_limit: messages one ``read_messages`` call takes.
         external: tools of external MCP servers to add (the caller owns and closes it).
+        ledger: the agent's task ledger (one kept in its data directory survives a
+            restart); a new one in memory by default.
 
     Raises:
         ConfigError: unknown role or tool, a file/shell/git tool without a workspace,
@@ -203,6 +205,7 @@ class Toolbox:
         tail_bytes: int = DEFAULT_TAIL_BYTES,
         inbox_limit: int = DEFAULT_INBOX_LIMIT,
         external: ExternalTools | None = None,
+        ledger: TaskLedger | None = None,
     ) -> None:
         self.port = port
         self.role = role
@@ -247,7 +250,7 @@ class Toolbox:
         self._offered_by: dict[str, str] = {}
         self._lock = threading.Lock()  # observe() runs on the node's thread
         self._idle = threading.Condition(self._lock)  # notified when a command ends
-        self.ledger = TaskLedger(port.agent_name)
+        self.ledger = ledger if ledger is not None else TaskLedger(port.agent_name)
 
     # -- the loop's interface -------------------------------------------------------------
 
@@ -264,6 +267,27 @@ class Toolbox:
     def system_prompt(self) -> str:
         """The messaging and live team sections for the agent's system prompt."""
         return system_prompt_sections(self.port, role=self.role)
+
+    def resume_task(self, context: str) -> TaskRecord | None:
+        """Take up again a task the ledger says this agent holds (after a restart): it
+        becomes the current task, with its requester and attempt.
+
+        Args:
+            context: the task.
+
+        Returns:
+            Its record, or ``None`` when this agent does not hold it (nothing changes).
+        """
+        record = self.ledger.get(context)
+        if record is None or record.holder != self.agent_name or record.final:
+            return None
+        with self._lock:
+            self.context = context
+            self._offered_by[context] = record.requester
+            if record.attempt is not None:
+                self._attempts[context] = record.attempt
+            self._accepted.add(context)
+        return record
 
     def attempt_for(self, context: str) -> int | None:
         """The claim attempt kept for a task, if one was offered with it."""
