@@ -29,8 +29,9 @@ Final states (:data:`FINAL_STATUSES`) are never left.
 :func:`follow` is that diagram as a pure function over immutable :class:`TaskRecord`
 values: it takes the record so far (or ``None``), one activity with who sent it and
 to whom, and ``now`` (any clock the caller chooses: it is only recorded), and returns the
-new record. Only an ``Offer`` that is not a review request starts a task: a ``Question``
-or a ``Note`` with a task context and no Offer seen before is not a task.
+new record. Only an ``Offer`` that is not a review request starts a task (one on
+``task``, to anyone, is held by whoever accepts it): a ``Question`` or a ``Note`` with a
+task context and no Offer seen before is not a task.
 
 **Who is who.** The *requester* is whoever offered the task (an agent, or the human from
 any of its seats); the *holder* is the agent it was offered to (the direct channel's
@@ -289,8 +290,8 @@ def follow(
     to = _recipient(channel, recipient, activity)
     kind = activity.type
     if record is None:
-        if kind != "Offer" or channel == CHANNEL_REVIEW or to is None or to == sender:
-            return None  # only an Offer of work to someone starts a task
+        if kind != "Offer" or channel == CHANNEL_REVIEW or to == sender:
+            return None  # only an Offer of work starts a task
         return TaskRecord(ctx, activity.summary, sender, to, attempt=attempt_of(activity),
                           parent=parent_of(activity), created=now, updated=now)
     if record.context != ctx or record.final:
@@ -322,6 +323,10 @@ def _step(record: TaskRecord, act: Activity, sender: str, channel: str, to: str 
         return record  # the same offer again
     if from_holder:
         return _from_holder(record, act, channel, to)
+    if (record.holder is None and status is Status.SUBMITTED and kind == "Accept"
+            and channel != CHANNEL_REVIEW and not from_requester):
+        # An Offer to anyone (on 'task'): whoever accepts it holds it.
+        return replace(record, status=Status.WORKING, holder=sender)
     if from_requester and status is Status.INPUT_REQUIRED and kind in ("Note", "Question") \
             and same_party(to, record.holder):
         return replace(record, status=Status.WORKING, question="", note=text_of(act))

@@ -67,6 +67,11 @@ def test_only_an_offer_starts_a_task() -> None:
     record = offered()
     assert (record.status, record.requester, record.holder) == (
         Status.SUBMITTED, "porter-ui-ab12", "w1")
+    # An Offer to anyone is held by whoever accepts it.
+    anyone = follow(None, act("Offer", "arch"), sender="arch", channel="task", now=0)
+    assert anyone is not None and anyone.holder is None
+    taken = follow(anyone, act("Accept", "w2"), sender="w2", channel="task:arch", now=1)
+    assert taken is not None and (taken.status, taken.holder) == (Status.WORKING, "w2")
 
 
 def test_a_task_through_review_to_completed() -> None:
