@@ -513,6 +513,10 @@ class Toolbox:
         to_me = item.channel == DIRECT_PREFIX + me or activity.target == me
         attempt = attempt_of(activity)
         if activity.type == "Offer":
+            # The ledger has usually seen it already (observe, as it arrived); not when it
+            # came before the agent was watching, while it started. Folding twice is
+            # harmless: the same Offer again changes nothing.
+            self.ledger.saw(activity, sender=item.sender, channel=item.channel)
             review_for_me = self.role == "reviewer" and item.channel == CHANNEL_REVIEW
             if to_me or review_for_me:
                 with self._lock:
