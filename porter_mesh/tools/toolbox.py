@@ -90,7 +90,7 @@ from porter_mesh.core.constants import (
 )
 from porter_mesh.core.lifecycle import Status, TaskRecord, is_cancel, same_party
 from porter_mesh.core.taskid import new_task_id
-from porter_mesh.core.tasks import ATTEMPT_FIELD, attempt_of, is_task_delete
+from porter_mesh.core.tasks import ATTEMPT_FIELD, attempt_of, cancel_activity, is_task_delete
 from porter_mesh.errors import (
     ActivityError,
     ConfigError,
@@ -468,6 +468,43 @@ class Toolbox:
         if record is None or record.holder != self.agent_name or record.final:
             return None
         return ctx
+
+    def cancel_task(self, context: str, reason: str | None = None) -> str:
+        """Cancel a task this agent offered: a cancel to its holder, which stops, cancels
+        its sub-tasks and confirms on ``log`` (see ``docs/protocol.md``, "Cancel").
+
+        Args:
+            context: the task URN or bare id.
+            reason: why, in one line.
+
+        Returns:
+            A confirmation naming the holder told.
+
+        Raises:
+            ToolError: not a task this agent offered, already over, held by nobody, or
+                the holder could not be told.
+        """
+        ctx = messaging.normalise_context(context)
+        record = self.ledger.get(ctx)
+        me = self.agent_name
+        if record is None or record.requester != me:
+            offered = [r.context for r in self.ledger.records()
+                       if r.requester == me and not r.final]
+            whose = "" if record is None else f" (it was offered by {record.requester})"
+            raise ToolError(
+                f"cancel_task: {ctx} is not a task you offered{whose}; only its requester "
+                f"or the human may cancel it. Your open tasks: {', '.join(offered) or 'none'}")
+        if record.final:
+            raise ToolError(f"cancel_task: task {ctx} is already {record.status.value}")
+        if record.holder is None:
+            raise ToolError(f"cancel_task: task {ctx} is held by nobody yet; nothing to stop")
+        why = messaging.split_text(reason)[0] if reason and reason.strip() else \
+            f"cancelled by {me}"
+        activity = cancel_activity(me, ctx, why, cancel=True, parent=record.parent)
+        self._send(DIRECT_PREFIX + record.holder, activity)
+        return (f"Cancelled task {ctx}: {record.holder} was told to stop and to cancel the "
+                "sub-tasks it delegated; its confirmation (an Announce tagged "
+                "'cancelled') will come on 'log'.")
 
     def read_messages(self, channel: str | None = None) -> str:
         """Drain the inbox and return it as text (see :mod:`.messaging`).

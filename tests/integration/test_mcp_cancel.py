@@ -1,0 +1,76 @@
+"""An MCP host cancels a task it offered: ``porter-mesh mcp`` as a real process driven by
+the MCP SDK's stdio client, a scripted worker process running a long command."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import time
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+from tests.integration.cli_proc import Running, cli
+from tests.integration.test_mcp_gateway import connect, gateway_command, in_thread
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
+
+
+def _wait_fifo(fd: int, timeout: float) -> None:
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        assert sel.select(timeout), f"the long command did not start within {timeout}s"
+    assert os.read(fd, 64)
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+def test_a_host_cancels_the_task_it_offered(tmp_path: Path, mesh: str) -> None:
+    fifo, pids = tmp_path / "running", tmp_path / "pids"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    keep = os.open(fifo, os.O_WRONLY)
+    long_command = (f"setsid sleep 3017 & echo $! >> {pids}; echo $$ >> {pids}; "
+                    f"echo up > {fifo}; wait")
+    worker = Running("agent", "worker", "--name", "w1", "--mesh", mesh, "--workspace",
+                     str(tmp_path / "w1"), "--data-dir", str(tmp_path / "w1.data"),
+                     "--work-command", long_command)
+    try:
+        assert cli("peers", "--mesh", mesh, "--wait", "3").returncode == 0
+
+        async def host_side() -> None:
+            async with connect(gateway_command(tmp_path, mesh)) as host:
+                await host.session.initialize()
+                await host.session.subscribe_resource("mesh://messages")
+                sent = await host.text("send_message", {
+                    "channel": "task:w1", "type": "Offer", "context": "mcp1",
+                    "message": "Index the archive"})
+                assert "urn:porter:task:mcp1" in sent
+                await in_thread(lambda: _wait_fifo(reader, 60))
+                running = [int(x) for x in pids.read_text().split()]
+                refused = await host.text("cancel_task", {"context": "nosuch"}, error=True)
+                assert "not a task you offered" in refused
+                done = await host.text("cancel_task", {"context": "mcp1",
+                                                       "reason": "wrong archive"})
+                assert done.startswith("Cancelled task urn:porter:task:mcp1: w1 was told")
+                _, alive = await in_thread(lambda: psutil.wait_procs(
+                    [psutil.Process(p) for p in running if psutil.pid_exists(p)], timeout=10))
+                assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+                # The holder's confirmation reaches the host's inbox.
+                seen = ""
+                while "Cancelled urn:porter:task:mcp1: stopped" not in seen:
+                    since = len(host.updated)
+                    seen += await host.text("read_messages")
+                    if "Cancelled urn:porter:task:mcp1: stopped" not in seen:
+                        await host.wait_updated("mesh://messages", since)
+                again = await host.text("cancel_task", {"context": "mcp1"}, error=True)
+                assert "already cancelled" in again
+
+        started = time.monotonic()
+        anyio.run(host_side)
+        print(f"MCP cancel round trip in {time.monotonic() - started:.1f}s")
+    finally:
+        worker.stop()
+        os.close(reader)
+        os.close(keep)
