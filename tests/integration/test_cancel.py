@@ -42,8 +42,9 @@ class Team:
         self.agents: dict[str, Running] = {}
         self.pids = tmp / "pids"
         for i, name in enumerate(names):
-            long_command = (f"setsid sleep 3011 & echo $! >> {self.pids}; "
-                            f"echo $$ >> {self.pids}; echo {name} > {self.fifo}; wait")
+            pids = f"{self.pids}.{name}"
+            long_command = (f"setsid sleep 3011 & echo $! >> {pids}; "
+                            f"echo $$ >> {pids}; echo {name} > {self.fifo}; wait")
             extra = ["--delegate-to", names[i + 1]] if i + 1 < len(names) else []
             self.agents[name] = Running(
                 "agent", "worker", "--name", name, "--mesh", self.mesh,
@@ -72,8 +73,10 @@ class Team:
                 if sel.select(left):
                     seen |= set(os.read(self.reader, 4096).decode().split())
 
-    def command_pids(self) -> list[int]:
-        return [int(x) for x in self.pids.read_text().split()]
+    def command_pids(self, *names: str) -> list[int]:
+        """The pids of the long commands of ``names`` (default: every agent)."""
+        return [int(x) for name in names or tuple(self.agents)
+                for x in Path(f"{self.pids}.{name}").read_text().split()]
 
     def tasks(self, *extra: str) -> dict[str, dict[str, object]]:
         out = cli("tasks", "--json", "--mesh", self.mesh, *extra)
@@ -190,4 +193,37 @@ def test_a_cancel_from_a_third_agent_is_refused(team1: Team) -> None:
         _gone_within(pids, 10)
     finally:
         stranger.stop()
+        request.stop()
+
+
+@pytest.mark.slow
+def test_a_paused_holder_is_named_and_stops_when_it_resumes(team3: Team) -> None:
+    top = "urn:porter:task:top2"
+    request = Running("request", "task:wa", "build it again", "--type", "Offer",
+                      "--context", top, "--mesh", team3.mesh, "--timeout", "120",
+                      "--wait", "20")
+    wc = psutil.Process(team3.agents["wc"].proc.pid)
+    try:
+        team3.wait_running({"wa", "wb", "wc"})
+        pids = team3.command_pids()
+        tasks = team3.tasks()
+        subsub = next(c for c, r in tasks.items() if r["holder"] == "wc")
+        wc.suspend()  # SIGSTOP: on the mesh, but deaf
+        out = cli("cancel", "top2", "--mesh", team3.mesh, "--timeout", "5")
+        assert out.returncode == 1, (out.stdout, out.stderr)
+        lines = out.stdout.splitlines()
+        assert "wa stopped, confirmed" in lines[0] and "wb stopped, confirmed" in lines[1]
+        assert subsub in lines[2] and "wc did NOT confirm within 5s" in lines[2], lines
+        # wc's own command still runs: nobody could tell it yet.
+        assert all(psutil.pid_exists(p) for p in team3.command_pids("wc"))
+        wc.resume()  # the cancel wb sent is still in flight: wc hears it now
+        _gone_within(pids, 30)
+        team3.agents["wc"].wait_until(
+            lambda: any(f"task {subsub} cancelled by wb" in e for e in team3.agents["wc"].err),
+            10, "wc obeying wb's cancel")
+        after = team3.tasks("--all")
+        assert after[subsub]["state"] == "cancelled", after
+    finally:
+        if wc.status() == psutil.STATUS_STOPPED:
+            wc.resume()
         request.stop()
