@@ -28,12 +28,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from agents.cascade import LEDGER_FILE, watch_tasks
 from agents.context import AgentContext, Brain, TappedPort
 from porter_mesh.cli.common import add_data_options, data_dir_of, report_error
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
 from porter_mesh.errors import ConfigError, OperationTimeout, PorterError
+from porter_mesh.node.cancel import LEDGER_FILE, watch_tasks
 from porter_mesh.node.config import knowledge_dir
 from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
 from porter_mesh.node.port import NodePort

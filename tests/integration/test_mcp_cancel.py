@@ -74,3 +74,55 @@ def test_a_host_cancels_the_task_it_offered(tmp_path: Path, mesh: str) -> None:
         worker.stop()
         os.close(reader)
         os.close(keep)
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+def test_a_host_holding_a_task_stops_its_command_when_the_human_cancels(
+        tmp_path: Path, mesh: str) -> None:
+    fifo, pids = tmp_path / "running", tmp_path / "pids"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    keep = os.open(fifo, os.O_WRONLY)
+    long_command = (f"setsid sleep 3019 & echo $! >> {pids}; echo $$ >> {pids}; "
+                    f"echo up > {fifo}; wait")
+    request: Running | None = None
+
+    async def host_side() -> None:
+        nonlocal request
+        async with connect(gateway_command(tmp_path, mesh)) as host:
+            await host.session.initialize()
+            await host.session.subscribe_resource("mesh://messages")
+            since = len(host.updated)
+            request = Running("request", "task:m1", "Crunch the numbers", "--type", "Offer",
+                              "--context", "held1", "--mesh", mesh, "--timeout", "60",
+                              "--wait", "20")
+            await host.wait_updated("mesh://messages", since)
+            inbox = await host.text("read_messages")
+            assert "Crunch the numbers" in inbox and "Offer" in inbox, inbox
+            async with anyio.create_task_group() as tasks:
+                results: list[str] = []
+
+                async def run_long() -> None:
+                    results.append(await host.text("bash", {"command": long_command,
+                                                            "timeout": 300}, error=True))
+
+                tasks.start_soon(run_long)
+                await in_thread(lambda: _wait_fifo(reader, 60))
+                running = [int(x) for x in pids.read_text().split()]
+                out = await in_thread(lambda: cli("cancel", "held1", "--mesh", mesh,
+                                                  "--timeout", "20"))
+                assert out.returncode == 0, (out.stdout, out.stderr)
+                assert "m1 stopped, confirmed" in out.stdout
+            [result] = results
+            assert "was withdrawn from you" in result and "cancelled by porter-ui" in result
+            _, alive = await in_thread(lambda: psutil.wait_procs(
+                [psutil.Process(p) for p in running if psutil.pid_exists(p)], timeout=10))
+            assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+
+    try:
+        anyio.run(host_side)
+    finally:
+        if request is not None:
+            request.stop()
+        os.close(reader)
+        os.close(keep)
