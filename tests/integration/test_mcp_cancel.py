@@ -25,14 +25,21 @@ def _wait_fifo(fd: int, timeout: float) -> None:
     assert os.read(fd, 64)
 
 
-@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
-def test_a_host_cancels_the_task_it_offered(tmp_path: Path, mesh: str) -> None:
+def _long_command(tmp_path: Path, n: int) -> tuple[int, int, Path, str]:
+    """A FIFO the test reads (and a writer kept open, so the command never blocks on it),
+    the pid file, and a long command that records its pids and says it runs."""
     fifo, pids = tmp_path / "running", tmp_path / "pids"
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     keep = os.open(fifo, os.O_WRONLY)
-    long_command = (f"setsid sleep 3017 & echo $! >> {pids}; echo $$ >> {pids}; "
-                    f"echo up > {fifo}; wait")
+    command = (f"setsid sleep {n} & echo $! >> {pids}; echo $$ >> {pids}; "
+               f"echo up > {fifo}; wait")
+    return reader, keep, pids, command
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+def test_a_host_cancels_the_task_it_offered(tmp_path: Path, mesh: str) -> None:
+    reader, keep, pids, long_command = _long_command(tmp_path, 3017)
     worker = Running("agent", "worker", "--name", "w1", "--mesh", mesh, "--workspace",
                      str(tmp_path / "w1"), "--data-dir", str(tmp_path / "w1.data"),
                      "--work-command", long_command)
@@ -79,12 +86,7 @@ def test_a_host_cancels_the_task_it_offered(tmp_path: Path, mesh: str) -> None:
 @pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
 def test_a_host_holding_a_task_stops_its_command_when_the_human_cancels(
         tmp_path: Path, mesh: str) -> None:
-    fifo, pids = tmp_path / "running", tmp_path / "pids"
-    os.mkfifo(fifo)
-    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    keep = os.open(fifo, os.O_WRONLY)
-    long_command = (f"setsid sleep 3019 & echo $! >> {pids}; echo $$ >> {pids}; "
-                    f"echo up > {fifo}; wait")
+    reader, keep, pids, long_command = _long_command(tmp_path, 3019)
     request: Running | None = None
 
     async def host_side() -> None:
