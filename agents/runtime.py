@@ -148,6 +148,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-command", metavar="CMD",
                         help="for tests: a shell command a worker runs (bash tool) first "
                         "on every task it accepts, e.g. a long one to pause it in")
+    parser.add_argument("--serve", action="store_true",
+                        help="architect: no story; delegate each task the human offers "
+                        "to a worker as a sub-task, until stopped")
     parser.add_argument("--delegate-to", metavar="AGENT",
                         help="worker: offer AGENT a sub-task of every task it accepts")
     parser.add_argument("--ask", metavar="QUESTION",
@@ -265,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
             "fail_after": args.fail_after, "go": go, "goal": args.goal,
             "system_prompt": prompt,
             "work_command": args.work_command, "withdraw_timeout": args.withdraw_timeout,
-            "delegate_to": args.delegate_to, "ask": args.ask,
+            "delegate_to": args.delegate_to, "ask": args.ask, "serve": args.serve,
         }
         ctx = AgentContext(args.name, args.role, toolbox, tapped, stop, options)
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -71,13 +71,16 @@ class ArchitectBrain:
 
     Options: ``workers`` (how many workers to wait for), ``reviewer`` (its name),
     ``offer_timeout`` (seconds), ``team_timeout`` (seconds to wait for the team),
-    ``task_timeout`` (seconds for the whole task).
+    ``task_timeout`` (seconds for the whole task), ``serve`` (no story: delegate each
+    task the human offers to a worker as a sub-task, until stopped).
     """
 
     holders: set[str] = field(default_factory=set)
 
     def run(self, ctx: AgentContext) -> int:
         opts = ctx.options
+        if opts.get("serve"):
+            return self._serve(ctx)
         want_workers = int(opts.get("workers", 2))
         reviewer = str(opts.get("reviewer", "reviewer"))
         board = TaskBoard(ctx.name, offer_timeout=float(opts.get("offer_timeout", 300.0)))
@@ -136,6 +139,46 @@ class ArchitectBrain:
         _call(ctx, "send_message", channel=C.CHANNEL_LOG,
               message=f"Task done: {TASK_SUMMARY}\nWhat the team learned:\n{rows}",
               type="Announce", context=context)
+        return 0
+
+    def _serve(self, ctx: AgentContext) -> int:
+        """No story: take each task the human offers and delegate it to a worker as a
+        sub-task through the board, until told to stop. A cancel of the human's task
+        is carried out by the agent program (it cascades to the sub-task's holder); the
+        board is told too, so that it offers the sub-task to nobody else."""
+        board = TaskBoard(ctx.name, offer_timeout=float(ctx.options.get("offer_timeout",
+                                                                        300.0)))
+        parents: dict[str, str] = {}  # the board's sub-task -> the human's task
+        while not ctx.stop.is_set():
+            ctx.wait_for_messages(0.2)
+            now = time.monotonic()
+            self._sync_roster(ctx, board, now)
+            for item in _items(ctx):
+                act = item.activity
+                if (act.type == "Offer" and item.channel == C.DIRECT_PREFIX + ctx.name
+                        and is_human(item.sender) and act.context is not None
+                        and act.context not in parents.values()):
+                    _call(ctx, "send_message", channel=C.DIRECT_PREFIX + item.sender,
+                          message=f"Taking it: {act.summary}", type="Accept",
+                          context=act.context)
+                    sub, outs = board.submit(act.summary, _content_of(act) or None, now=now,
+                                             parent=act.context)
+                    parents[sub] = act.context
+                    self._carry_out(ctx, outs)
+                elif is_task_delete(act) and act.context in parents.values():
+                    for sub, parent in parents.items():
+                        task = board.task(sub)
+                        if parent != act.context or task is None or task.finished:
+                            continue
+                        outs = board.cancel(sub, f"cancelled with {parent}", now=now)
+                        told = ctx.toolbox.ledger.get(sub)
+                        if told is not None and told.final:
+                            # Its holder was told already, by the cancel's cascade.
+                            outs = [o for o in outs if not isinstance(o, Send)]
+                        self._carry_out(ctx, outs)
+                else:
+                    self._carry_out(ctx, board.handle(act, now=now))
+            self._carry_out(ctx, board.tick(now=now))
         return 0
 
     def _wait_for_team(self, ctx: AgentContext, board: TaskBoard, workers: int,

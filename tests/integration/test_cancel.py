@@ -31,7 +31,8 @@ class Team:
     """Workers ``names[0] -> names[1] -> ...``, each delegating to the next, each running
     a long command that reports on the FIFO ``running``."""
 
-    def __init__(self, tmp: Path, names: list[str]) -> None:
+    def __init__(self, tmp: Path, names: list[str], *, architect: str | None = None
+                 ) -> None:
         self.mesh = f"cx{os.getpid()}-{next(_ids)}"
         self.tmp = tmp
         self.fifo = tmp / "running"
@@ -40,6 +41,7 @@ class Team:
         self.reader = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK)
         self.keep = os.open(self.fifo, os.O_WRONLY)
         self.agents: dict[str, Running] = {}
+        self.workers = list(names)
         self.pids = tmp / "pids"
         for i, name in enumerate(names):
             pids = f"{self.pids}.{name}"
@@ -50,7 +52,13 @@ class Team:
                 "agent", "worker", "--name", name, "--mesh", self.mesh,
                 "--workspace", str(tmp / name), "--data-dir", str(tmp / f"{name}.data"),
                 "--work-command", long_command, *extra)
-        self.wait_for_roster(names)
+        if architect is not None:
+            # It delegates each task the human offers to a worker (the first, here).
+            self.agents[architect] = Running(
+                "agent", "architect", "--name", architect, "--serve", "--mesh", self.mesh,
+                "--workspace", str(tmp / architect),
+                "--data-dir", str(tmp / f"{architect}.data"))
+        self.wait_for_roster([*names, *([architect] if architect else [])])
 
     def wait_for_roster(self, names: list[str]) -> None:
         deadline = time.monotonic() + 30
@@ -74,8 +82,8 @@ class Team:
                     seen |= set(os.read(self.reader, 4096).decode().split())
 
     def command_pids(self, *names: str) -> list[int]:
-        """The pids of the long commands of ``names`` (default: every agent)."""
-        return [int(x) for name in names or tuple(self.agents)
+        """The pids of the long commands of ``names`` (default: every worker)."""
+        return [int(x) for name in names or tuple(self.workers)
                 for x in Path(f"{self.pids}.{name}").read_text().split()]
 
     def tasks(self, *extra: str) -> dict[str, dict[str, object]]:
@@ -226,4 +234,43 @@ def test_a_paused_holder_is_named_and_stops_when_it_resumes(team3: Team) -> None
     finally:
         if wc.status() == psutil.STATUS_STOPPED:
             wc.resume()
+        request.stop()
+
+
+@pytest.fixture
+def team_arch(tmp_path: Path) -> Iterator[Team]:
+    team = Team(tmp_path, ["wa", "wb"], architect="arch")
+    try:
+        yield team
+    finally:
+        team.close()
+
+
+@pytest.mark.slow
+def test_the_human_architect_worker_worker_tree_is_cancelled_at_the_top(team_arch: Team
+                                                                         ) -> None:
+    top = "urn:porter:task:arch1"
+    request = Running("request", "task:arch", "ship the release", "--type", "Offer",
+                      "--context", top, "--mesh", team_arch.mesh, "--timeout", "120",
+                      "--wait", "20")
+    try:
+        team_arch.wait_running({"wa", "wb"})
+        pids = team_arch.command_pids()
+        tasks = team_arch.tasks()
+        sub = next(c for c, r in tasks.items() if r["parent"] == top)
+        subsub = next(c for c, r in tasks.items() if r["parent"] == sub)
+        assert (tasks[top]["holder"], tasks[sub]["holder"], tasks[subsub]["holder"]) == (
+            "arch", "wa", "wb"), tasks
+        assert tasks[sub]["requester"] == "arch" and tasks[sub]["attempt"] == 1
+        out = cli("cancel", "arch1", "--mesh", team_arch.mesh, "--timeout", "20")
+        assert out.returncode == 0, (out.stdout, out.stderr)
+        lines = out.stdout.splitlines()
+        for line, holder in zip(lines, ("arch", "wa", "wb"), strict=True):
+            assert f"{holder} stopped, confirmed" in line, lines
+        _gone_within(pids, 10)
+        after = team_arch.tasks("--all")
+        assert all(after[c]["state"] == "cancelled" for c in (top, sub, subsub)), after
+        request.proc.wait(30)
+        assert request.proc.returncode == 1
+    finally:
         request.stop()

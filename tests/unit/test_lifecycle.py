@@ -224,3 +224,17 @@ def test_board_cancel_is_tagged() -> None:
     assert is_cancel(activity)
     assert activity.extra.get("attempt") == 3
     assert as2.Activity.from_dict(activity.to_dict()) == activity
+
+
+def test_the_boards_offers_of_a_sub_task_name_its_parent() -> None:
+    from porter_mesh.core.tasks import Send, TaskBoard
+
+    board = TaskBoard("arch")
+    board.worker_up("w1", now=0)
+    ctx, out = board.submit("part", now=0, parent="urn:porter:task:top")
+    [offer] = [o for o in out if isinstance(o, Send)]
+    assert parent_of(offer.activity) == "urn:porter:task:top"
+    assert offer.activity.extra.get("attempt") == 1
+    record = follow(None, offer.activity, sender="arch", channel=offer.channel, now=0)
+    assert record is not None and (record.context, record.parent) == (
+        ctx, "urn:porter:task:top")
