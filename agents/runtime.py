@@ -28,7 +28,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from agents.cascade import watch_tasks
 from agents.context import AgentContext, Brain, TappedPort
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
@@ -39,11 +38,13 @@ from porter_mesh.entrypoint import (
     report_error,
 )
 from porter_mesh.errors import ConfigError, OperationTimeout, PorterError
+from porter_mesh.node.cancel import LEDGER_FILE, watch_tasks
 from porter_mesh.node.config import knowledge_dir
 from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
 from porter_mesh.node.port import NodePort
 from porter_mesh.node.sync import SyncNode
 from porter_mesh.tools.external import ExternalTools
+from porter_mesh.tools.ledger import TaskLedger
 from porter_mesh.tools.toolbox import Toolbox
 
 ROLES = ("architect", "worker", "reviewer")
@@ -152,8 +153,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-command", metavar="CMD",
                         help="for tests: a shell command a worker runs (bash tool) first "
                         "on every task it accepts, e.g. a long one to pause it in")
+    parser.add_argument("--serve", action="store_true",
+                        help="architect: no story; delegate each task the human offers "
+                        "to a worker as a sub-task, until stopped")
     parser.add_argument("--delegate-to", metavar="AGENT",
                         help="worker: offer AGENT a sub-task of every task it accepts")
+    parser.add_argument("--ask", metavar="QUESTION",
+                        help="worker: ask the requester QUESTION on every task it accepts "
+                        "and wait for the answer before working on")
     parser.add_argument("--withdraw-timeout", type=float, default=600.0,
                         help="architect: seconds a withdrawal sent to a paused or gone "
                         "worker keeps being retried")
@@ -253,7 +260,8 @@ def run(args: argparse.Namespace) -> int:
         if args.mcp_servers:
             external = ExternalTools.start(args.mcp_servers)
         toolbox = Toolbox(tapped, workspace if args.role != "architect" else None,
-                          role=args.role, tools=args.tools, external=external)
+                          role=args.role, tools=args.tools, external=external,
+                          ledger=TaskLedger(args.name, path=data_dir / LEDGER_FILE))
         toolbox_ref.append(toolbox)
         if stop.is_set():
             toolbox.halt("halted while starting")
@@ -266,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
             "fail_after": args.fail_after, "go": go, "goal": args.goal,
             "system_prompt": prompt,
             "work_command": args.work_command, "withdraw_timeout": args.withdraw_timeout,
-            "delegate_to": args.delegate_to,
+            "delegate_to": args.delegate_to, "ask": args.ask, "serve": args.serve,
         }
         ctx = AgentContext(args.name, args.role, toolbox, tapped, stop, options)
         def on_signal(signum: int, _frame: object) -> None:

@@ -10,17 +10,19 @@ review request, which names its reviewer as ``target``.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from agents.context import AgentContext
 from porter_mesh.core import as2
 from porter_mesh.core import constants as C
 from porter_mesh.core.advert import is_human, key_name
 from porter_mesh.core.as2 import Activity
+from porter_mesh.core.lifecycle import Status, same_party
 from porter_mesh.core.tasks import (
     ATTEMPT_FIELD,
     ResultRefused,
@@ -72,13 +74,16 @@ class ArchitectBrain:
 
     Options: ``workers`` (how many workers to wait for), ``reviewer`` (its name),
     ``offer_timeout`` (seconds), ``team_timeout`` (seconds to wait for the team),
-    ``task_timeout`` (seconds for the whole task).
+    ``task_timeout`` (seconds for the whole task), ``serve`` (no story: delegate each
+    task the human offers to a worker as a sub-task, until stopped).
     """
 
     holders: set[str] = field(default_factory=set)
 
     def run(self, ctx: AgentContext) -> int:
         opts = ctx.options
+        if opts.get("serve"):
+            return self._serve(ctx)
         want_workers = int(opts.get("workers", 2))
         reviewer = str(opts.get("reviewer", "reviewer"))
         board = TaskBoard(ctx.name, offer_timeout=float(opts.get("offer_timeout", 300.0)))
@@ -137,6 +142,46 @@ class ArchitectBrain:
         _call(ctx, "send_message", channel=C.CHANNEL_LOG,
               message=f"Task done: {TASK_SUMMARY}\n{LEARNED_HEADING}\n{rows}",
               type="Announce", context=context)
+        return 0
+
+    def _serve(self, ctx: AgentContext) -> int:
+        """No story: take each task the human offers and delegate it to a worker as a
+        sub-task through the board, until told to stop. A cancel of the human's task
+        is carried out by the agent program (it cascades to the sub-task's holder); the
+        board is told too, so that it offers the sub-task to nobody else."""
+        board = TaskBoard(ctx.name, offer_timeout=float(ctx.options.get("offer_timeout",
+                                                                        300.0)))
+        parents: dict[str, str] = {}  # the board's sub-task -> the human's task
+        while not ctx.stop.is_set():
+            ctx.wait_for_messages(0.2)
+            now = time.monotonic()
+            self._sync_roster(ctx, board, now)
+            for item in _items(ctx):
+                act = item.activity
+                if (act.type == "Offer" and item.channel == C.DIRECT_PREFIX + ctx.name
+                        and is_human(item.sender) and act.context is not None
+                        and act.context not in parents.values()):
+                    _call(ctx, "send_message", channel=C.DIRECT_PREFIX + item.sender,
+                          message=f"Taking it: {act.summary}", type="Accept",
+                          context=act.context)
+                    sub, outs = board.submit(act.summary, _content_of(act) or None, now=now,
+                                             parent=act.context)
+                    parents[sub] = act.context
+                    self._carry_out(ctx, outs)
+                elif is_task_delete(act) and act.context in parents.values():
+                    for sub, parent in parents.items():
+                        task = board.task(sub)
+                        if parent != act.context or task is None or task.finished:
+                            continue
+                        outs = board.cancel(sub, f"cancelled with {parent}", now=now)
+                        told = ctx.toolbox.ledger.get(sub)
+                        if told is not None and told.final:
+                            # Its holder was told already, by the cancel's cascade.
+                            outs = [o for o in outs if not isinstance(o, Send)]
+                        self._carry_out(ctx, outs)
+                else:
+                    self._carry_out(ctx, board.handle(act, now=now))
+            self._carry_out(ctx, board.tick(now=now))
         return 0
 
     def _wait_for_team(self, ctx: AgentContext, board: TaskBoard, workers: int,
@@ -311,6 +356,7 @@ class Held:
     attempt: int | None
     summary: str
     content: str
+    asking: str | None = None  # the question put to the requester, until answered
 
     @property
     def story(self) -> bool:
@@ -339,7 +385,10 @@ class WorkerBrain:
     ``fail_after`` (fault injection for tests: ``"accept"`` makes the process SIGKILL
     itself right after accepting a task).
     ``work_command`` (for tests: a shell command run first on every accepted task),
-    ``delegate_to`` (an agent offered a sub-task of every accepted task, first).
+    ``delegate_to`` (an agent offered a sub-task of every accepted task, first),
+    ``ask`` (a question put to the requester of every task other than the story's; the
+    worker waits for the answer, and takes it up again after a restart, from its
+    ledger).
 
     A task withdrawn from it (the tools raise :class:`TaskWithdrawn`) is dropped at once:
     the attempt stops where it is and reports nothing.
@@ -349,6 +398,7 @@ class WorkerBrain:
 
     def run(self, ctx: AgentContext) -> int:
         slots = int(ctx.options.get("slots", 1))
+        self._resume(ctx)
         while not ctx.stop.is_set():
             if not ctx.wait_for_messages(0.5):
                 continue
@@ -358,6 +408,22 @@ class WorkerBrain:
                 except PorterError as exc:
                     ctx.say(f"could not act on {item.activity.type} from {item.sender}: {exc}")
         return 0
+
+    def _resume(self, ctx: AgentContext) -> None:
+        """Take up the tasks the ledger says this worker holds (it restarted): one that
+        waits on a question keeps waiting for the answer, one under way starts over."""
+        for record in ctx.toolbox.ledger.held():
+            if ctx.toolbox.resume_task(record.context) is None:
+                continue
+            asking = record.question or None if record.status is Status.INPUT_REQUIRED \
+                else None
+            task = Held(record.requester, record.attempt, record.title, record.title,
+                        asking=asking)
+            self.held[record.context] = task
+            ctx.say(f"resumed task {record.context} ({record.status.value})")
+            if record.status in (Status.SUBMITTED, Status.WORKING):
+                self._attempt(ctx, record.context,
+                              functools.partial(self._begin, ctx, record.context, task))
 
     def _reviewer(self, ctx: AgentContext, task: Held) -> str:
         if is_human(task.offered_by):
@@ -387,17 +453,25 @@ class WorkerBrain:
                 _call(ctx, "send_message", channel=C.DIRECT_PREFIX + item.sender,
                       message=busy, type="Reject", context=ctx_id)
                 return
-            task = Held(item.sender, attempt_of(act), act.summary, _content_of(act))
-            self.held[ctx_id] = task
+            offered = Held(item.sender, attempt_of(act), act.summary, _content_of(act))
+            self.held[ctx_id] = task = offered
             _call(ctx, "send_message", channel=C.DIRECT_PREFIX + item.sender,
                   message=f"Starting work on {task.summary}", type="Accept", context=ctx_id)
             if ctx.options.get("fail_after") == "accept":
                 ctx.say("fault injection: dying right after accepting")
                 os.kill(os.getpid(), signal.SIGKILL)
-            self._attempt(ctx, ctx_id, lambda: self._begin(ctx, ctx_id, task))
+            self._attempt(ctx, ctx_id, lambda: self._begin(ctx, ctx_id, offered))
         elif is_task_delete(act) and mine:
             ctx.say(f"task {ctx_id} withdrawn: {act.summary}")
             self.held.pop(ctx_id, None)
+        elif (task is not None and task.asking is not None and mine
+              and act.type in ("Note", "Question") and same_party(item.sender, task.offered_by)):
+            answer = _content_of(act) or act.summary
+            ctx.say(f"answer to {task.asking!r} on {ctx_id}: {answer}")
+            task = replace(task, asking=None)
+            self.held[ctx_id] = task
+            self._attempt(ctx, ctx_id, lambda: self._write_brief(
+                ctx, ctx_id, task, revision=None, answer=answer))
         elif (task is not None and key_name(item.sender) == self._reviewer(ctx, task)
               and (item.channel == C.CHANNEL_REVIEW or mine)):
             if act.type == "Reject":
@@ -427,12 +501,19 @@ class WorkerBrain:
         """Delegate a part when told to (the tools name the task as its parent), run the
         test's work command if any, then do the task."""
         delegate = ctx.options.get("delegate_to")
-        if delegate:
+        if delegate and not ctx.toolbox.ledger.open_children(ctx_id):
             _call(ctx, "send_message", channel=C.DIRECT_PREFIX + str(delegate),
                   message=f"Part of: {task.summary}"[:150], type="Offer")
         work = ctx.options.get("work_command")
         if work:
             _call(ctx, "bash", command=str(work))
+        question = ctx.options.get("ask")
+        if question and not task.story:
+            # Wait on the requester: the answer comes back as a message (see _handle).
+            _call(ctx, "send_message", channel=C.DIRECT_PREFIX + task.offered_by,
+                  message=str(question), type="Question", context=ctx_id)
+            self.held[ctx_id] = replace(task, asking=str(question))
+            return
         if task.story:
             self._first_pass(ctx, ctx_id, task)
         else:
@@ -459,11 +540,14 @@ class WorkerBrain:
                          ["src/routes/users.py", "tests/test_users.py"])
 
     def _write_brief(self, ctx: AgentContext, ctx_id: str, task: Held,
-                     revision: str | None) -> None:
-        """Another task than the story's: write down what was asked (and, after a review
-        that sent it back, the reviewer's reason), so the reviewer has a file to read."""
+                     revision: str | None, answer: str | None = None) -> None:
+        """Another task than the story's: write down what was asked (with the
+        requester's answer to the worker's question, and after a review that sent it
+        back, the reviewer's reason), so the reviewer has a file to read."""
         path = f"tasks/{ctx_id.rsplit(':', 1)[-1]}.md"
         text = f"# {task.summary}\n\n{task.content or task.summary}\n"
+        if answer is not None:
+            text += f"\n## Answer from {task.offered_by}\n\n{answer}\n"
         if revision is not None:
             text += f"\n## Changes requested\n\n{revision}\n"
         _call(ctx, "write_file", path=path, content=text)

@@ -29,8 +29,9 @@ Final states (:data:`FINAL_STATUSES`) are never left.
 :func:`follow` is that diagram as a pure function over immutable :class:`TaskRecord`
 values: it takes the record so far (or ``None``), one activity with who sent it and
 to whom, and ``now`` (any clock the caller chooses: it is only recorded), and returns the
-new record. Only an ``Offer`` that is not a review request starts a task: a ``Question``
-or a ``Note`` with a task context and no Offer seen before is not a task.
+new record. Only an ``Offer`` that is not a review request starts a task (one on
+``task``, to anyone, is held by whoever accepts it): a ``Question`` or a ``Note`` with a
+task context and no Offer seen before is not a task.
 
 **Who is who.** The *requester* is whoever offered the task (an agent, or the human from
 any of its seats); the *holder* is the agent it was offered to (the direct channel's
@@ -78,6 +79,7 @@ __all__ = [
     "follow",
     "is_cancel",
     "parent_of",
+    "record_from_json",
     "same_party",
     "text_of",
 ]
@@ -180,6 +182,29 @@ class TaskRecord:
         }
 
 
+def record_from_json(data: object) -> TaskRecord | None:
+    """A record from :meth:`TaskRecord.to_json` (as kept on disk), or ``None`` when
+    ``data`` is not one."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        status = Status(data["state"])
+        ctx, title, requester = data["context"], data["title"], data["requester"]
+        if not (is_task_id(ctx) and isinstance(title, str) and isinstance(requester, str)):
+            return None
+        holder, parent, reviewer = data.get("holder"), data.get("parent"), data.get("reviewer")
+        attempt = data.get("attempt")
+        return TaskRecord(
+            ctx, title, requester, holder if isinstance(holder, str) else None, status,
+            attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None,
+            parent if isinstance(parent, str) else None,
+            reviewer if isinstance(reviewer, str) else None,
+            str(data.get("question") or ""), str(data.get("note") or ""),
+            float(data.get("created") or 0.0), float(data.get("updated") or 0.0))
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
 def same_party(a: str | None, b: str | None) -> bool:
     """Whether two names are the same party: equal, or both seats of the human."""
     if a is None or b is None:
@@ -265,8 +290,8 @@ def follow(
     to = _recipient(channel, recipient, activity)
     kind = activity.type
     if record is None:
-        if kind != "Offer" or channel == CHANNEL_REVIEW or to is None or to == sender:
-            return None  # only an Offer of work to someone starts a task
+        if kind != "Offer" or channel == CHANNEL_REVIEW or to == sender:
+            return None  # only an Offer of work starts a task
         return TaskRecord(ctx, activity.summary, sender, to, attempt=attempt_of(activity),
                           parent=parent_of(activity), created=now, updated=now)
     if record.context != ctx or record.final:
@@ -298,6 +323,10 @@ def _step(record: TaskRecord, act: Activity, sender: str, channel: str, to: str 
         return record  # the same offer again
     if from_holder:
         return _from_holder(record, act, channel, to)
+    if (record.holder is None and status is Status.SUBMITTED and kind == "Accept"
+            and channel != CHANNEL_REVIEW and not from_requester):
+        # An Offer to anyone (on 'task'): whoever accepts it holds it.
+        return replace(record, status=Status.WORKING, holder=sender)
     if from_requester and status is Status.INPUT_REQUIRED and kind in ("Note", "Question") \
             and same_party(to, record.holder):
         return replace(record, status=Status.WORKING, question="", note=text_of(act))

@@ -90,6 +90,7 @@ from porter_mesh.core.lifecycle import (
     ATTEMPT_FIELD,
     CANCEL_TAG,
     DONE_TAG,
+    PARENT_FIELD,
     Status,
     attempt_of,
 )
@@ -208,6 +209,7 @@ class Task:
         fenced: claims that ended without finishing the task.
         note: the last reason or review note (empty if none).
         submitted_at: when the task entered the board.
+        parent: the task this one is a sub-task of (its Offers name it), if any.
     """
 
     context: str
@@ -223,6 +225,7 @@ class Task:
     fenced: frozenset[Claim] = frozenset()
     note: str = ""
     submitted_at: float = 0.0
+    parent: str | None = None
 
     @property
     def claim(self) -> Claim | None:
@@ -682,6 +685,7 @@ class TaskBoard:
         context: str | None = None,
         tag: Iterable[str] = (),
         review: bool = True,
+        parent: str | None = None,
     ) -> tuple[str, list[BoardOutput]]:
         """Add a task and offer it if a worker is free.
 
@@ -692,6 +696,8 @@ class TaskBoard:
             context: the task URN; a new one is minted when ``None``.
             tag: labels for the Offer.
             review: the task needs a review ``Accept`` to be done.
+            parent: the task this one is part of (the board's owner holds it); every
+                Offer of this task names it (``docs/protocol.md``, "Sub-tasks").
 
         Returns:
             ``(context, outputs)``.
@@ -706,7 +712,8 @@ class TaskBoard:
             raise TaskError(f"context {ctx!r} is not a task URN (urn:porter:task:<id>)")
         if ctx in self._tasks:
             raise TaskError(f"task {ctx} already exists; submit with a new context")
-        task = Task(ctx, summary, content, tuple(tag), review, submitted_at=now)
+        task = Task(ctx, summary, content, tuple(tag), review, submitted_at=now,
+                    parent=parent)
         self._order[ctx] = len(self._order)
         self._tasks[ctx] = task
         self._fresh[ctx] = None
@@ -1138,5 +1145,7 @@ class TaskBoard:
                 context=task.context,
                 tag=list(task.tag) or None,
             )
+            if task.parent is not None:
+                offer = offer.replace(extra={PARENT_FIELD: task.parent})
             out.append(Send(DIRECT_PREFIX + worker.name, with_attempt(offer, attempt)))
         return out

@@ -420,6 +420,30 @@ _SPECS: Final = (
         group="git",
     ),
     ToolSpec(
+        "cancel_task",
+        "Cancel a task you offered (the task's id, as in the messages): its holder stops "
+        "at once, cancels the sub-tasks it delegated, and confirms on 'log'. Only the "
+        "agent that offered a task (or the human) may cancel it.",
+        _schema(
+            {
+                "context": {
+                    "type": _STR,
+                    "description": "The task id: urn:porter:task:<id>, or just <id>.",
+                    "minLength": 1,
+                },
+                "reason": {
+                    "type": _STR,
+                    "description": "Optional: why, in one line, shown to the holder.",
+                },
+            },
+            ("context",),
+        ),
+        destructive=True,
+        idempotent=True,
+        open_world=True,
+        group="messaging",
+    ),
+    ToolSpec(
         "peers",
         "List the agents on the mesh now: name, role, state (alive, or evasive when "
         "silent for a while) and whether they are draining (take no new tasks). "
@@ -437,7 +461,7 @@ TOOL_SPECS: Final[Mapping[str, ToolSpec]] = MappingProxyType({s.name: s for s in
 ALL_TOOLS: Final = tuple(TOOL_SPECS)
 
 _MESSAGING: Final = ("send_message", "read_messages", "memory_write", "memory_query",
-                     "peers")
+                     "cancel_task", "peers")
 _LOOKING: Final = ("read_file", "list_dir", "glob", "grep")
 
 #: Tools each role gets. The architect plans and delegates; the reviewer reads and runs

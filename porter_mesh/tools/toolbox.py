@@ -90,7 +90,7 @@ from porter_mesh.core.constants import (
 )
 from porter_mesh.core.lifecycle import Status, TaskRecord, is_cancel, same_party
 from porter_mesh.core.taskid import new_task_id
-from porter_mesh.core.tasks import ATTEMPT_FIELD, attempt_of, is_task_delete
+from porter_mesh.core.tasks import ATTEMPT_FIELD, attempt_of, cancel_activity, is_task_delete
 from porter_mesh.errors import (
     ActivityError,
     ConfigError,
@@ -186,6 +186,8 @@ class Toolbox:
         tail_bytes: bytes of the end of a command's output returned to the agent.
         inbox_limit: messages one ``read_messages`` call takes.
         external: tools of external MCP servers to add (the caller owns and closes it).
+        ledger: the agent's task ledger (one kept in its data directory survives a
+            restart); a new one in memory by default.
 
     Raises:
         ConfigError: unknown role or tool, a file/shell/git tool without a workspace,
@@ -205,6 +207,7 @@ class Toolbox:
         tail_bytes: int = DEFAULT_TAIL_BYTES,
         inbox_limit: int = DEFAULT_INBOX_LIMIT,
         external: ExternalTools | None = None,
+        ledger: TaskLedger | None = None,
     ) -> None:
         self.port = port
         self.role = role
@@ -249,7 +252,7 @@ class Toolbox:
         self._offered_by: dict[str, str] = {}
         self._lock = threading.Lock()  # observe() runs on the node's thread
         self._idle = threading.Condition(self._lock)  # notified when a command ends
-        self.ledger = TaskLedger(port.agent_name)
+        self.ledger = ledger if ledger is not None else TaskLedger(port.agent_name)
 
     # -- the loop's interface -------------------------------------------------------------
 
@@ -266,6 +269,27 @@ class Toolbox:
     def system_prompt(self) -> str:
         """The messaging and live team sections for the agent's system prompt."""
         return system_prompt_sections(self.port, role=self.role)
+
+    def resume_task(self, context: str) -> TaskRecord | None:
+        """Take up again a task the ledger says this agent holds (after a restart): it
+        becomes the current task, with its requester and attempt.
+
+        Args:
+            context: the task.
+
+        Returns:
+            Its record, or ``None`` when this agent does not hold it (nothing changes).
+        """
+        record = self.ledger.get(context)
+        if record is None or record.holder != self.agent_name or record.final:
+            return None
+        with self._lock:
+            self.context = context
+            self._offered_by[context] = record.requester
+            if record.attempt is not None:
+                self._attempts[context] = record.attempt
+            self._accepted.add(context)
+        return record
 
     def attempt_for(self, context: str) -> int | None:
         """The claim attempt kept for a task, if one was offered with it."""
@@ -447,6 +471,43 @@ class Toolbox:
             return None
         return ctx
 
+    def cancel_task(self, context: str, reason: str | None = None) -> str:
+        """Cancel a task this agent offered: a cancel to its holder, which stops, cancels
+        its sub-tasks and confirms on ``log`` (see ``docs/protocol.md``, "Cancel").
+
+        Args:
+            context: the task URN or bare id.
+            reason: why, in one line.
+
+        Returns:
+            A confirmation naming the holder told.
+
+        Raises:
+            ToolError: not a task this agent offered, already over, held by nobody, or
+                the holder could not be told.
+        """
+        ctx = messaging.normalise_context(context)
+        record = self.ledger.get(ctx)
+        me = self.agent_name
+        if record is None or record.requester != me:
+            offered = [r.context for r in self.ledger.records()
+                       if r.requester == me and not r.final]
+            whose = "" if record is None else f" (it was offered by {record.requester})"
+            raise ToolError(
+                f"cancel_task: {ctx} is not a task you offered{whose}; only its requester "
+                f"or the human may cancel it. Your open tasks: {', '.join(offered) or 'none'}")
+        if record.final:
+            raise ToolError(f"cancel_task: task {ctx} is already {record.status.value}")
+        if record.holder is None:
+            raise ToolError(f"cancel_task: task {ctx} is held by nobody yet; nothing to stop")
+        why = messaging.split_text(reason)[0] if reason and reason.strip() else \
+            f"cancelled by {me}"
+        activity = cancel_activity(me, ctx, why, cancel=True, parent=record.parent)
+        self._send(DIRECT_PREFIX + record.holder, activity)
+        return (f"Cancelled task {ctx}: {record.holder} was told to stop and to cancel the "
+                "sub-tasks it delegated; its confirmation (an Announce tagged "
+                "'cancelled') will come on 'log'.")
+
     def read_messages(self, channel: str | None = None) -> str:
         """Drain the inbox and return it as text (see :mod:`.messaging`).
 
@@ -491,6 +552,10 @@ class Toolbox:
         to_me = item.channel == DIRECT_PREFIX + me or activity.target == me
         attempt = attempt_of(activity)
         if activity.type == "Offer":
+            # The ledger has usually seen it already (observe, as it arrived); not when it
+            # came before the agent was watching, while it started. Folding twice is
+            # harmless: the same Offer again changes nothing.
+            self.ledger.saw(activity, sender=item.sender, channel=item.channel)
             review_for_me = self.role == "reviewer" and item.channel == CHANNEL_REVIEW
             if to_me or review_for_me:
                 with self._lock:

@@ -129,7 +129,7 @@ def test_a_task_from_the_compose_box_is_done_and_approved_on_its_card(page: Any)
     context = card.get_attribute("data-context")
     assert context and context.startswith("urn:porter:task:")
     card.get_by_test_id("review-approve").click()
-    expect(card).to_have_attribute("data-state", "done", timeout=WAIT_MS)
+    expect(card).to_have_attribute("data-state", "completed", timeout=WAIT_MS)
     # The worker acted on the approval: its closing Announce is in the timeline.
     done = rows(page, type="Announce").filter(has_text="Done: Write the release notes")
     expect(done).to_have_count(1, timeout=WAIT_MS)
@@ -167,7 +167,7 @@ def test_sending_back_needs_a_reason(page: Any, mesh: Mesh) -> None:
     assert "Group the entries by release" in brief.read_text()
     expect(card).to_have_attribute("data-state", "in-review", timeout=WAIT_MS)
     card.get_by_test_id("review-approve").click()
-    expect(card).to_have_attribute("data-state", "done", timeout=WAIT_MS)
+    expect(card).to_have_attribute("data-state", "completed", timeout=WAIT_MS)
 
 
 def test_recall_from_the_page_and_a_refused_query(page: Any, mesh: Mesh) -> None:

@@ -33,7 +33,7 @@ def test_demo_ui_story_then_a_task_from_the_page(browser: Any, tmp_path: Path) -
         page = view.page
         story = page.locator('[data-testid="task-card"]').filter(
             has_text="Add GET /users endpoint")
-        expect(story).to_have_attribute("data-state", "done", timeout=90_000)
+        expect(story).to_have_attribute("data-state", "completed", timeout=90_000)
         expect(rows(page, type="Announce").filter(has_text="Task done: Add GET /users")
                ).to_have_count(1, timeout=WAIT_MS)
         demo.wait_line(lambda s: "keeps running" in s, 30, "the story's end")
@@ -61,7 +61,7 @@ def test_demo_ui_story_then_a_task_from_the_page(browser: Any, tmp_path: Path) -
             Path(shot).write_bytes(image)
         # ... and approves its review from the card.
         card.get_by_test_id("review-approve").click()
-        expect(card).to_have_attribute("data-state", "done", timeout=WAIT_MS)
+        expect(card).to_have_attribute("data-state", "completed", timeout=WAIT_MS)
         expect(rows(page, type="Announce").filter(has_text="Done: Document the users endpoint")
                ).to_have_count(1, timeout=WAIT_MS)
         assert (out / "workspace" / "tasks").is_dir()

@@ -52,7 +52,7 @@ def test_the_humans_verdicts_reach_the_architect(browser: Any, team: tuple[Dashb
         expect(again).to_have_count(1, timeout=WAIT_MS)
         expect(card).to_have_attribute("data-state", "in-review", timeout=WAIT_MS)
         card.get_by_test_id("review-approve").click()
-        expect(card).to_have_attribute("data-state", "done", timeout=WAIT_MS)
+        expect(card).to_have_attribute("data-state", "completed", timeout=WAIT_MS)
         architect.wait_line(lambda s: "in-review -> done" in s, 60,
                             "the architect's board taking the human's Accept")
         # The architect recalls what the team learned and announces the task done.

@@ -31,7 +31,8 @@ class Team:
     """Workers ``names[0] -> names[1] -> ...``, each delegating to the next, each running
     a long command that reports on the FIFO ``running``."""
 
-    def __init__(self, tmp: Path, names: list[str]) -> None:
+    def __init__(self, tmp: Path, names: list[str], *, architect: str | None = None
+                 ) -> None:
         self.mesh = f"cx{os.getpid()}-{next(_ids)}"
         self.tmp = tmp
         self.fifo = tmp / "running"
@@ -40,16 +41,24 @@ class Team:
         self.reader = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK)
         self.keep = os.open(self.fifo, os.O_WRONLY)
         self.agents: dict[str, Running] = {}
+        self.workers = list(names)
         self.pids = tmp / "pids"
         for i, name in enumerate(names):
-            long_command = (f"setsid sleep 3011 & echo $! >> {self.pids}; "
-                            f"echo $$ >> {self.pids}; echo {name} > {self.fifo}; wait")
+            pids = f"{self.pids}.{name}"
+            long_command = (f"setsid sleep 3011 & echo $! >> {pids}; "
+                            f"echo $$ >> {pids}; echo {name} > {self.fifo}; wait")
             extra = ["--delegate-to", names[i + 1]] if i + 1 < len(names) else []
             self.agents[name] = Running(
                 "agent", "worker", "--name", name, "--mesh", self.mesh,
                 "--workspace", str(tmp / name), "--data-dir", str(tmp / f"{name}.data"),
                 "--work-command", long_command, *extra)
-        self.wait_for_roster(names)
+        if architect is not None:
+            # It delegates each task the human offers to a worker (the first, here).
+            self.agents[architect] = Running(
+                "agent", "architect", "--name", architect, "--serve", "--mesh", self.mesh,
+                "--workspace", str(tmp / architect),
+                "--data-dir", str(tmp / f"{architect}.data"))
+        self.wait_for_roster([*names, *([architect] if architect else [])])
 
     def wait_for_roster(self, names: list[str]) -> None:
         deadline = time.monotonic() + 30
@@ -72,8 +81,10 @@ class Team:
                 if sel.select(left):
                     seen |= set(os.read(self.reader, 4096).decode().split())
 
-    def command_pids(self) -> list[int]:
-        return [int(x) for x in self.pids.read_text().split()]
+    def command_pids(self, *names: str) -> list[int]:
+        """The pids of the long commands of ``names`` (default: every worker)."""
+        return [int(x) for name in names or tuple(self.workers)
+                for x in Path(f"{self.pids}.{name}").read_text().split()]
 
     def tasks(self, *extra: str) -> dict[str, dict[str, object]]:
         out = cli("tasks", "--json", "--mesh", self.mesh, *extra)
@@ -190,4 +201,76 @@ def test_a_cancel_from_a_third_agent_is_refused(team1: Team) -> None:
         _gone_within(pids, 10)
     finally:
         stranger.stop()
+        request.stop()
+
+
+@pytest.mark.slow
+def test_a_paused_holder_is_named_and_stops_when_it_resumes(team3: Team) -> None:
+    top = "urn:porter:task:top2"
+    request = Running("request", "task:wa", "build it again", "--type", "Offer",
+                      "--context", top, "--mesh", team3.mesh, "--timeout", "120",
+                      "--wait", "20")
+    wc = psutil.Process(team3.agents["wc"].proc.pid)
+    try:
+        team3.wait_running({"wa", "wb", "wc"})
+        pids = team3.command_pids()
+        tasks = team3.tasks()
+        subsub = next(c for c, r in tasks.items() if r["holder"] == "wc")
+        wc.suspend()  # SIGSTOP: on the mesh, but deaf
+        out = cli("cancel", "top2", "--mesh", team3.mesh, "--timeout", "5")
+        assert out.returncode == 1, (out.stdout, out.stderr)
+        lines = out.stdout.splitlines()
+        assert "wa stopped, confirmed" in lines[0] and "wb stopped, confirmed" in lines[1]
+        assert subsub in lines[2] and "wc did NOT confirm within 5s" in lines[2], lines
+        # wc's own command still runs: nobody could tell it yet.
+        assert all(psutil.pid_exists(p) for p in team3.command_pids("wc"))
+        wc.resume()  # the cancel wb sent is still in flight: wc hears it now
+        _gone_within(pids, 30)
+        team3.agents["wc"].wait_until(
+            lambda: any(f"task {subsub} cancelled by wb" in e for e in team3.agents["wc"].err),
+            10, "wc obeying wb's cancel")
+        after = team3.tasks("--all")
+        assert after[subsub]["state"] == "cancelled", after
+    finally:
+        if wc.status() == psutil.STATUS_STOPPED:
+            wc.resume()
+        request.stop()
+
+
+@pytest.fixture
+def team_arch(tmp_path: Path) -> Iterator[Team]:
+    team = Team(tmp_path, ["wa", "wb"], architect="arch")
+    try:
+        yield team
+    finally:
+        team.close()
+
+
+@pytest.mark.slow
+def test_the_human_architect_worker_worker_tree_is_cancelled_at_the_top(team_arch: Team
+                                                                         ) -> None:
+    top = "urn:porter:task:arch1"
+    request = Running("request", "task:arch", "ship the release", "--type", "Offer",
+                      "--context", top, "--mesh", team_arch.mesh, "--timeout", "120",
+                      "--wait", "20")
+    try:
+        team_arch.wait_running({"wa", "wb"})
+        pids = team_arch.command_pids()
+        tasks = team_arch.tasks()
+        sub = next(c for c, r in tasks.items() if r["parent"] == top)
+        subsub = next(c for c, r in tasks.items() if r["parent"] == sub)
+        assert (tasks[top]["holder"], tasks[sub]["holder"], tasks[subsub]["holder"]) == (
+            "arch", "wa", "wb"), tasks
+        assert tasks[sub]["requester"] == "arch" and tasks[sub]["attempt"] == 1
+        out = cli("cancel", "arch1", "--mesh", team_arch.mesh, "--timeout", "20")
+        assert out.returncode == 0, (out.stdout, out.stderr)
+        lines = out.stdout.splitlines()
+        for line, holder in zip(lines, ("arch", "wa", "wb"), strict=True):
+            assert f"{holder} stopped, confirmed" in line, lines
+        _gone_within(pids, 10)
+        after = team_arch.tasks("--all")
+        assert all(after[c]["state"] == "cancelled" for c in (top, sub, subsub)), after
+        request.proc.wait(30)
+        assert request.proc.returncode == 1
+    finally:
         request.stop()

@@ -408,9 +408,11 @@ def test_offer_reply_review_and_control(ui: UI, worker: LineProcess) -> None:
                         "the second review request")
             await post(session, ui, "/api/review", {"context": context, "decision": "approve"})
             done = await until(lambda: task_card(session, ui, context,
-                                                 lambda t: t["state"] == "done"), 10, "done")
+                                                 lambda t: t["state"] == "completed"), 10,
+                               "completed")
             assert [s["state"] for s in done["path"]] == [
-                "offered", "accepted", "in-review", "changes-requested", "in-review", "done"]
+                "submitted", "working", "in-review", "changes-requested", "working",
+                "in-review", "completed"]
             assert (await post(session, ui, "/api/review",
                                {"context": context, "decision": "approve"}, 409))
             # The worker's closing Announce; every record of the task came on the stream.
@@ -427,7 +429,8 @@ def test_offer_reply_review_and_control(ui: UI, worker: LineProcess) -> None:
             names = {name for name, _, _ in stream.got}
             assert {"messages", "peers", "tasks"} <= names
             streamed_tasks = [t for name, _, data in stream.got if name == "tasks" for t in data]
-            assert any(t["context"] == context and t["state"] == "done" for t in streamed_tasks)
+            assert any(t["context"] == context and t["state"] == "completed"
+                       for t in streamed_tasks)
             # The worker's finding reached the dashboard's replica.
             rows = await until(lambda: _recall_rows(session, ui), 30, "w1's finding")
             assert any(about == "api-design" for about, _ in rows)
@@ -524,7 +527,7 @@ def test_history_survives_a_restart(mesh: str, tmp_path: Path) -> None:
             texts = [m["summary"] for m in older["messages"] + page["messages"]]
             assert texts == [f"note {i}" for i in range(30)] + ["Anyone: tidy up"]
             tasks = (await get(session, second, "/api/tasks"))["tasks"]
-            assert [(t["context"], t["state"]) for t in tasks] == [(offer["context"], "offered")]
+            assert [(t["context"], t["state"]) for t in tasks] == [(offer["context"], "submitted")]
             # A stream resumed after an old id gets the gap from the log.
             every = older["messages"] + page["messages"]
             resume = {"Last-Event-ID": every[-4]["id"]}

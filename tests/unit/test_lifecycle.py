@@ -67,6 +67,11 @@ def test_only_an_offer_starts_a_task() -> None:
     record = offered()
     assert (record.status, record.requester, record.holder) == (
         Status.SUBMITTED, "porter-ui-ab12", "w1")
+    # An Offer to anyone is held by whoever accepts it.
+    anyone = follow(None, act("Offer", "arch"), sender="arch", channel="task", now=0)
+    assert anyone is not None and anyone.holder is None
+    taken = follow(anyone, act("Accept", "w2"), sender="w2", channel="task:arch", now=1)
+    assert taken is not None and (taken.status, taken.holder) == (Status.WORKING, "w2")
 
 
 def test_a_task_through_review_to_completed() -> None:
@@ -219,3 +224,17 @@ def test_board_cancel_is_tagged() -> None:
     assert is_cancel(activity)
     assert activity.extra.get("attempt") == 3
     assert as2.Activity.from_dict(activity.to_dict()) == activity
+
+
+def test_the_boards_offers_of_a_sub_task_name_its_parent() -> None:
+    from porter_mesh.core.tasks import Send, TaskBoard
+
+    board = TaskBoard("arch")
+    board.worker_up("w1", now=0)
+    ctx, out = board.submit("part", now=0, parent="urn:porter:task:top")
+    [offer] = [o for o in out if isinstance(o, Send)]
+    assert parent_of(offer.activity) == "urn:porter:task:top"
+    assert offer.activity.extra.get("attempt") == 1
+    record = follow(None, offer.activity, sender="arch", channel=offer.channel, now=0)
+    assert record is not None and (record.context, record.parent) == (
+        ctx, "urn:porter:task:top")

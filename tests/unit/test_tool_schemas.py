@@ -137,7 +137,7 @@ def test_mcp_export_is_valid() -> None:
         assert not (hints["readOnlyHint"] and hints["destructiveHint"])
         if hints["destructiveHint"]:
             destructive.add(tool["name"])
-    assert destructive == {"bash", "write_file", "edit_file"}
+    assert destructive == {"bash", "write_file", "edit_file", "cancel_task"}
 
 
 #: What each tool does to the world, written out independently of the specs.
@@ -156,6 +156,7 @@ HINTS = {
     "grep": (True, False, True, False),
     "git": (False, False, False, False),            # add and commit only add history
     "peers": (True, False, True, False),
+    "cancel_task": (False, True, True, True),   # stops another agent's work
 }
 
 
@@ -231,7 +232,7 @@ def test_cli_prints_the_strict_export(capsys: pytest.CaptureFixture[str]) -> Non
 def test_role_tool_sets() -> None:
     names = {role: [s.name for s in specs_for(role)] for role in ROLE_TOOLS}
     assert names["architect"] == ["send_message", "read_messages", "memory_write",
-                                  "memory_query", "peers"]
+                                  "memory_query", "cancel_task", "peers"]
     assert names["worker"] == list(ALL_TOOLS)
     for looking in ("bash", "read_file", "list_dir", "glob", "grep", "peers"):
         assert looking in names["reviewer"]
@@ -249,7 +250,7 @@ def test_cli_prints_the_export(fmt: str, capsys: pytest.CaptureFixture[str]) -> 
     assert main(["tools", "--format", fmt, "--role", "architect"]) == 0
     printed = json.loads(capsys.readouterr().out)
     tools = printed if fmt == "openai" else printed["tools"]
-    assert len(tools) == 5
+    assert len(tools) == 6
 
 
 def test_cli_refuses_unknown_role(capsys: pytest.CaptureFixture[str]) -> None:

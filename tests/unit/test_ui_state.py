@@ -121,27 +121,38 @@ DIRECT_REVIEW = [
            obj={"type": "Document", "url": "src/app.py"}, summary="Please review"),
 ]
 
-# The dashboard opened late: the Offer is older than its history.
+# The dashboard opened late: the Offer is older than its history. Not a task card.
 MIDWAY = [rec("w3", "Create", "log", summary="Added the route"),
           rec("w3", "Offer", "review")]
 
+# A question with a task context and no Offer (a ghost card before): not a task.
+GHOST = [rec("porter-ui-ab12", "Question", "log", summary="anyone?")]
+
+# The holder asks its requester, and the human answers from another seat.
+INPUT_REQUIRED = [
+    direct("porter-ui", "Offer", "w1", target="w1", summary="Set up storage"),
+    direct("w1", "Accept", "porter-ui"),
+    direct("w1", "Question", "porter-ui", summary="Which database?"),
+    direct("porter-ui-cd34", "Note", "w1", summary="Postgres"),
+]
+
 
 @pytest.mark.parametrize(("story", "path", "holder", "attempt", "offered_by", "review_from"), [
-    (DEMO_STORY, ["offered", "accepted", "in-review", "changes-requested", "in-review", "done"],
-     "worker-1", 1, "architect", None),
-    (HUMAN_STORY, ["offered", "accepted", "in-review", "changes-requested", "in-review", "done"],
-     "w1", 1, "porter-ui", None),
-    (HUMAN_STORY[:4], ["offered", "accepted", "in-review"], "w1", 1, "porter-ui", "w1"),
-    (HUMAN_STORY[:7], ["offered", "accepted", "in-review", "changes-requested", "in-review"],
-     "w1", 1, "porter-ui", "w1"),
-    (DEMO_STORY[:6], ["offered", "accepted", "in-review"], "worker-1", 1, "architect", None),
-    (DECLINED, ["offered", "rejected", "offered", "accepted"], "w2", 2, "architect", None),
-    (FENCED, ["offered", "accepted", "withdrawn", "offered", "accepted"], "w2", 2,
-     "architect", None),
-    (CANCELLED, ["offered", "accepted", "withdrawn"], None, 1, "architect", None),
-    (NO_REVIEW, ["offered", "accepted", "done"], "w1", 1, "architect", None),
-    (DIRECT_REVIEW, ["offered", "accepted", "in-review"], "w1", 1, "architect", "w1"),
-    (MIDWAY, ["accepted", "in-review"], "w3", 0, None, None),
+    (DEMO_STORY, ["submitted", "working", "in-review", "changes-requested", "working",
+                  "in-review", "completed"], "worker-1", 1, "architect", None),
+    (HUMAN_STORY, ["submitted", "working", "in-review", "changes-requested", "working",
+                   "in-review", "completed"], "w1", 0, "porter-ui", None),
+    (HUMAN_STORY[:4], ["submitted", "working", "in-review"], "w1", 0, "porter-ui", "w1"),
+    (HUMAN_STORY[:7], ["submitted", "working", "in-review", "changes-requested", "working",
+                       "in-review"], "w1", 0, "porter-ui", "w1"),
+    (DEMO_STORY[:6], ["submitted", "working", "in-review"], "worker-1", 1, "architect", None),
+    (DECLINED, ["submitted", "working"], "w2", 2, "architect", None),
+    (FENCED, ["submitted", "working", "submitted", "working"], "w2", 2, "architect", None),
+    (CANCELLED, ["submitted", "working", "cancelled"], "w1", 1, "architect", None),
+    (NO_REVIEW, ["submitted", "working", "completed"], "w1", 1, "architect", None),
+    (DIRECT_REVIEW, ["submitted", "working", "in-review"], "w1", 1, "architect", "w1"),
+    (INPUT_REQUIRED, ["submitted", "working", "input-required", "working"], "w1", 0,
+     "porter-ui", None),
 ])
 def test_tracker_follows_the_lifecycle(story: list[dict[str, Any]], path: list[str],
                                        holder: str | None, attempt: int,
@@ -163,6 +174,37 @@ def test_tracker_follows_the_lifecycle(story: list[dict[str, Any]], path: list[s
         assert review["activity_id"] == next(r["id"] for r in reversed(story)
                                              if r["type"] == "Offer")
     assert task["updated"] == story[-1]["ts"]
+
+
+@pytest.mark.parametrize("story", [MIDWAY, GHOST])
+def test_only_an_offer_starts_a_card(story: list[dict[str, Any]]) -> None:
+    tracker = TaskTracker()
+    assert [tracker.observe(r) for r in story] == [None] * len(story)
+    assert tracker.tasks() == []
+
+
+def test_an_input_required_card_shows_the_question() -> None:
+    tracker = TaskTracker()
+    tracker.observe_all(INPUT_REQUIRED[:3])
+    card = tracker.task(CTX)
+    assert card is not None
+    assert (card["state"], card["question"]) == ("input-required", "Which database?")
+    tracker.observe(INPUT_REQUIRED[3])
+    card = tracker.task(CTX)
+    assert card is not None and (card["state"], card["question"]) == ("working", None)
+
+
+def test_a_sub_task_card_names_its_parent() -> None:
+    tracker = TaskTracker()
+    tracker.observe(direct("w1", "Offer", "w2", context="urn:porter:task:sub",
+                           summary="Part of it"))
+    card = tracker.task("urn:porter:task:sub")
+    assert card is not None and card["parent"] is None
+    sub = rec("w1", "Offer", "task:w3", to="w3", context="urn:porter:task:sub2")
+    sub["activity"]["parent"] = CTX
+    tracker.observe(sub)
+    card = tracker.task("urn:porter:task:sub2")
+    assert card is not None and card["parent"] == CTX
 
 
 def test_task_card_details() -> None:

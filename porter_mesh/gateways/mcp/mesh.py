@@ -35,12 +35,14 @@ from porter_mesh.core.as2 import Activity
 from porter_mesh.core.hlc import hlc_physical_ms
 from porter_mesh.core.peers import PeerEvent
 from porter_mesh.errors import OperationTimeout
+from porter_mesh.node.cancel import LEDGER_FILE, watch_tasks
 from porter_mesh.node.config import NodeConfig, knowledge_dir
 from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
 from porter_mesh.node.node import Message
 from porter_mesh.node.port import NodePort
 from porter_mesh.node.sync import SyncNode
 from porter_mesh.tools.external import ExternalTools
+from porter_mesh.tools.ledger import TaskLedger
 from porter_mesh.tools.messaging import render_item
 from porter_mesh.tools.port import InboxItem
 from porter_mesh.tools.toolbox import Toolbox
@@ -150,7 +152,12 @@ class GatewayAgent:
             if knowledge and config.data_dir is not None:
                 self.knowledge = attach_knowledge(self.node, knowledge_dir(config.data_dir))
             self.port = SettlingPort(self.node, self.knowledge, settle=settle)
-            self.toolbox = Toolbox(self.port, workspace, role=config.role, external=external)
+            ledger = TaskLedger(config.name, path=None if config.data_dir is None
+                                else config.data_dir / LEDGER_FILE)
+            self.toolbox = Toolbox(self.port, workspace, role=config.role, external=external,
+                                   ledger=ledger)
+            # Withdrawals and cancels take effect as they arrive, even during a long call.
+            watch_tasks(self.node, self.toolbox, config.name)
             self.node.call_in_loop(lambda: self.node.node.add_handler(self._on_message))
             self.node.add_peer_listener(self._on_peer)
             self.node.add_control_listener(self._on_control)

@@ -65,9 +65,11 @@ from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.as2 import remember as remember_activity
 from porter_mesh.core.hlc import hlc_physical_ms
+from porter_mesh.core.lifecycle import FINAL_STATUSES
 from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, PeerState
 from porter_mesh.core.profile_examples import PROFILE_EXAMPLES
 from porter_mesh.core.taskid import new_task_id
+from porter_mesh.core.tasks import cancel_activity
 from porter_mesh.errors import (
     DeliveryError,
     KnowledgeError,
@@ -124,6 +126,7 @@ SEND_TYPES: Final = ("Offer", "Note", "Question", "Accept", "Reject", "Announce"
 PROFILE_QUERY: Final[str] = PROFILE_EXAMPLES["Recall (knowledge lifecycle)"]["object"]["content"]
 
 _STATIC: Final = pathlib.Path(__file__).with_name("static")
+_FINAL: Final = frozenset(s.value for s in FINAL_STATUSES)
 _OBSERVATIONS_QUERY: Final = (
     "SELECT ?obs ?about ?finding ?by ?at ?context WHERE {{ ?obs porter:about ?about ; "
     "porter:finding ?finding ; porter:discoveredBy ?by ; prov:generatedAtTime ?at . "
@@ -551,6 +554,7 @@ class Dashboard:
             ("GET", "/api/stream", self._stream),
             ("POST", "/api/send", self._send),
             ("POST", "/api/review", self._review),
+            ("POST", "/api/cancel", self._cancel),
             ("POST", "/api/recall", self._recall),
             ("POST", "/api/remember", self._remember),
             ("POST", "/api/control", self._control),
@@ -766,6 +770,27 @@ class Dashboard:
             raise ApiError(400, "message", str(exc)) from None
         record = await self._deliver(channel, activity)
         return _json({"ok": True, "record": record})
+
+    async def _cancel(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request, "context")
+        context = body["context"]
+        reason = (body.get("reason") or "").strip() or f"cancelled by {self.me}"
+        task = self.tracker.task(context)
+        if task is None:
+            raise ApiError(404, "task", f"no task {context!r} seen by this dashboard")
+        if task["state"] in _FINAL:
+            raise ApiError(409, "cancel", f"task {context} is already {task['state']}; "
+                           "nothing to cancel")
+        # The holder stops and cascades; a task nobody holds is cancelled at its
+        # requester (an architect's queue).
+        target = task["holder"] or (None if is_human(task["offered_by"])
+                                    else task["offered_by"])
+        if target is None:
+            raise ApiError(409, "cancel", f"task {context} is held by nobody and was "
+                           "offered by the human: there is nothing to stop")
+        record = await self._deliver(C.DIRECT_PREFIX + target,
+                                     cancel_activity(self.me, context, reason, cancel=True))
+        return _json({"ok": True, "record": record, "to": target})
 
     async def _control(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request, "kind")

@@ -34,25 +34,13 @@ be reloaded after a restart anyway); any beyond that are counted as ``dropped``.
 
 **The task tracker** (:class:`TaskTracker`) folds the records whose ``context`` is a
 task id into one card per task. It watches; it enforces nothing (the architect's
-:class:`~porter_mesh.core.tasks.TaskBoard` does that), so it reads each activity by who
-sent it, as the profile's task and review lifecycles do::
-
-    (new) --Offer to W--> offered --Accept by W--> accepted --Offer (review)--> in-review
-                            |  ^                      |                           |  |
-                  Reject by W  +--Offer (attempt+1)---+ rejected <--Reject by W   |  |
-                            v                                                     |  |
-                         rejected        changes-requested <--Reject by reviewer--+  |
-                                               |  ^                                  |
-                                               +--+ Update.. then Offer on review    |
-                                                                                     v
-                      done <--Accept by anyone but the holder (the review verdict)---+
-    any state --Delete of the task (its current claim)--> withdrawn
-
-An ``Offer`` is a review request when it travels on ``review`` or comes from the
-holder; any other ``Offer`` is a new claim (holder: the recipient or ``target``; attempt:
-the ``attempt`` field, else one more than before). A holder's ``Announce`` tagged
-``done`` also finishes a task (tasks without review). A ``Delete`` of the task that names
-an earlier attempt only tells a fenced worker to stop, and changes nothing here.
+:class:`~porter_mesh.core.tasks.TaskBoard` and the holders do that). Each card's state is
+the mesh's one vocabulary, followed by :func:`porter_mesh.core.lifecycle.follow` from the
+activities seen (submitted, working, input-required, in-review, changes-requested,
+completed, failed, cancelled, rejected; ``docs/protocol.md``, "Task states"), and the
+card keeps the path of states it went through, its parent task, and the holder's open
+question while it is input-required. Only an ``Offer`` starts a card: a ``Question`` or a
+report with a task context and no Offer seen is not a task.
 
 A review request is **for the human** (the card's ``review`` is set) when it is
 addressed to ``porter-ui``: sent to its inbox, or with ``target`` ``porter-ui``, or on
@@ -78,8 +66,8 @@ import orjson
 from porter_mesh.core import constants as C
 from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity
+from porter_mesh.core.lifecycle import Status, TaskRecord, attempt_of, follow
 from porter_mesh.core.taskid import is_task_id
-from porter_mesh.core.tasks import DONE_TAG, attempt_of, is_task_delete
 
 __all__ = [
     "DEFAULT_HISTORY",
@@ -104,9 +92,8 @@ MAX_PAGE: Final = 1000
 #: Tasks kept by the tracker; the least recently updated go first.
 MAX_TASKS: Final = 5_000
 
-#: The states a task card can be in, in lifecycle order.
-TASK_STATES: Final = ("offered", "accepted", "in-review", "changes-requested", "done",
-                      "rejected", "withdrawn")
+#: The states a task card can be in: the mesh's one vocabulary, in lifecycle order.
+TASK_STATES: Final = tuple(s.value for s in Status)
 
 _TEXT_LIMIT: Final = 2_000
 
@@ -502,34 +489,23 @@ def _free_bytes(directory: pathlib.Path) -> int | None:
 
 @dataclass(slots=True)
 class _Task:
-    context: str
-    title: str = ""
-    state: str | None = None
+    record: TaskRecord
     path: list[dict[str, Any]] = field(default_factory=list)
-    holder: str | None = None
-    attempt: int = 0
-    offered_by: str | None = None
     review: dict[str, Any] | None = None
-    note: str = ""
     updated: float = 0.0
 
     def move(self, state: str, ts: float, by: str) -> None:
-        if state != self.state:
-            self.state = state
+        if not self.path or self.path[-1]["state"] != state:
             self.path.append({"state": state, "ts": ts, "by": by})
 
     def to_json(self) -> dict[str, Any]:
-        return {"context": self.context, "title": self.title, "state": self.state,
-                "path": [dict(step) for step in self.path], "holder": self.holder,
-                "attempt": self.attempt, "offered_by": self.offered_by,
-                "review": dict(self.review) if self.review else None, "note": self.note,
-                "updated": self.updated}
-
-
-def _reason(activity: Mapping[str, Any]) -> str:
-    parts = [str(activity.get("summary") or ""), _object_text(activity.get("object")),
-             _object_text(activity)]
-    return " -- ".join(p for p in parts if p)[:_TEXT_LIMIT]
+        r = self.record
+        return {"context": r.context, "title": r.title, "state": r.status.value,
+                "path": [dict(step) for step in self.path], "holder": r.holder,
+                "attempt": r.attempt or 0, "offered_by": r.requester, "parent": r.parent,
+                "question": r.question if r.status is Status.INPUT_REQUIRED else None,
+                "review": dict(self.review) if self.review else None,
+                "note": r.note[:_TEXT_LIMIT], "updated": self.updated}
 
 
 class TaskTracker:
@@ -566,7 +542,8 @@ class TaskTracker:
         """Fold one record.
 
         Returns:
-            The card it touched (as JSON), or ``None`` when the record is not about a task.
+            The card it touched (as JSON), or ``None`` when the record is not about a task
+            (only an Offer starts one).
         """
         context = record.get("context")
         data = record.get("activity")
@@ -577,88 +554,40 @@ class TaskTracker:
             activity = Activity.from_dict(data)
         except Exception:  # a record from an older log whose activity no longer validates
             return None
-        task = self._tasks.pop(context, None)
+        task = self._tasks.get(context)
+        sender = str(record.get("sender") or activity.actor)
+        ts = float(record.get("ts") or 0.0)
+        recipient = record.get("recipient")
+        new = follow(task.record if task is not None else None, activity, sender=sender,
+                     channel=str(record.get("channel") or ""), now=ts,
+                     recipient=recipient if isinstance(recipient, str) else None)
+        if new is None:
+            return None
         if task is None:
-            task = _Task(context)
+            task = _Task(new)
+        else:
+            del self._tasks[context]
         self._tasks[context] = task  # most recently updated last
         if len(self._tasks) > self.max_tasks:
             del self._tasks[next(iter(self._tasks))]
-        self._fold(task, record, activity)
+        task.record = new
+        task.updated = max(task.updated, ts)
+        task.move(new.status.value, ts, sender)
+        if new.status is not Status.IN_REVIEW:
+            task.review = None
+        elif activity.type == "Offer" and sender == new.holder:
+            self._review_request(task, record, activity, sender)
         return task.to_json()
 
-    def _fold(self, task: _Task, record: Mapping[str, Any], act: Activity) -> None:
-        sender = str(record.get("sender") or act.actor)
-        ts = float(record.get("ts") or 0.0)
-        kind = act.type
-        task.updated = max(task.updated, ts)
-        if is_task_delete(act):
-            attempt = attempt_of(act)
-            if attempt is None or attempt >= task.attempt:
-                task.holder = None
-                task.review = None
-                task.note = _reason(record["activity"])
-                task.move("withdrawn", ts, sender)
-            return
-        if kind == "Offer":
-            from_holder = task.holder is not None and sender == task.holder
-            if record.get("channel") == C.CHANNEL_REVIEW or from_holder:
-                self._review_request(task, record, act, sender, ts)
-            else:
-                attempt = attempt_of(act)
-                task.attempt = attempt if attempt is not None else task.attempt + 1
-                task.holder = record.get("recipient") or act.target
-                task.offered_by = sender
-                task.review = None
-                task.note = ""
-                if not task.title:
-                    task.title = act.summary
-                task.state = None  # a new claim always starts its own "offered" step
-                task.move("offered", ts, sender)
-            return
-        verdict = task.state == "in-review" and sender != task.holder
-        if kind == "Accept":
-            if task.state == "offered" and task.holder in (None, sender):
-                task.holder = sender
-                task.move("accepted", ts, sender)
-            elif verdict:
-                task.review = None
-                task.note = _reason(record["activity"])
-                task.move("done", ts, sender)
-        elif kind == "Reject":
-            if sender == task.holder and task.state in ("offered", "accepted",
-                                                        "changes-requested"):
-                task.holder = None
-                task.note = _reason(record["activity"])
-                task.move("rejected", ts, sender)
-            elif verdict:
-                task.review = None
-                task.note = _reason(record["activity"])
-                task.move("changes-requested", ts, sender)
-        elif (kind == "Announce" and DONE_TAG in (act.tag or ()) and sender == task.holder
-              and task.state in ("accepted", "changes-requested")):
-            task.move("done", ts, sender)
-        if task.state is None:
-            # First seen mid-way (its Offer is older than the history kept): whoever
-            # reports on it is taken to hold it.
-            task.holder = sender
-            task.title = task.title or act.summary
-            task.move("accepted", ts, sender)
-
     def _review_request(self, task: _Task, record: Mapping[str, Any], act: Activity,
-                        sender: str, ts: float) -> None:
-        if task.holder is None:
-            task.holder = sender
-        if not task.title:
-            task.title = act.summary
+                        sender: str) -> None:
         channel = str(record.get("channel"))
         recipient = record.get("recipient")
         for_me = (recipient == self.me or act.target == self.me
                   or (channel == C.CHANNEL_REVIEW and act.target is None
-                      and same_seat(task.offered_by, self.me)))
+                      and same_seat(task.record.requester, self.me)))
         task.review = None
         if for_me and not same_seat(sender, self.me):
             task.review = {"from": sender, "to": self.me, "summary": act.summary,
                            "activity_id": record.get("id"), "channel": channel,
                            "attempt": attempt_of(act)}
-        task.state = None if task.state == "in-review" else task.state
-        task.move("in-review", ts, sender)

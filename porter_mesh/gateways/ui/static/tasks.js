@@ -3,15 +3,23 @@
 import { el, fill, ago, shortContext } from "./dom.js";
 import { post } from "./api.js";
 
+// The mesh's one vocabulary of task states (docs/protocol.md, "Task states").
 const STEPS = [
-  ["offered", "offered"], ["accepted", "accepted"], ["in-review", "in review"], ["done", "done"],
+  ["submitted", "submitted"], ["working", "working"], ["in-review", "in review"],
+  ["completed", "completed"],
 ];
-const FAILED = new Set(["rejected", "withdrawn"]);
+const FAILED = new Set(["rejected", "cancelled", "failed"]);
+const FINAL = new Set(["completed", "rejected", "cancelled", "failed"]);
 const ME = "porter-ui";
 
+/** Whether a name is one of the human's (the dashboard or a command-line seat). */
+function isHuman(name) {
+  return name === ME || String(name || "").startsWith(`${ME}-`);
+}
 
-/** Whether the task waits for the human's verdict. */
+/** Whether the task waits for the human: a verdict, or an answer to its holder's question. */
 export function waitsForMe(task) {
+  if (task.state === "input-required") return isHuman(task.offered_by);
   return Boolean(task.review && task.review.to === ME && task.state === "in-review");
 }
 
@@ -21,14 +29,39 @@ export function steps(task) {
   const state = task.state;
   let reached = Math.max(-1, ...path.map((s) => STEPS.findIndex(([key]) => key === s)));
   if (state === "changes-requested") reached = Math.max(reached, 2);
+  if (state === "input-required") reached = Math.max(reached, 1);
   const current = STEPS.findIndex(([key]) => key === state);
   return STEPS.map(([key, label], i) => {
     let mark = i <= reached ? "done" : "todo";
-    if (i === current) mark = state === "done" ? "done" : "current";
+    if (i === current) mark = state === "completed" ? "done" : "current";
+    if (state === "input-required" && key === "working") mark = "changes";
     if (state === "changes-requested" && key === "in-review") mark = "changes";
     if (FAILED.has(state) && i === reached + 1) mark = "failed";
     return [label, mark];
   });
+}
+
+/** ``items`` reordered so that each sub-task follows its parent (depth first), keeping
+ * the given order among siblings and among roots. */
+export function asTree(items, parentOf) {
+  const children = new Map();
+  const roots = [];
+  for (const item of items) {
+    const parent = parentOf(item);
+    if (parent === null) roots.push(item);
+    else children.set(parent, [...(children.get(parent) || []), item]);
+  }
+  const out = [];
+  const seen = new Set();
+  const walk = (item) => {
+    if (seen.has(item.context)) return;
+    seen.add(item.context);
+    out.push(item);
+    for (const child of children.get(item.context) || []) walk(child);
+  };
+  roots.forEach(walk);
+  for (const item of items) walk(item); // parents in a cycle: shown all the same
+  return out;
 }
 
 export class Tasks {
@@ -64,8 +97,9 @@ export class Tasks {
 
   render() {
     this.frame = 0;
-    const ordered = [...this.tasks.values()].sort((a, b) =>
+    const sorted = [...this.tasks.values()].sort((a, b) =>
       (waitsForMe(b) - waitsForMe(a)) || (Number(b.updated) || 0) - (Number(a.updated) || 0));
+    const ordered = asTree(sorted, (t) => (t.parent && this.tasks.has(t.parent) ? t.parent : null));
     for (const context of this.dirty) {
       const old = this.cards.get(context);
       const card = this.card(this.tasks.get(context));
@@ -94,7 +128,8 @@ export class Tasks {
   card(task) {
     const context = String(task.context);
     const mine = waitsForMe(task);
-    return el("article", { class: mine ? "task waiting" : "task", "data-testid": "task-card",
+    const cls = `task${mine ? " waiting" : ""}${task.parent && this.tasks.has(task.parent) ? " sub" : ""}`;
+    return el("article", { class: cls, "data-testid": "task-card",
       dataset: { context, state: task.state } },
     el("header", null,
       el("span", { class: "title", title: task.title || "" }, task.title || "(untitled task)"),
@@ -104,14 +139,79 @@ export class Tasks {
     el("div", { class: "meta" },
       el("button", { type: "button", class: "ctx", title: `show only ${context} in the timeline`,
         onclick: () => this.onContext(context) }, shortContext(context)),
+      task.parent ? el("span", { class: "parent", "data-testid": "task-parent" }, "part of ",
+        el("button", { type: "button", class: "ctx", title: `show only ${task.parent}`,
+          onclick: () => this.onContext(task.parent) }, shortContext(task.parent))) : null,
       el("span", null, "holder ", el("b", null, task.holder || "none")),
       el("span", null, "attempt ", el("b", null, String(task.attempt ?? 0))),
       task.offered_by ? el("span", null, "by ", el("b", null, task.offered_by)) : null,
       el("span", { class: "updated", title: new Date((task.updated || 0) * 1000).toISOString() },
         task.updated ? ago(Date.now() / 1000 - task.updated) : "")),
-    mine ? this.reviewBox(task) : null,
-    task.holder ? el("footer", null, el("button", { type: "button", class: "link small",
-      onclick: () => this.onMessage(task) }, `Message ${task.holder}`)) : null);
+    mine && task.state === "in-review" ? this.reviewBox(task) : null,
+    mine && task.state === "input-required" ? this.answerBox(task) : null,
+    el("footer", null,
+      task.holder ? el("button", { type: "button", class: "link small",
+        onclick: () => this.onMessage(task) }, `Message ${task.holder}`) : null,
+      FINAL.has(task.state) ? null : this.cancelButton(task)));
+  }
+
+  /** Cancel the task (its holder stops and cancels its sub-tasks). */
+  cancelButton(task) {
+    const context = task.context;
+    const button = el("button", { type: "button", class: "link small danger",
+      "data-testid": "task-cancel", title: "stop this task and every sub-task it delegated",
+      onclick: async () => {
+        if (!window.confirm(`Cancel "${task.title || context}" and its sub-tasks?`)) return;
+        button.disabled = true;
+        try {
+          const answer = await post("/api/cancel", { context });
+          this.status(`cancel sent to ${answer.to}: ${task.title || context}`);
+        } catch (err) {
+          button.disabled = false;
+          this.status(`not cancelled: ${err.reason}`);
+        }
+      } }, "Cancel");
+    return button;
+  }
+
+  /** The holder's question and a box to answer it (a Note to the holder in the task). */
+  answerBox(task) {
+    const context = task.context;
+    const text = el("input", { type: "text", class: "reason", "data-testid": "answer-text",
+      placeholder: "your answer", value: this.drafts.get(context) || "",
+      "aria-label": `answer to ${task.holder}`,
+      oninput: () => this.drafts.set(context, text.value) });
+    const note = el("p", { class: "review-status", role: "status" });
+    const send = async () => {
+      const answer = text.value.trim();
+      if (!answer) {
+        note.textContent = "write an answer first";
+        note.classList.add("error");
+        text.focus();
+        return;
+      }
+      send.button.disabled = true;
+      note.classList.remove("error");
+      note.textContent = "sending\u2026";
+      try {
+        await post("/api/send", { channel: `task:${task.holder}`, text: answer, type: "Note",
+          context });
+        this.drafts.delete(context);
+        note.textContent = `answered; ${task.holder} goes on`;
+        this.status(`answered: ${task.title || context}`);
+      } catch (err) {
+        note.textContent = `not sent: ${err.reason}`;
+        note.classList.add("error");
+        send.button.disabled = false;
+      }
+    };
+    send.button = el("button", { type: "button", class: "approve", "data-testid": "answer-send",
+      onclick: send }, "Answer");
+    return el("div", { class: "review" },
+      el("p", { class: "ask" }, el("b", null, task.holder || "?"), " asks you: ",
+        el("span", { class: "question", "data-testid": "task-question" }, task.question || "")),
+      el("div", { class: "decide" }, text, send.button),
+      note);
   }
 
   reviewBox(task) {

@@ -1,11 +1,13 @@
-"""What an agent process does when one of its tasks is cancelled, and how it tells the
-mesh what tasks it has.
+"""What an agent does when one of its tasks is cancelled, and how it tells the mesh
+what tasks it has: the driver of :meth:`~porter_mesh.tools.toolbox.Toolbox.cancel`
+over a :class:`~porter_mesh.node.sync.SyncNode`, used by the agent program and by the
+MCP gateway alike.
 
 :func:`watch_tasks` shows the toolbox every delivered message as it arrives, on the
 node's thread, so that a withdrawal or a cancel stops the work while a tool is still
 running for it. A cancel (see ``docs/protocol.md``, "Cancel") is carried out here, not by
-the brain, so it works the same for a scripted brain, an LLM brain, or a brain blocked in
-a long command:
+the brain, so it works the same for a scripted brain, an LLM brain, an MCP host, or a
+brain blocked in a long command:
 
 1. the toolbox refuses it unless it comes from the task's requester or the human; a
    refusal is answered with a ``Reject`` on the sender's direct channel, logged and
@@ -39,9 +41,12 @@ from porter_mesh.node.node import Message, Node
 from porter_mesh.node.sync import SyncNode
 from porter_mesh.tools.toolbox import CancelOutcome, Toolbox
 
-__all__ = ["CASCADE_TIMEOUT", "carry_out_cancel", "watch_tasks"]
+__all__ = ["CASCADE_TIMEOUT", "LEDGER_FILE", "carry_out_cancel", "watch_tasks"]
 
-_log = logging.getLogger("porter_mesh.agent")
+_log = logging.getLogger("porter_mesh.node")
+
+#: The task ledger's file in the agent's data directory.
+LEDGER_FILE: Final = "tasks.json"
 
 #: Seconds a cancel sent to a sub-task's holder keeps being retried (a paused holder
 #: hears it when it resumes).
