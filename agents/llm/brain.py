@@ -8,6 +8,7 @@ when to retry, when to give a turn up and when to stop.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -23,7 +24,15 @@ from agents.llm.conversation import (
     normalise_calls,
     summarise_arguments,
 )
-from agents.llm.endpoint import ChatEndpoint, Completion, ModelError, openai_tools
+from agents.llm.endpoint import (
+    CallAbandoned,
+    ChatEndpoint,
+    Completion,
+    ModelError,
+    openai_tools,
+)
+from porter_mesh.core.lifecycle import is_cancel
+from porter_mesh.core.tasks import is_task_delete
 from porter_mesh.errors import ConfigError, ToolError
 
 __all__ = [
@@ -86,6 +95,17 @@ _NO_CALLS_NOTE: Final = (
     "could be read. Call the tool again, with a JSON object of arguments."
 )
 
+#: Told to the model when a model call was abandoned because its task was stopped.
+_STOPPED_NOTE: Final = (
+    "Task {task} was stopped ({reason}); your model call for it was abandoned. Do no "
+    "more work on it and report no result for it; wait for your next task."
+)
+#: Told to the model when a model call was abandoned because the agent was halted.
+_HALTED_NOTE: Final = (
+    "This agent was stopped ({reason}); your model call was abandoned. Do no more work "
+    "until you are told to resume."
+)
+
 #: What ``read_messages`` answers when nothing the model should see is waiting.
 _NO_MESSAGES: Final = "No new messages."
 #: Tool results longer than this are cut before they go to the model (characters).
@@ -95,7 +115,7 @@ MAX_BACKOFF: Final = 30.0
 #: The counters :meth:`LLMBrain.metrics` reports, and those that add up to ``errors``.
 _METRICS: Final = ("model_calls", "tokens_in", "tokens_out", "tool_calls", "retries",
                    "model_errors", "tool_errors", "malformed_calls", "failed_turns",
-                   "cut_answers")
+                   "cut_answers", "abandoned_calls")
 _ERROR_COUNTERS: Final = ("model_errors", "tool_errors", "malformed_calls")
 
 
@@ -173,9 +193,16 @@ class LLMBrain:
         self.strict_tools = strict_tools
         #: Counters: ``model_calls``, ``model_errors``, ``retries``, ``failed_turns``,
         #: ``tool_calls``, ``tool_errors``, ``malformed_calls``, ``tokens_in``,
-        #: ``tokens_out``, ``cut_answers`` (finish_reason ``length``).
+        #: ``tokens_out``, ``cut_answers`` (finish_reason ``length``),
+        #: ``abandoned_calls`` (cut short because their task was stopped).
         self.stats: Counter[str] = Counter()
         self.conversation = Conversation("")
+        # The task the model call in flight works for, the event that abandons it, and
+        # what stopped it: set by the toolbox's stop listener, from the node's thread.
+        self._stop_lock = threading.Lock()
+        self._working_for: str | None = None
+        self._call_stop = threading.Event()
+        self._stopped: tuple[str | None, str] | None = None
 
     @property
     def messages(self) -> list[Mapping[str, Any]]:
@@ -204,10 +231,23 @@ class LLMBrain:
         Returns:
             :data:`EXIT_DONE`, :data:`EXIT_MODEL_FAILED` or :data:`EXIT_STEP_LIMIT`.
         """
+        remove = ctx.toolbox.on_stop(self._on_stop)
         try:
             return self._run(ctx)
         finally:
+            remove()
             self.close()
+
+    def _on_stop(self, context: str | None, reason: str) -> None:
+        """The toolbox's stop listener (any thread): abandon the model call in flight
+        when its task was stopped, or every call when the agent was halted."""
+        with self._stop_lock:
+            working = self._working_for
+            if context is not None and context != working:
+                return
+            self._stopped = (working, reason)
+            self._call_stop.set()
+        self.endpoint.abandon()
 
     def _run(self, ctx: AgentContext) -> int:
         self.conversation = Conversation(self._system_prompt(ctx))
@@ -298,11 +338,13 @@ class LLMBrain:
             return None
         # The model reads text only; drop the structured copies the tapped port keeps
         # (of this read and of the model's own read_messages calls) so they cannot pile up.
-        ctx.port.take()
+        items = ctx.port.take()
         if text == _NO_MESSAGES:
             return False
         self.conversation.add_user(f"New messages:\n{text}")
-        return True
+        # The cancel or withdrawal of a task already stopped is news to nobody: the model
+        # reads it with its next messages, and no model call is made for it alone.
+        return not items or not all(_stops_stopped_task(ctx, item.activity) for item in items)
 
     def _system_prompt(self, ctx: AgentContext) -> str:
         custom = ctx.options.get("system_prompt")
@@ -325,11 +367,43 @@ class LLMBrain:
         conversation = self.conversation
         conversation.set_system(self._system_prompt(ctx))
         tools = openai_tools(ctx.toolbox.specs(), strict=self.strict_tools)
+        with self._stop_lock:
+            self._call_stop = threading.Event()
+            self._stopped = None
+        try:
+            self._turn_calls(ctx, tools)
+        except CallAbandoned:
+            self.stats["abandoned_calls"] += 1
+        finally:
+            with self._stop_lock:
+                self._working_for = None
+                stopped = self._stopped
+        if stopped is not None:
+            task, reason = stopped
+            ctx.say(f"model call abandoned: {reason}")
+            note = (_STOPPED_NOTE.format(task=task, reason=reason) if task is not None
+                    else _HALTED_NOTE.format(reason=reason))
+            conversation.add_user(note)
+
+    def _turn_calls(self, ctx: AgentContext, tools: list[dict[str, Any]]) -> None:
+        """The calls of one turn (see :meth:`_turn`).
+
+        Raises:
+            CallAbandoned: the task the turn works for was stopped.
+            ModelError: as :meth:`_turn`.
+            _StepLimit: as :meth:`_turn`.
+        """
+        conversation = self.conversation
         cut_in_row = 0
         nudged = False
         while not ctx.stop.is_set():
             if self.stats["model_calls"] >= self.max_steps:
                 raise _StepLimit
+            with self._stop_lock:
+                # The task of this call: the current one, or the one stopped mid-turn.
+                self._working_for = ctx.toolbox.context or self._working_for
+                if self._stopped is not None:
+                    return  # stopped while a tool ran: no further call for it
             conversation.trim(self.max_context_chars)
             completion = self._complete(ctx, tools)
             reply = completion.message
@@ -442,9 +516,12 @@ class LLMBrain:
         body = self.endpoint.request_body(self.conversation.messages, tools)
         attempt = 0
         self.stats["model_calls"] += 1
+        stop = self._call_stop
         while True:
             try:
-                completion = self.endpoint.post(body)
+                completion = self.endpoint.post(body, stop=stop)
+            except CallAbandoned:
+                raise
             except ModelError as exc:
                 self.stats["model_errors"] += 1
                 if not exc.retryable or attempt >= self.max_retries:
@@ -456,7 +533,9 @@ class LLMBrain:
                 ctx.say(f"model error: {exc}; retry {attempt}/{self.max_retries} "
                         f"in {delay:.1f}s")
                 self.stats["retries"] += 1
-                if ctx.stop.wait(delay):
+                if stop.wait(delay):
+                    raise CallAbandoned(self.url) from exc
+                if ctx.stop.is_set():
                     raise ModelError("stopped while waiting to retry") from exc
                 continue
             self.stats["tokens_in"] += completion.tokens_in
@@ -466,6 +545,13 @@ class LLMBrain:
     def close(self) -> None:
         """Close the HTTP connections (:meth:`run` does it when it returns)."""
         self.endpoint.close()
+
+
+def _stops_stopped_task(ctx: AgentContext, activity: Any) -> bool:
+    """``activity`` cancels or withdraws a task that is already stopped for this agent."""
+    task = activity.context
+    return (task is not None and (is_cancel(activity) or is_task_delete(activity))
+            and ctx.toolbox.withdrawn(task) is not None)
 
 
 class _StepLimit(Exception):

@@ -17,11 +17,22 @@ One :meth:`ChatEndpoint.post` is one request, no retry: every failure is a
 :class:`ModelError` that says whether a retry may help (``retryable``), whether nothing
 will without a configuration change (``fatal``), and how long the server asked to wait.
 The retry policy is the brain's (:mod:`agents.llm.brain`).
+
+A request can be abandoned from another thread (the task it works for was cancelled):
+the caller passes ``post`` a :class:`threading.Event` and, once it is set, calls
+:meth:`ChatEndpoint.abandon`, which shuts down the endpoint's connections. The thread
+blocked in ``post`` wakes at once (a shut-down socket ends its read; closing the client
+from another thread would not) and gets :class:`CallAbandoned`; an answer that arrived
+anyway is dropped. The endpoint knows its sockets from httpx's ``trace`` extension, which
+reports every connection it opens (plain and TLS).
 """
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
+import socket
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,6 +48,7 @@ from porter_mesh.tools.schemas import ToolSpec, to_openai
 
 __all__ = [
     "MAX_RESPONSE_BYTES",
+    "CallAbandoned",
     "ChatEndpoint",
     "Completion",
     "ModelError",
@@ -76,6 +88,14 @@ class ModelError(PorterError):
         self.retryable = retryable
         self.fatal = fatal
         self.retry_after = retry_after
+
+
+class CallAbandoned(ModelError):
+    """The request was abandoned by its caller (:meth:`ChatEndpoint.abandon`): not a
+    failure of the endpoint, and never retried."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(f"request to {url} abandoned: its task was stopped")
 
 
 def chat_completions_url(url: str) -> str:
@@ -187,6 +207,11 @@ class ChatEndpoint:
         self.temperature = temperature
         self.max_tokens = max_tokens
         self._client: httpx.Client | None = None
+        # Every socket the client opened (pruned as they close), so that abandon() can
+        # shut down the one in use, reused keep-alive connections included.
+        self._sockets: list[socket.socket] = []
+        self._sockets_lock = threading.Lock()
+        self._stop: threading.Event | None = None  # the request in flight's event
 
     def request_body(self, messages: Sequence[Mapping[str, Any]],
                      tools: list[dict[str, Any]]) -> bytes:
@@ -221,24 +246,76 @@ class ChatEndpoint:
         if self._client is not None:
             self._client.close()
             self._client = None
+        with self._sockets_lock:
+            self._sockets.clear()
 
-    def post(self, body: bytes) -> Completion:
+    def abandon(self) -> None:
+        """Cut the request in flight short; safe from any thread.
+
+        Set the event given to :meth:`post` first: ``post`` then raises
+        :class:`CallAbandoned`, whether it was waiting for the answer, about to send the
+        request, or already had the answer. This shuts down every connection of the
+        endpoint (the server sees the client go) so that the waiting thread wakes now.
+        """
+        with self._sockets_lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shut(sock)
+
+    def _trace(self, event: str, info: Mapping[str, Any]) -> None:
+        """httpx's trace hook: keep each socket the client opens."""
+        if event not in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if not isinstance(sock, socket.socket):
+            return
+        with self._sockets_lock:
+            self._sockets[:] = [s for s in self._sockets if s.fileno() != -1]
+            self._sockets.append(sock)
+            stop = self._stop
+        if stop is not None and stop.is_set():
+            _shut(sock)  # abandoned while connecting: abandon() may have missed it
+
+    def post(self, body: bytes, *, stop: threading.Event | None = None) -> Completion:
         """Send one request (no retry).
 
         Args:
             body: from :meth:`request_body`.
+            stop: once set (and :meth:`abandon` called), the request is abandoned.
 
         Returns:
             The first choice's answer.
 
         Raises:
+            CallAbandoned: ``stop`` was set before the answer was read.
             ModelError: the request failed; its attributes say whether to retry.
         """
+        with self._sockets_lock:
+            self._stop = stop
+        try:
+            if stop is not None and stop.is_set():
+                raise CallAbandoned(self.url)
+            completion = self._post(body)
+        except ModelError:
+            if stop is not None and stop.is_set():
+                self.close()  # its connection is shut down: never reuse it
+                raise CallAbandoned(self.url) from None
+            raise
+        finally:
+            with self._sockets_lock:
+                self._stop = None
+        if stop is not None and stop.is_set():
+            self.close()
+            raise CallAbandoned(self.url)
+        return completion
+
+    def _post(self, body: bytes) -> Completion:
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         deadline = time.monotonic() + self.request_timeout
         try:
-            with self._http().stream("POST", self.url, content=body,
-                                     headers=headers) as response:
+            with self._http().stream("POST", self.url, content=body, headers=headers,
+                                     extensions={"trace": self._trace}) as response:
                 if response.status_code != 200:
                     raise self._status_error(response)
                 data = self._read(response, deadline)
@@ -321,6 +398,12 @@ class ChatEndpoint:
                 f"response from {self.url} has no choices[0].message{detail}", retryable=True
             )
         return Completion(message, finish, tokens_in, tokens_out)
+
+
+def _shut(sock: socket.socket) -> None:
+    """Shut a socket down both ways: a thread blocked reading it wakes with end of file."""
+    with contextlib.suppress(OSError):  # already closed or never connected: nothing to cut
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def _count(value: Any) -> int:

@@ -252,6 +252,7 @@ class Toolbox:
         self._offered_by: dict[str, str] = {}
         self._lock = threading.Lock()  # observe() runs on the node's thread
         self._idle = threading.Condition(self._lock)  # notified when a command ends
+        self._stop_listeners: list[Callable[[str | None, str], None]] = []
         self.ledger = ledger if ledger is not None else TaskLedger(port.agent_name)
 
     # -- the loop's interface -------------------------------------------------------------
@@ -352,6 +353,41 @@ class Toolbox:
         running = self._running
         if running is not None:
             running.stop(f"halted: {reason}")
+        self._tell_stopped(None, f"halted: {reason}")
+
+    def on_stop(self, listener: Callable[[str | None, str], None]) -> Callable[[], None]:
+        """Be told when work must stop: a task cancelled or withdrawn, or the agent halted.
+
+        The listener is called from the thread that stopped the work (the node's thread,
+        for a cancel or a withdrawal as it arrives), with the task (``None`` for a halt,
+        which stops every task) and the reason in words. It must be quick and not raise:
+        it is how a brain abandons what it is waiting on for that task (a model call).
+
+        Args:
+            listener: ``listener(context, reason)``.
+
+        Returns:
+            A function that removes the listener.
+        """
+        with self._lock:
+            self._stop_listeners.append(listener)
+
+        def remove() -> None:
+            with self._lock:
+                if listener in self._stop_listeners:
+                    self._stop_listeners.remove(listener)
+
+        return remove
+
+    def _tell_stopped(self, context: str | None, reason: str) -> None:
+        """Call the stop listeners (without the lock: a listener may call back in)."""
+        with self._lock:
+            listeners = list(self._stop_listeners)
+        for listener in listeners:
+            try:
+                listener(context, reason)
+            except Exception:  # one broken listener must not keep the others uninformed
+                _log.exception("a stop listener failed for %s", context)
 
     def resume(self) -> None:
         """Undo :meth:`drain` and :meth:`halt`."""
@@ -643,6 +679,7 @@ class Toolbox:
             running = self._running if self._running_for == ctx else None
         if running is not None:
             running.stop(f"cancelled: {reason}")
+        self._tell_stopped(ctx, f"cancelled by {sender}: {reason}")
         return CancelOutcome(ctx, sender, reason, subtasks=tuple(self.ledger.open_children(ctx)),
                              parent=record.parent if record is not None else None)
 
@@ -675,6 +712,7 @@ class Toolbox:
             running = self._running if self._running_for == context else None
         if running is not None:
             running.stop(f"withdrawn: {reason}")
+        self._tell_stopped(context, f"withdrawn: {reason}")
         return True
 
     def _stop_task(self, context: str, attempt: int | None, reason: str) -> None:

@@ -10,7 +10,10 @@ its script, in order:
 * :class:`Raw`: any body with status 200 (not JSON, or JSON without ``choices``);
 * :class:`Hang`: no answer for a while (past the client's timeout); the late answer is a
   plain reply that nobody reads, and the client's retry gets the next entry;
-* :class:`Drop`: the connection is closed without an answer.
+* :class:`Drop`: the connection is closed without an answer;
+* :class:`Hold`: no answer until the test lets it go (:meth:`FakeLLM.release`) or the
+  client closes its connection; a client that went away is recorded
+  (:attr:`FakeLLM.disconnects`), which is how a test sees a request abandoned.
 
 When the script is spent, ``when_done`` answers every further request (by default a
 plain reply without tool calls). Several agents can share one fake: ``by_agent`` gives
@@ -26,6 +29,8 @@ joined.
 from __future__ import annotations
 
 import itertools
+import select
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -40,6 +45,7 @@ __all__ = [
     "Drop",
     "FakeLLM",
     "Hang",
+    "Hold",
     "Raw",
     "Received",
     "Status",
@@ -78,11 +84,20 @@ class Hang:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """Hold the request until :meth:`FakeLLM.release`, then answer ``then``; a client
+    that closes its connection first is recorded in :attr:`FakeLLM.disconnects`.
+    Bounded by :data:`MAX_HANG` and by closing."""
+
+    then: dict[str, Any] = field(default_factory=lambda: reply("held answer"))
+
+
+@dataclass(frozen=True)
 class Drop:
     """Close the connection without answering."""
 
 
-Entry = dict[str, Any] | Status | Raw | Hang | Drop
+Entry = dict[str, Any] | Status | Raw | Hang | Hold | Drop
 
 
 @dataclass(frozen=True)
@@ -145,7 +160,13 @@ class _Handler(BaseHTTPRequestHandler):
         except orjson.JSONDecodeError:
             body = None
         fake = self.server.fake
-        entry = fake._record(Received(self.path, dict(self.headers.items()), body))
+        received = Received(self.path, dict(self.headers.items()), body)
+        entry = fake._record(received)
+        if isinstance(entry, Hold):
+            if not self._hold(received):
+                self.close_connection = True
+                return
+            entry = entry.then
         if isinstance(entry, Drop):
             self.close_connection = True
             return
@@ -159,6 +180,28 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             document = entry if "choices" in entry else completion(entry)
             self._send(200, orjson.dumps(document))
+
+    def _hold(self, received: Received) -> bool:
+        """Wait for a release (True) or the client's going away (False, recorded)."""
+        fake = self.server.fake
+        conn: socket.socket = self.connection
+        deadline = time.monotonic() + MAX_HANG
+        while not fake._released(received) and not fake._closing.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            # Readable with nothing to read: the client closed (or shut down) its end.
+            # The short select bounds how late a release is seen.
+            readable, _, _ = select.select([conn], [], [], min(0.05, left))
+            if readable:
+                try:
+                    gone = conn.recv(1, socket.MSG_PEEK) == b""
+                except OSError:
+                    gone = True
+                if gone:
+                    fake._disconnected(received)
+                    return False
+        return True
 
     def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
         try:
@@ -188,6 +231,10 @@ class FakeLLM:
         self._by_agent = {name: list(entries) for name, entries in (by_agent or {}).items()}
         self._when_done: Entry = when_done if when_done is not None else reply("Nothing to do.")
         self.requests: list[Received] = []
+        #: Held requests whose client closed the connection, with when it was seen.
+        self.disconnects: list[tuple[Received, float]] = []
+        self._releases = 0  # held requests let go so far (in arrival order)
+        self._held: list[Received] = []
         self._cond = threading.Condition()
         self._closing = threading.Event()
         self._server = _Server(("127.0.0.1", 0), _Handler)
@@ -225,6 +272,32 @@ class FakeLLM:
             entry = script.pop(0) if script else self._when_done
             self._cond.notify_all()
             return entry
+
+    def _released(self, received: Received) -> bool:
+        with self._cond:
+            if received not in self._held:
+                self._held.append(received)
+            return self._held.index(received) < self._releases
+
+    def _disconnected(self, received: Received) -> None:
+        with self._cond:
+            self.disconnects.append((received, time.monotonic()))
+            self._cond.notify_all()
+
+    def release(self) -> None:
+        """Let the oldest held request (:class:`Hold`) not yet let go be answered."""
+        with self._cond:
+            self._releases += 1
+
+    def wait_for_disconnects(self, count: int, timeout: float) -> list[tuple[Received, float]]:
+        """Block until ``count`` held requests saw their client go; fails the test on
+        timeout."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self.disconnects) >= count, timeout):
+                raise AssertionError(
+                    f"fake LLM saw {len(self.disconnects)} client(s) go, expected {count} "
+                    f"within {timeout}s")
+            return list(self.disconnects)
 
     def wait_until(self, predicate: Callable[[list[Received]], bool], timeout: float) -> bool:
         """Block until ``predicate(requests so far)`` holds (True) or ``timeout`` passes."""

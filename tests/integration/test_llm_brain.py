@@ -48,6 +48,7 @@ from tests.integration.fake_llm import (
     Drop,
     FakeLLM,
     Hang,
+    Hold,
     Raw,
     Received,
     Status,
@@ -748,6 +749,59 @@ def test_agent_max_steps_and_idle_timeout(tmp_path: Path) -> None:
     assert busy.proc.returncode == EXIT_STEP_LIMIT, busy.err[-10:]
     assert len(fake.requests) == 2
     assert any("step budget spent (2 model calls)" in line for line in busy.err)
+
+
+def _said(received: Received, text: str) -> bool:
+    return any(text in str(m.get("content")) for m in received.body["messages"])
+
+
+@pytest.mark.network
+def test_a_cancel_abandons_the_model_call_and_no_call_follows_for_the_task(
+        tmp_path: Path) -> None:
+    mesh = _mesh()
+    task = "urn:porter:task:held1"
+    # The first answer runs a tool; the model call after it is held open by the server.
+    script = [reply(None, tool_call("list_dir", {})), Hold()]
+    with FakeLLM(script) as fake:
+        agent = _llm_agent(fake, mesh, tmp_path / "ws", "--idle-timeout", "0")
+        request = None
+        try:
+            agent.wait_until(lambda: any("up on mesh" in line for line in agent.err), 30,
+                             "the agent up")
+            request = Running("request", "task:lw1", "Write hello.txt", "--type", "Offer",
+                              "--context", task, "--mesh", mesh, "--timeout", "60",
+                              "--wait", "20")
+            fake.wait_for_requests(2, 30)
+            started = time.monotonic()
+            out = cli("cancel", task, "--reason", "not needed", "--mesh", mesh,
+                      "--timeout", "20")
+            assert out.returncode == 0, (out.stdout, out.stderr)  # the holder confirmed
+            [(held, cut_at)] = fake.wait_for_disconnects(1, 10)
+            took = cut_at - started
+            assert held is fake.requests[1]
+            agent.wait_until(lambda: any("model call abandoned: cancelled by" in line
+                                         for line in agent.err), 10, "the abandonment")
+            # Nothing more for the cancelled task; the next message is the next work.
+            sent = cli("send", "task:lw1", "Ping: anything left?", "--mesh", mesh,
+                       "--wait", "10")
+            assert sent.returncode == 0, sent.stderr
+            requests = fake.wait_for_requests(3, 30)
+            stats = cli("stats", "lw1", "--mesh", mesh, "--json", "--wait", "10")
+            assert stats.returncode == 0, stats.stderr
+            metrics = orjson.loads(stats.stdout)["agent"]
+        finally:
+            if request is not None:
+                request.stop()
+            agent.stop()
+    print(f"cancel to the model connection closed: {took:.2f}s")
+    assert took < 5, took
+    assert len(requests) == 3 and _said(requests[2], "Ping: anything left?")
+    # The conversation says why, so the model does not take the task up again.
+    assert _said(requests[2], f"Task {task} was stopped (cancelled by")
+    assert _said(requests[2], "Do no more work on it")
+    assert metrics["abandoned_calls"] == 1 and metrics["model_calls"] == 3, metrics
+    assert metrics["errors"] == 0, metrics
+    assert agent.proc.returncode == 0, agent.err[-10:]
 
 
 @pytest.mark.parametrize(("options", "message"), [
