@@ -75,14 +75,26 @@ Nothing the model or the endpoint does ends the process by itself:
   itself. These are counted in :attr:`LLMBrain.stats`.
 * ``max_steps`` model calls in all end the run with :data:`EXIT_STEP_LIMIT`.
 
+A stopped task
+--------------
+The brain listens to its toolbox (:meth:`Toolbox.on_stop`): when the task the model is
+working for is cancelled or withdrawn, or the agent is halted, the model call in flight
+is abandoned at once: :meth:`ChatEndpoint.abandon` shuts its connection down (the server
+sees the client go), a retry pause is cut short, and an answer that came anyway is
+dropped. The turn ends there; a stop that comes while a tool runs ends it before the
+next call. The conversation gets a note that the task was stopped (so the model does
+not take it up again) and the brain waits for work; the cancel or withdrawal message
+itself, when it is all that arrived, does not wake the model.
+
 Metrics
 -------
 :meth:`LLMBrain.metrics` (model calls, tokens in and out from the answers' ``usage``,
-tool calls, errors, retries) is what the agent's node reports in its view, so
-``porter-mesh stats AGENT`` shows it.
+tool calls, errors, retries, ``abandoned_calls``) is what the agent's node reports in
+its view, so ``porter-mesh stats AGENT`` shows it.
 
-``ctx.stop`` is checked between requests, tool calls and retry pauses; an HTTP request
-already under way is not interrupted, so stopping can take up to ``request_timeout``.
+``ctx.stop`` (SIGTERM) is checked between requests, tool calls and retry pauses; an HTTP
+request already under way is not interrupted by it, so stopping that way can take up to
+``request_timeout`` (a halt does interrupt it, as a stopped task does).
 """
 
 from __future__ import annotations
@@ -99,6 +111,7 @@ from agents.llm.brain import (
 from agents.llm.conversation import Conversation, trim_conversation
 from agents.llm.endpoint import (
     MAX_RESPONSE_BYTES,
+    CallAbandoned,
     ChatEndpoint,
     Completion,
     ModelError,
@@ -114,6 +127,7 @@ __all__ = [
     "MAX_RESPONSE_BYTES",
     "MAX_TOOL_RESULT_CHARS",
     "ROLE_PROMPTS",
+    "CallAbandoned",
     "ChatEndpoint",
     "Completion",
     "Conversation",

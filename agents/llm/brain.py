@@ -245,7 +245,7 @@ class LLMBrain:
             working = self._working_for
             if context is not None and context != working:
                 return
-            self._stopped = (working, reason)
+            self._stopped = (context, reason)
             self._call_stop.set()
         self.endpoint.abandon()
 
@@ -358,7 +358,9 @@ class LLMBrain:
     # -- one turn --------------------------------------------------------------------
 
     def _turn(self, ctx: AgentContext) -> None:
-        """Call the model and run its tool calls until it answers without any.
+        """Call the model and run its tool calls until it answers without any, or until
+        the task it works for is stopped (the call in flight is abandoned and the
+        conversation says why; see "A stopped task" in :mod:`agents.llm`).
 
         Raises:
             ModelError: the model could not be reached after the retries.

@@ -58,7 +58,9 @@ holds); :meth:`Toolbox.halt` stops a running ``bash`` or ``git`` command at once
 process it started gets SIGTERM, then SIGKILL after the grace period; see
 :mod:`porter_mesh.tools.shell`) and refuses every later call until :meth:`Toolbox.resume`.
 :meth:`Toolbox.interrupt` stops the running command only (a caller gave up waiting for
-it).
+it). :meth:`Toolbox.on_stop` tells a listener, from the stopping thread, of every task
+cancelled or withdrawn and of a halt, so a brain can abandon what it waits on for the
+task (the LLM brain's model call).
 
 External tools
 --------------

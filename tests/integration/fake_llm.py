@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -56,6 +56,8 @@ __all__ = [
 
 #: The longest a Hang entry may hold a request (seconds), whatever it asks for.
 MAX_HANG = 30.0
+
+T = TypeVar("T")
 
 _ids = itertools.count(1)
 
@@ -292,12 +294,7 @@ class FakeLLM:
     def wait_for_disconnects(self, count: int, timeout: float) -> list[tuple[Received, float]]:
         """Block until ``count`` held requests saw their client go; fails the test on
         timeout."""
-        with self._cond:
-            if not self._cond.wait_for(lambda: len(self.disconnects) >= count, timeout):
-                raise AssertionError(
-                    f"fake LLM saw {len(self.disconnects)} client(s) go, expected {count} "
-                    f"within {timeout}s")
-            return list(self.disconnects)
+        return self._wait_count(self.disconnects, count, timeout, "client(s) go")
 
     def wait_until(self, predicate: Callable[[list[Received]], bool], timeout: float) -> bool:
         """Block until ``predicate(requests so far)`` holds (True) or ``timeout`` passes."""
@@ -306,12 +303,15 @@ class FakeLLM:
 
     def wait_for_requests(self, count: int, timeout: float) -> list[Received]:
         """Block until ``count`` requests arrived; fails the test on timeout."""
+        return self._wait_count(self.requests, count, timeout, "request(s)")
+
+    def _wait_count(self, seen: list[T], count: int, timeout: float, what: str) -> list[T]:
+        """A copy of ``seen`` once it has ``count`` entries; fails the test on timeout."""
         with self._cond:
-            if not self._cond.wait_for(lambda: len(self.requests) >= count, timeout):
-                raise AssertionError(
-                    f"fake LLM got {len(self.requests)} request(s), expected {count} "
-                    f"within {timeout}s")
-            return list(self.requests)
+            if not self._cond.wait_for(lambda: len(seen) >= count, timeout):
+                raise AssertionError(f"fake LLM saw {len(seen)} {what}, expected {count} "
+                                     f"within {timeout}s")
+            return list(seen)
 
     @property
     def remaining(self) -> int:

@@ -577,6 +577,41 @@ def test_stop_ends_a_waiting_brain(team: Team) -> None:
     assert not thread.is_alive() and result == [EXIT_DONE]
 
 
+@pytest.mark.network
+@pytest.mark.parametrize("how", ["withdraw", "halt"])
+def test_a_withdrawal_or_halt_abandons_the_call_in_flight(team: Team, how: str) -> None:
+    with FakeLLM([Hold()]) as fake:
+        offer_task(team)
+        ctx = context(team)
+        b = brain(fake, request_timeout=60.0, idle_timeout=0.5)
+        result: list[int] = []
+        thread = threading.Thread(target=lambda: result.append(b.run(ctx)), name="brain")
+        thread.start()
+        try:
+            fake.wait_for_requests(1, 10)
+            started = time.monotonic()
+            if how == "withdraw":  # as the node's thread does when the Delete arrives
+                assert ctx.toolbox.withdraw(TASK, None, sender="boss", reason="re-offered")
+            else:
+                ctx.toolbox.halt("halted by boss")
+            [(_, cut_at)] = fake.wait_for_disconnects(1, 5)
+            thread.join(10)
+        finally:
+            ctx.stop.set()
+            thread.join(10)
+        requests = list(fake.requests)
+    assert cut_at - started < 2
+    # Back to waiting, then idle: nothing more was asked of the model.
+    assert result == [EXIT_DONE] and len(requests) == 1
+    assert b.stats["abandoned_calls"] == 1 and b.metrics()["errors"] == 0
+    assert b.stats["failed_turns"] == 0 and b.stats["retries"] == 0
+    note = b.messages[-1]["content"]
+    if how == "withdraw":
+        assert note.startswith(f"Task {TASK} was stopped (withdrawn: re-offered)")
+    else:
+        assert note.startswith("This agent was stopped (halted: halted by boss)")
+
+
 # -- pure parts (no sockets) ---------------------------------------------------------------
 
 
