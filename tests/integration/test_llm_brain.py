@@ -600,6 +600,7 @@ def test_a_withdrawal_or_halt_abandons_the_call_in_flight(team: Team, how: str) 
             ctx.stop.set()
             thread.join(10)
         requests = list(fake.requests)
+    print(f"{how} to the model connection closed: {cut_at - started:.3f}s")
     assert cut_at - started < 2
     # Back to waiting, then idle: nothing more was asked of the model.
     assert result == [EXIT_DONE] and len(requests) == 1
