@@ -96,7 +96,8 @@ def format_brain(brain: dict[str, Any]) -> str:
     return (f"brain      llm, model {brain.get('model')!r}: {brain.get('model_calls', 0)} "
             f"model call(s), tokens {brain.get('tokens_in', 0)} in / "
             f"{brain.get('tokens_out', 0)} out, {brain.get('tool_calls', 0)} tool call(s), "
-            f"{brain.get('errors', 0)} error(s), {brain.get('retries', 0)} retry(ies)")
+            f"{brain.get('errors', 0)} error(s), {brain.get('retries', 0)} retry(ies), "
+            f"{brain.get('abandoned_calls', 0)} abandoned (task stopped)")
 
 
 def format_storage(storage: dict[str, Any]) -> str:

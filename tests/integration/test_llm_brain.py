@@ -762,7 +762,8 @@ def test_agent_options_reach_the_model_and_stats_show_the_metrics(
         "brain": "llm", "model": "m-7b", "model_calls": 2, "tokens_in": 220, "tokens_out": 15,
         "tool_calls": 1, "errors": 1, "retries": 0}
     assert ("brain      llm, model 'm-7b': 2 model call(s), tokens 220 in / 15 out, "
-            "1 tool call(s), 1 error(s), 0 retry(ies)") in text.stdout
+            "1 tool call(s), 1 error(s), 0 retry(ies), 0 abandoned (task stopped)"
+            ) in text.stdout
 
 
 @pytest.mark.network
