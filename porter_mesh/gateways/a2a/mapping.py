@@ -373,13 +373,7 @@ def verdict_of(activity: Activity, *, channel: str, sender: str, worker: str,
     said = attempt_of(activity)
     if said is not None and attempt is not None and said != attempt:
         return None
-    parts = [activity.summary]
-    obj = activity.object
-    if isinstance(obj, ASObject) and obj.content and obj.content not in parts:
-        parts.append(obj.content)
-    if activity.content and activity.content not in parts:
-        parts.append(activity.content)
-    return Verdict(activity.type == "Accept", "\n".join(p for p in parts if p))
+    return Verdict(activity.type == "Accept", _prose(activity))
 
 
 def revision_text(verdict: Verdict) -> str:
