@@ -221,6 +221,7 @@ def test_the_demo_architect_hands_its_task_to_an_outside_agent(mesh: str,
         assert any("Validated page and limit" in line for line in story), story
         assert "in-review -> done: approve: LGTM" in err, err[-3000:]
         assert "the team learned" in err, err[-3000:]
+        assert "refused" not in err, err[-3000:]  # every report carried the claim's attempt
         # The agent did the story twice: the second task revises the first, with the
         # reviewer's reason.
         first = outside.wait_line("task ").split()
