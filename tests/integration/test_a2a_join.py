@@ -238,3 +238,34 @@ def test_the_demo_architect_hands_its_task_to_an_outside_agent(mesh: str,
         for proc in team:
             proc.stop()
         outside.stop()
+
+
+def test_without_its_reviewer_the_task_waits_in_review(mesh: str,
+                                                       tmp_path: pathlib.Path) -> None:
+    """No agent named as reviewer is on the mesh: the worker says so, the task stays
+    in review (no closing Announce), and a later verdict from that name still closes it."""
+    outside = Outside()
+    join = Running("a2a", "--join", outside.url, "--name", "ext4", "--mesh", mesh,
+                   "--data-dir", str(tmp_path / "ext4"), "--reviewer", "rev9")
+    try:
+        join.wait_until(lambda: any(" up on mesh " in line for line in join.out), 30,
+                        "the worker is up")
+        with SyncNode(name="arch4", role="architect", mesh=mesh,
+                      channels=(C.CHANNEL_LOG, C.CHANNEL_REVIEW)) as node:
+            node.wait_for_peers(["ext4"], timeout=DEADLINE)
+            ctx = "urn:porter:task:join-norev-1"
+            node.send("ext4", as2.offer("arch4", "shout", "shout", context=ctx,
+                                        target="ext4"), timeout=DEADLINE)
+            request = _until(node, ctx, "Offer")[-1]
+            assert request.channel == C.CHANNEL_REVIEW and request.activity.target == "rev9"
+            join.wait_until(lambda: any("rev9, who is not on the mesh" in line
+                                        for line in join.err), 10, "the warning")
+            assert _state(mesh, ctx)["state"] == "in-review"
+            with SyncNode(name="rev9", role="reviewer", mesh=mesh) as rev:
+                # Straight to the worker: acknowledged, so not lost to a late subscriber.
+                rev.send("ext4", as2.accept("rev9", "LGTM", context=ctx), timeout=DEADLINE)
+                done = _until(node, ctx, "Announce")[-1].activity
+            assert "done" in (done.tag or ()), done.to_dict()
+    finally:
+        join.stop()
+        outside.stop()
