@@ -76,17 +76,32 @@ class Outside:
             self.proc.wait(5)
 
 
+def join(outside: Outside, name: str, mesh: str, tmp_path: pathlib.Path,
+         *extra: str) -> Running:
+    """``porter-mesh a2a --join`` of ``outside`` as worker ``name``, once it is up."""
+    proc = Running("a2a", "--join", outside.url, "--name", name, "--mesh", mesh,
+                   "--data-dir", str(tmp_path / name), *extra)
+    try:
+        proc.wait_until(lambda: any(" up on mesh " in line for line in proc.out), 30,
+                        "the worker is up")
+    except AssertionError:
+        proc.stop()
+        raise
+    return proc
+
+
 @pytest.fixture
 def joined(mesh: str, tmp_path: pathlib.Path) -> Iterator[Outside]:
     outside = Outside()
-    join = Running("a2a", "--join", outside.url, "--name", "ext1", "--mesh", mesh,
-                   "--data-dir", str(tmp_path / "ext1"), "--reviewer", "arch1")
     try:
-        join.wait_until(lambda: any(" up on mesh " in line for line in join.out), 30,
-                        "the worker is up")
+        worker = join(outside, "ext1", mesh, tmp_path, "--reviewer", "arch1")
+    except AssertionError:
+        outside.stop()
+        raise
+    try:
         yield outside
     finally:
-        join.stop()
+        worker.stop()
         outside.stop()
 
 
@@ -246,11 +261,12 @@ def test_without_its_reviewer_the_task_waits_in_review(mesh: str,
     """No agent named as reviewer is on the mesh: the worker says so, the task stays
     in review (no closing Announce), and a later verdict from that name still closes it."""
     outside = Outside()
-    join = Running("a2a", "--join", outside.url, "--name", "ext4", "--mesh", mesh,
-                   "--data-dir", str(tmp_path / "ext4"), "--reviewer", "rev9")
     try:
-        join.wait_until(lambda: any(" up on mesh " in line for line in join.out), 30,
-                        "the worker is up")
+        worker = join(outside, "ext4", mesh, tmp_path, "--reviewer", "rev9")
+    except AssertionError:
+        outside.stop()
+        raise
+    try:
         with SyncNode(name="arch4", role="architect", mesh=mesh,
                       channels=(C.CHANNEL_LOG, C.CHANNEL_REVIEW)) as node:
             node.wait_for_peers(["ext4"], timeout=DEADLINE)
@@ -259,8 +275,8 @@ def test_without_its_reviewer_the_task_waits_in_review(mesh: str,
                                         target="ext4"), timeout=DEADLINE)
             request = _until(node, ctx, "Offer")[-1]
             assert request.channel == C.CHANNEL_REVIEW and request.activity.target == "rev9"
-            join.wait_until(lambda: any("rev9, who is not on the mesh" in line
-                                        for line in join.err), 10, "the warning")
+            worker.wait_until(lambda: any("rev9, who is not on the mesh" in line
+                                          for line in worker.err), 10, "the warning")
             assert _state(mesh, ctx)["state"] == "in-review"
             with SyncNode(name="rev9", role="reviewer", mesh=mesh) as rev:
                 rev.wait_for_peers(["ext4"], timeout=DEADLINE)
@@ -269,5 +285,5 @@ def test_without_its_reviewer_the_task_waits_in_review(mesh: str,
                 done = _until(node, ctx, "Announce")[-1].activity
             assert "done" in (done.tag or ()), done.to_dict()
     finally:
-        join.stop()
+        worker.stop()
         outside.stop()
