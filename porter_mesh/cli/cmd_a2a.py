@@ -52,6 +52,10 @@ def register(sub: Any) -> None:
                         "required with --join)")
     parser.add_argument("--slots", type=int, default=4,
                         help="tasks a joined agent holds at once (default %(default)s)")
+    parser.add_argument("--reviewer", type=agent_name, default="reviewer",
+                        help="with --join: the agent asked to review the joined agent's "
+                        "results (default %(default)s; tasks the human offered are "
+                        "reviewed by the human)")
     parser.add_argument("--data-dir", type=pathlib.Path, metavar="DIR",
                         help="where tasks and their numbered events are kept across "
                         "restarts (default: $PORTER_MESH_DATA/<mesh>/<name>)")

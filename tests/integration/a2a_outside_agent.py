@@ -7,11 +7,18 @@ contains ``ask`` first asks which language (``input-required``) and puts the ans
 ``language.txt``; a text that contains ``slow`` keeps the task working until it is
 cancelled. With ``--hold`` every task stays working until it is cancelled (what the A2A
 conformance kit expects of the agent it tests).
+
+With ``--workspace DIR`` it is a coder for the demo's story instead: a task writes the
+story's route and model into DIR (the team's shared workspace, where the demo's
+reviewer reads them) and completes; a message that revises an earlier task (it names it
+in ``referenceTaskIds``) does what the reviewer asked, validation and a test, and
+completes again. Each task prints ``task <id> refs <ids> text <first line>``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import pathlib
 import socket
 import sys
 import uuid
@@ -41,6 +48,10 @@ from a2a.types.a2a_pb2 import (
 from starlette.applications import Starlette
 
 HOLD = "--hold" in sys.argv
+WORKSPACE = (pathlib.Path(sys.argv[sys.argv.index("--workspace") + 1])
+             if "--workspace" in sys.argv else None)
+# The coder writes the story's own files (agents.scripted), from the repository.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 
 def status(ctx: RequestContext, state: int, text: str) -> TaskStatusUpdateEvent:
@@ -54,6 +65,57 @@ def artifact(ctx: RequestContext, name: str, text: str) -> TaskArtifactUpdateEve
     return TaskArtifactUpdateEvent(task_id=ctx.task_id, context_id=ctx.context_id,
                                    artifact=Artifact(artifact_id=name, name=name,
                                                      parts=[Part(text=text)]))
+
+
+class Coder(AgentExecutor):
+    """The demo's story done by an outside agent, in the team's workspace."""
+
+    def __init__(self, workspace: pathlib.Path) -> None:
+        self.workspace = workspace
+
+    def write(self, path: str, text: str) -> None:
+        target = self.workspace / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        from agents.scripted import USER_MODEL, USERS_ROUTE, USERS_TEST, VALIDATION
+
+        message = context.message
+        text = get_message_text(message) if message else ""
+        refs = list(message.reference_task_ids) if message else []
+        print(f"task {context.task_id} refs {','.join(refs) or '-'} text "
+              f"{text.splitlines()[0] if text else ''}", flush=True)
+        await event_queue.enqueue_event(Task(
+            id=context.task_id, context_id=context.context_id,
+            status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+            history=[message] if message else []))
+        await event_queue.enqueue_event(status(context, TaskState.TASK_STATE_WORKING,
+                                               "on it"))
+        if refs and "validation" in text:
+            route = (self.workspace / "src/routes/users.py").read_text()
+            self.write("src/routes/users.py", route.replace(
+                "def get_users(page: int = 1, limit: int = 10) -> dict[str, object]:\n",
+                VALIDATION))
+            self.write("tests/test_users.py", USERS_TEST)
+            made, said = ("src/routes/users.py", "tests/test_users.py"), \
+                "Validated page and limit; tests/test_users.py covers the edge cases"
+        else:
+            for init in ("src/__init__.py", "src/routes/__init__.py",
+                         "src/models/__init__.py"):
+                self.write(init, "")
+            self.write("src/models/user.py", USER_MODEL)
+            self.write("src/routes/users.py", USERS_ROUTE)
+            made, said = ("src/routes/users.py", "src/models/user.py"), \
+                "GET /users returns a page of users as JSON"
+        for path in made:
+            await event_queue.enqueue_event(artifact(
+                context, path, (self.workspace / path).read_text()))
+        await event_queue.enqueue_event(status(context, TaskState.TASK_STATE_COMPLETED, said))
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await event_queue.enqueue_event(status(context, TaskState.TASK_STATE_CANCELED,
+                                               "cancelled"))
 
 
 class Shouter(AgentExecutor):
@@ -97,7 +159,8 @@ def main() -> None:
                                              protocol_version="1.0")],
         skills=[AgentSkill(id="shout", name="shout", description="capitals",
                            tags=["text"])])
-    handler = DefaultRequestHandler(agent_executor=Shouter(), task_store=InMemoryTaskStore(),
+    executor = Coder(WORKSPACE) if WORKSPACE is not None else Shouter()
+    handler = DefaultRequestHandler(agent_executor=executor, task_store=InMemoryTaskStore(),
                                     agent_card=card)
     app = Starlette(routes=[*create_agent_card_routes(card),
                             *create_jsonrpc_routes(handler, "/")])

@@ -9,7 +9,8 @@ import pytest
 
 from porter_mesh.core import as2
 from porter_mesh.core import constants as C
-from porter_mesh.core.lifecycle import Status, TaskRecord, follow
+from porter_mesh.core.lifecycle import Status, TaskRecord, attempt_of, follow
+from porter_mesh.core.tasks import Send, TaskBoard, TaskState
 from porter_mesh.gateways.a2a import mapping
 from porter_mesh.gateways.a2a.mapping import (
     Ask,
@@ -134,3 +135,64 @@ def test_mapping_imports_no_sdk_and_no_io() -> None:
     modules |= {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
                 for a in n.names}
     assert not modules & {"a2a", "asyncio", "zmq", "socket", "starlette", "httpx"}, modules
+
+
+# -- out: a joined agent's work goes to review --------------------------------------------
+
+J = "worker-1"
+
+
+def test_a_joined_agent_s_result_is_a_review_request_the_board_takes() -> None:
+    board = TaskBoard("architect", offer_timeout=60.0)
+    board.worker_up(J, slots=1, now=0.0)
+    context, outs = board.submit("Add GET /users endpoint", "the story", now=0.0)
+    offer = next(o.activity for o in outs if isinstance(o, Send))
+    attempt = attempt_of(offer)
+    assert attempt == 1
+    board.handle(mapping.stamped(as2.accept(J, "Starting", context=context), attempt), now=1.0)
+    request = mapping.review_request(J, "reviewer", context, attempt,
+                                     summary="Add GET /users endpoint",
+                                     files=("src/routes/users.py",), words="GET /users works")
+    assert request.target == "reviewer" and attempt_of(request) == 1
+    assert [d.url for d in request.object.items] == ["src/routes/users.py"]  # type: ignore[union-attr]
+    assert request.result is not None and request.result.content == "GET /users works"
+    board.handle(request, now=2.0)
+    task = board.task(context)
+    assert task is not None and task.state is TaskState.IN_REVIEW
+    # A verdict then closes it, and the worker's Announce carries the same attempt.
+    board.handle(as2.accept("reviewer", "LGTM", context=context), now=3.0)
+    assert board.task(context).state is TaskState.DONE  # type: ignore[union-attr]
+    done = mapping.done_announce(J, context, attempt, words="GET /users works",
+                                 reviewer="reviewer")
+    assert "done" in (done.tag or ()) and attempt_of(done) == 1
+    assert done.summary == "Done: GET /users works"
+
+
+def test_only_the_reviewer_s_verdict_for_this_attempt_counts() -> None:
+    def judge(activity: as2.Activity, *, sender: str = "reviewer",
+              channel: str = C.CHANNEL_REVIEW) -> mapping.Verdict | None:
+        return mapping.verdict_of(activity, channel=channel, sender=sender, worker=J,
+                                  reviewer="reviewer", attempt=2)
+
+    reject = as2.reject("reviewer", "Missing validation", "limit must be 1-100", context=CTX)
+    verdict = judge(reject)
+    assert verdict == mapping.Verdict(False, "Missing validation\nlimit must be 1-100")
+    assert "limit must be 1-100" in mapping.revision_text(verdict)
+    assert judge(as2.accept("reviewer", "LGTM", context=CTX)) == mapping.Verdict(True, "LGTM")
+    assert judge(as2.accept("reviewer", "LGTM", context=CTX),
+                 channel=C.DIRECT_PREFIX + J) is not None
+    assert judge(mapping.stamped(reject, 2)) is not None
+    assert judge(mapping.stamped(reject, 1)) is None  # a fenced attempt's verdict
+    assert judge(reject, sender="w2") is None  # not the reviewer
+    assert judge(reject, channel=C.CHANNEL_LOG) is None
+    assert judge(as2.accept("reviewer", "LGTM", context=CTX, target="w2")) is None
+    assert judge(as2.offer("reviewer", "do it", context=CTX)) is None
+
+
+def test_the_human_reviews_what_the_human_offered() -> None:
+    assert mapping.reviewer_of("porter-ui-cli7", "reviewer") == C.HUMAN_AGENT
+    assert mapping.reviewer_of("architect", "reviewer") == "reviewer"
+    # Any of the human's seats may answer for porter-ui.
+    assert mapping.verdict_of(as2.accept("porter-ui-x", "ok", context=CTX),
+                              channel=C.CHANNEL_REVIEW, sender="porter-ui-x", worker=J,
+                              reviewer=C.HUMAN_AGENT, attempt=None) is not None

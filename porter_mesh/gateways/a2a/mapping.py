@@ -18,6 +18,16 @@ review: ``in-review`` and ``changes-requested`` are A2A's ``working``, except th
 review asked of the requester itself is ``input-required`` (:func:`a2a_state`): the
 client approves or sends the work back with its next message.
 
+The other side, an outside A2A agent joined as a mesh worker
+(:mod:`porter_mesh.gateways.a2a.join`), needs the review a mesh worker asks for: the
+architect's board finishes a task only when a reviewer approves it, and an A2A agent
+never asks. When the agent's task completes, the joined worker sends
+:func:`review_request` (an ``Offer`` on ``review`` naming :func:`reviewer_of`, as the
+scripted worker does), reads the reviewer's answer with :func:`verdict_of`, and either
+closes the task with :func:`done_announce` or sends the agent
+:func:`revision_text` and asks again. Every activity it sends about a task carries the
+claim's ``attempt`` (:func:`stamped`), so the board can fence a stale claim.
+
 Nothing here imports the A2A SDK, sockets or clocks: the functions are pure and their
 unit tests need neither.
 """
@@ -31,25 +41,40 @@ from typing import Final
 
 from porter_mesh.core import as2
 from porter_mesh.core import constants as C
+from porter_mesh.core.advert import is_human, key_name
 from porter_mesh.core.as2 import Activity, ASObject
-from porter_mesh.core.lifecycle import Status, TaskRecord, follow, same_party
+from porter_mesh.core.lifecycle import (
+    DONE_TAG,
+    Status,
+    TaskRecord,
+    attempt_of,
+    follow,
+    same_party,
+)
 from porter_mesh.core.taskid import is_task_id
-from porter_mesh.core.tasks import cancel_activity
+from porter_mesh.core.tasks import cancel_activity, with_attempt
 
 __all__ = [
     "A2A_STATES",
     "Ask",
     "FileArtifact",
     "Step",
+    "Verdict",
     "a2a_state",
     "answer_for",
     "approves",
     "ask_of",
     "cancel_for",
+    "done_announce",
     "mesh_context",
     "note_for",
     "offer_for",
+    "review_request",
+    "reviewer_of",
+    "revision_text",
+    "stamped",
     "translate",
+    "verdict_of",
 ]
 
 #: The A2A 1.0 state (its proto enum name) for each mesh state.
@@ -276,3 +301,91 @@ def cancel_for(requester: str, task_id: str) -> Activity:
     return cancel_activity(requester, mesh_context(task_id), "Cancelled by the A2A client",
                            cancel=True)
 
+
+
+# -- out: an outside A2A agent's work goes to review -------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A reviewer's answer to a joined agent's review request.
+
+    Attributes:
+        approved: ``True`` for an ``Accept``, ``False`` for a ``Reject`` (changes asked).
+        reason: the reviewer's words (the changes asked, for a ``Reject``).
+    """
+
+    approved: bool
+    reason: str
+
+
+def stamped(activity: Activity, attempt: int | None) -> Activity:
+    """``activity`` carrying the claim's ``attempt`` (unchanged when the Offer had none),
+    as a mesh worker's tools echo it on everything about the task."""
+    return with_attempt(activity, attempt)
+
+
+def reviewer_of(requester: str, reviewer: str) -> str:
+    """Who reviews a joined agent's work: the human (``porter-ui``) for a task one of
+    the human's seats offered, else ``reviewer`` (the scripted worker's rule)."""
+    return key_name(requester) if is_human(requester) else reviewer
+
+
+def review_request(worker: str, reviewer: str, context: str, attempt: int | None, *,
+                   summary: str, files: tuple[str, ...], words: str) -> Activity:
+    """The profile's review request for the agent's result: an ``Offer`` on ``review``
+    naming ``reviewer`` as ``target``, the artifacts as Documents.
+
+    Args:
+        worker: the joined worker's name (the actor).
+        reviewer: who is asked (:func:`reviewer_of`).
+        context: the mesh task.
+        attempt: the claim's attempt, echoed.
+        summary: what the task asked (its Offer's summary).
+        files: the artifact names the agent made for this result.
+        words: the agent's closing words, the request's ``result`` (a Note), so that
+            the reviewer and the architect's board see what the agent says it did.
+    """
+    return stamped(Activity(
+        "Offer", worker, f"Ready for review: {summary}"[:200], context=context,
+        target=reviewer, object=as2.collection([as2.document(name) for name in files]),
+        result=as2.note_object(words) if words else None), attempt)
+
+
+def verdict_of(activity: Activity, *, channel: str, sender: str, worker: str,
+               reviewer: str, attempt: int | None) -> Verdict | None:
+    """Whether ``activity`` is ``reviewer``'s verdict on the joined worker's request.
+
+    A verdict is an ``Accept`` or ``Reject`` from the reviewer (any of the human's seats
+    when it is ``porter-ui``), on ``review`` or straight to the worker, that does not
+    name another agent and does not carry another claim's attempt (an answer to a fenced
+    attempt's request counts for nothing).
+
+    Returns:
+        The :class:`Verdict`, or ``None`` when it is none.
+    """
+    if activity.type not in ("Accept", "Reject") or key_name(sender) != reviewer:
+        return None
+    if channel not in (C.CHANNEL_REVIEW, C.DIRECT_PREFIX + worker):
+        return None
+    if activity.target is not None and activity.target != worker:
+        return None
+    said = attempt_of(activity)
+    if said is not None and attempt is not None and said != attempt:
+        return None
+    return Verdict(activity.type == "Accept", _prose(activity))
+
+
+def revision_text(verdict: Verdict) -> str:
+    """The message that sends a reviewer's requested changes to the outside agent."""
+    return f"The reviewer asked for changes. Please revise your work:\n{verdict.reason}"
+
+
+def done_announce(worker: str, context: str, attempt: int | None, *, words: str,
+                  reviewer: str) -> Activity:
+    """The closing ``Announce`` (tagged ``done``) the architect waits for, sent once the
+    reviewer approved the agent's result."""
+    first = (words or "completed").splitlines()[0]
+    return stamped(as2.announce(worker, f"Done: {first}"[:200],
+                                f"{words or 'completed'}\nApproved by {reviewer}.",
+                                context=context, tag=(DONE_TAG,)), attempt)
