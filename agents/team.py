@@ -541,16 +541,17 @@ def agent_argv(team: Team, spec: AgentSpec, *, mesh: str | None = None,
         where += ["--interface", address]
     for peer in team.mesh.peers:
         where += ["--peer", peer]
+    reviewers = [a.name for a in team.agents if a.role == "reviewer"]
     if spec.a2a is not None:  # an outside A2A agent, joined as this worker
         return ["a2a", "--join", spec.a2a, "--name", spec.name, "--mesh",
-                mesh or team.mesh.name, *where, *(["--slots", str(spec.slots)]
-                                                  if spec.slots is not None else [])]
+                mesh or team.mesh.name, *where,
+                *(["--slots", str(spec.slots)] if spec.slots is not None else []),
+                *(["--reviewer", reviewers[0]] if reviewers else [])]
     argv = ["agent", spec.role, "--name", spec.name, "--mesh", mesh or team.mesh.name,
             "--workspace", str(workspace or spec.workspace or default_workspace(team)), *where]
     if spec.brain != "scripted":
         argv += ["--brain", spec.brain]
     if spec.brain == "scripted" and spec.role in ("architect", "worker"):
-        reviewers = [a.name for a in team.agents if a.role == "reviewer"]
         if spec.role == "architect":
             workers = [a for a in team.agents if a.role == "worker"]
             argv += ["--workers", str(len(workers))]

@@ -476,3 +476,14 @@ def test_an_llm_team_from_a_file_does_its_work_on_the_mesh(tmp_path: Path) -> No
     assert first_builder.body["max_tokens"] == 512
     assert "[task:builder] lead: Write hello.txt -- Put hello in it. (Offer; task " in (
         first_builder.body["messages"][-1]["content"])
+
+
+def test_an_a2a_entry_joins_with_the_teams_reviewer(tmp_path: Path) -> None:
+    team = parse_team(BASE + 'a2a = "http://127.0.0.1:9999"\n'
+                      '[[agents]]\nname = "rev-2"\nrole = "reviewer"\n',
+                      path=tmp_path / "t.toml")
+    argv = agent_argv(team, team.agent("a1"))
+    assert argv[:4] == ["a2a", "--join", "http://127.0.0.1:9999", "--name"], argv
+    assert argv[argv.index("--reviewer") + 1] == "rev-2"
+    parsed = cli(*argv, "--help", timeout=30)
+    assert parsed.returncode == 0, parsed.stderr
