@@ -33,6 +33,15 @@ backoff until acknowledged or its deadline passes (then the caller's future fail
 records accepted messages in its journal (when it has a data directory) before
 acknowledging, and acknowledges duplicates again without delivering them.
 
+Timers. Nothing polls: the node has one asyncio timer, armed with ``loop.call_at`` at
+the earliest deadline of all that waits on the clock (the next heartbeat, which also
+checks peer silence, the trusted directory and unread messages; the outbox's next resend
+or send deadline; the next re-contact attempt; the next offer of a declined message),
+and moved earlier whenever a read, a flush or a discovery adds an earlier one. An idle
+node wakes once a heartbeat. A wake-up far later than asked means this process was
+stopped (SIGSTOP, a suspended VM): the peers' silence over that time is forgiven and the
+node says hello to everyone again.
+
 Liveness comes from heartbeats, not mDNS (a killed process sends no goodbye); see
 :mod:`porter_mesh.core.peers`. Peers are found by zeroconf, by ``hello`` to static seeds,
 and by peer exchange in the ``welcome`` reply.
@@ -66,7 +75,10 @@ written to the audit log. Adverts (mDNS, hellos, peer exchange) must carry a key
 the trusted directory binds to the advertised name, and an advert that would move a live
 peer (new incarnation, endpoints or key) is believed only first-hand, from that peer
 over an authenticated connection, since anyone can send mDNS. The trusted directory is
-re-read on every handshake and every heartbeat; a peer whose key was removed is
+re-read on every handshake, and looked at on every heartbeat (one ``stat`` of the
+directory, every file at least every few seconds; see
+:meth:`~porter_mesh.adapters.security.TrustStore.refresh_if_changed`); a peer whose key
+was removed is
 disconnected. An unsecured node pays for none of this: the checks are behind
 ``peer``/``user`` arguments that are None there. A node bound beyond loopback without a
 key refuses to start unless ``insecure`` is set (protected mode).
@@ -154,7 +166,9 @@ _KEY_PREFIX = "k:"
 _MAX_KEY_CHARS = 256
 #: Most idempotency keys a node remembers (about 100 bytes each).
 _MAX_KEYS = 100_000
-_TICK = 0.05
+#: A wake-up this much later than its timer asked for means the process was stopped
+#: (SIGSTOP, a debugger, a suspended VM) rather than busy, at the least (see _on_timer).
+_PAUSE_MIN = 1.0
 #: Re-binding the PUB port after a revocation (see Node._reopen_pub): first retry after
 #: this many seconds, doubling up to the cap, for at most the deadline.
 _REBIND_FIRST_DELAY = 0.002
@@ -450,7 +464,6 @@ class Node:
         self._held: dict[tuple[str, bool], _HeldQueue] = {}
         self._held_count = 0
         self._held_limit = config.inbox_size or 100_000
-        self._held_timer: asyncio.TimerHandle | None = None
         # Journal positions: the first one a held message still owes (the taken mark
         # stays below it; None: nothing journaled is held), and the highest take asked
         # for meanwhile (the mark moves there once nothing below it is held).
@@ -513,7 +526,11 @@ class Node:
         # Keys of queued direct sends: recipient -> {index in its queue: key}.
         self._pending_keys: dict[str, dict[int, str]] = {}
         self._discovery: Any = None
-        self._ticker: asyncio.Task[None] | None = None
+        # The one timer of the node, armed at the earliest deadline of everything that
+        # waits on time (see _rearm), and when it is due (monotonic; inf: not armed).
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._beat_due = 0.0
         self._started = False
         self._closed = False
         self.draining = False
@@ -593,7 +610,7 @@ class Node:
             self._watch(self._sub, self._drain_sub)
         self._watch(self._router, self._drain_router)
         self._watch(self._pub, self._drain_xpub)
-        self._ticker = asyncio.ensure_future(self._tick_loop())
+        self._beat_due = time.monotonic()  # the first heartbeat goes at once
         if cfg.discovery:
             from porter_mesh.adapters.discovery import Discovery
 
@@ -610,6 +627,7 @@ class Node:
                 self._seed_names[seed] = name
             self._recontact.start((_SEED, seed), None, now, delay=0, pinned=True)
         self._run_recontacts(now)
+        self._rearm()
         log.info("node %s up: pub %d router %d incarnation %x%s", self.name, self.pub_port,
                  self.router_port, self.incarnation, " (CurveZMQ)" if security else "")
 
@@ -708,13 +726,9 @@ class Node:
         with contextlib.suppress(Exception):
             self._flush()
             self._publish_control(K_BYE, {})
-        if self._held_timer is not None:
-            self._held_timer.cancel()
-            self._held_timer = None
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(BaseException):
-                await self._ticker
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._discovery is not None:
             with contextlib.suppress(Exception):
                 await self._discovery.aclose()
@@ -852,6 +866,7 @@ class Node:
         if advert.name == self.name or self._closed:
             return
         self._found(advert)
+        self._rearm()  # a new link may resend what waited for it
 
     def _on_discovery_lost(self, name: str) -> None:
         # mDNS removal is only a hint; liveness is decided by heartbeats and goodbyes.
@@ -1476,6 +1491,7 @@ class Node:
                 self._flush_direct(recipient, items)
         if self._pending_acks:
             self._flush_acks()
+        self._rearm()
 
     def _envelope(self, channel: str, seq: int, count: int, *, recipient: str | None = None,
                   kind: str | None = None, ref: str | None = None,
@@ -1726,6 +1742,7 @@ class Node:
             self._flush()
         elif self._pending_acks or self._pending_bcast:
             self._schedule_flush()
+        self._rearm()
 
     def _on_broadcast(self, frames: list[bytes], peer: str | None = None) -> None:
         """One message from a SUB; ``peer``: the authenticated publisher (secured)."""
@@ -1968,21 +1985,10 @@ class Node:
         cfg = self.config
         queue.delay = min(cfg.redeliver_max, max(cfg.redeliver_initial, queue.delay * 2))
         queue.due = time.monotonic() + queue.delay
-        self._arm_offer()
-
-    def _arm_offer(self) -> None:
-        if self._held_timer is not None:
-            self._held_timer.cancel()
-            self._held_timer = None
-        if not self._held or self._loop is None or self._closed:
-            return
-        due = min(q.due for q in self._held.values())
-        self._held_timer = self._loop.call_at(
-            self._loop.time() + max(0.0, due - time.monotonic()), self._offer_held, False)
+        self._wake_by(queue.due)
 
     def _offer_held(self, now_all: bool) -> None:
         """Offer declined messages again: every sender's (``now_all``) or those due."""
-        self._held_timer = None
         if self._closed:
             return
         now = time.monotonic()
@@ -2003,7 +2009,6 @@ class Node:
             if not queue:
                 del self._held[key]
         self._held_changed()
-        self._arm_offer()
         self._after_batch()
 
     def redeliver(self) -> None:
@@ -2466,30 +2471,71 @@ class Node:
 
     # ------------------------------------------------------------------ timers
 
-    async def _tick_loop(self) -> None:
-        interval = self.config.heartbeat_interval
-        last_beat = 0.0
-        last_tick = time.monotonic()
-        while True:
-            await asyncio.sleep(_TICK)
-            now = time.monotonic()
-            gap = now - last_tick
-            last_tick = now
-            if gap > self.config.evasive_after:
-                # This process was stopped (SIGSTOP, a debugger, a suspended VM): forgive
-                # the silence and re-introduce ourselves to everyone.
-                log.warning("node %s was paused for %.1fs; re-announcing", self.name, gap)
-                self._peers.shift_clock(gap)
-                for link in list(self._links.values()):
-                    self._send_hello(link.dealer)
-            try:
-                self._tick(now, force_beat=now - last_beat >= interval)
-            except Exception:
-                log.exception("node tick failed")
-            if now - last_beat >= interval:
-                last_beat = now
+    def _next_deadline(self) -> float:
+        """The earliest monotonic time at which something waits on the clock: the next
+        heartbeat (which also checks peer silence, the trusted directory and unread
+        messages), a resend or a send's deadline, a re-contact attempt, the next offer
+        of a declined message."""
+        due = min(self._beat_due, self._outbox.next_due, self._recontact.next_due)
+        if self._held:
+            due = min(due, min(q.due for q in self._held.values()))
+        return due
 
-    def _tick(self, now: float, *, force_beat: bool) -> None:
+    def _rearm(self) -> None:
+        """Arm the node's one timer at the earliest deadline, if it is not armed there.
+
+        Called after every read batch, flush and timer run, so a new earlier deadline
+        (a first send's resend, a re-contact started by a lost peer) moves the timer
+        forward. A deadline that went away (a settled send) leaves the timer where it
+        is: that wake-up finds nothing due and arms for what remains, which costs less
+        than moving the timer on every acknowledgement.
+        """
+        self._wake_by(self._next_deadline())
+
+    def _wake_by(self, due: float) -> None:
+        """Make the timer fire no later than ``due`` (monotonic seconds)."""
+        if due >= self._timer_at:
+            return
+        loop = self._loop
+        if loop is None or self._closed:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = due
+        # The loop's clock may not be time.monotonic(): convert through the delay.
+        self._timer = loop.call_at(loop.time() + max(0.0, due - time.monotonic()),
+                                   self._on_timer)
+
+    def _on_timer(self) -> None:
+        """The timer fired: do whatever is due, then arm it for the next deadline."""
+        self._timer = None
+        armed_at, self._timer_at = self._timer_at, float("inf")
+        if self._closed:
+            return
+        # Never earlier than asked: the loop may fire a hair before (clock resolution).
+        now = max(time.monotonic(), armed_at)
+        late = now - armed_at
+        if late > max(_PAUSE_MIN, self.config.evasive_after - self.config.heartbeat_interval):
+            # This process was stopped (SIGSTOP, a debugger, a suspended VM): nobody could
+            # be heard meanwhile. Forgive that silence and re-introduce ourselves to
+            # everyone. The stop began at most one timer interval before the timer was
+            # due, so the lateness is the pause within a heartbeat.
+            log.warning("node %s was paused for %.1fs; re-announcing", self.name, late)
+            self._peers.shift_clock(late)
+            for link in list(self._links.values()):
+                self._send_hello(link.dealer)
+        try:
+            self._tick(now)
+            if self._held and min(q.due for q in self._held.values()) <= now:
+                self._offer_held(False)
+        except Exception:
+            log.exception("node timer failed")
+        self._rearm()
+
+    def _tick(self, now: float) -> None:
+        force_beat = now >= self._beat_due
+        if force_beat:
+            self._beat_due = now + self.config.heartbeat_interval
         resend, failed = self._outbox.poll(now)
         blocked: set[str] = set()
         for entry in resend:
@@ -2510,7 +2556,7 @@ class Node:
         if force_beat and self._security is not None:
             # The ZAP callback may have re-read the directory already: compare generations.
             store = self._security.store
-            store.refresh()
+            store.refresh_if_changed(now)
             if store.generation != self._trust_generation:
                 self._trust_generation = store.generation
                 self._revalidate_links()
