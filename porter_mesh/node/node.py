@@ -13,8 +13,9 @@ Sockets (all owned by the event-loop thread; ZeroMQ sockets are not thread-safe)
   acknowledgements and welcomes that come back.
 
 Reading never costs one ``await`` per message: each socket's file descriptor is watched
-with ``loop.add_reader``; when it fires, the socket is drained without blocking (up to a
-fairness limit, then the drain is rescheduled). ZeroMQ's descriptor is edge-triggered,
+with ``loop.add_reader``; when it fires, the socket is read without blocking (up to a
+fairness limit, then the read is rescheduled; one loop, ``Node._read``, serves every
+socket). ZeroMQ's descriptor is edge-triggered,
 so every send on a socket is followed by a check of its ``EVENTS`` for pending input.
 
 Sending is batched under load: ``async_publish`` and ``async_send_nowait`` only queue;
@@ -114,6 +115,7 @@ from porter_mesh.adapters.handshake import HandshakeWatch, Refusal
 from porter_mesh.adapters.journal import DeliveryJournal, JournalRecord
 from porter_mesh.adapters.security import AUDIT_FILE, MeshSecurity, check_libzmq
 from porter_mesh.core import constants as C
+from porter_mesh.core.addresses import url_host
 from porter_mesh.core.advert import PeerAdvert, decode_txt, encode_txt, key_name
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.envelope import (
@@ -158,7 +160,8 @@ __all__ = ["Message", "Node"]
 
 log = logging.getLogger("porter_mesh.node")
 
-_DRAIN_LIMIT = 512
+#: Most messages read from one socket in one go before the others get their turn.
+_READ_LIMIT = 512
 #: Most refusing peers remembered (see Node.refusals).
 _MAX_REFUSALS = 1024
 #: The message id of a direct message sent with an idempotency key is this plus the key.
@@ -252,8 +255,7 @@ def _tcp_address(sock: zmq.Socket[bytes], host: str) -> str:
     is bracketed and turns IPv6 on for the socket."""
     if ":" in host:
         sock.setsockopt(zmq.IPV6, 1)
-        return f"tcp://[{host}]"
-    return f"tcp://{host}"
+    return f"tcp://{url_host(host)}"
 
 
 def _first(item: tuple[Activity, Any, Any]) -> Activity:
@@ -282,15 +284,12 @@ class _OnceLog:
     """Log a problem once per (reason, origin) at WARNING, then only count it (in total
     and per origin)."""
 
-    def __init__(self, counters: collections.Counter[str],
-                 by_origin: collections.Counter[str]) -> None:
+    def __init__(self, count: Callable[[str, str], None]) -> None:
         self._seen: set[tuple[str, str]] = set()
-        self._counters = counters
-        self._by_origin = by_origin
+        self._count = count
 
     def __call__(self, reason: str, origin: str, message: str, *args: object) -> None:
-        self._counters["dropped." + reason] += 1
-        _count_for(self._by_origin, origin)
+        self._count(reason, origin)
         key = (reason, origin)
         if key in self._seen or len(self._seen) > 10_000:
             if log.isEnabledFor(logging.DEBUG):
@@ -398,6 +397,11 @@ def _index_of(items: tuple[_T, ...], item: _T) -> int:
     return next(i for i, x in enumerate(items) if x is item)
 
 
+def _recv_subscription(sock: zmq.Socket[bytes]) -> bytes:
+    """One (un)subscription frame from an XPUB (``zmq.Again`` when none waits)."""
+    return sock.recv(zmq.NOBLOCK)
+
+
 def _fd(sock: zmq.Socket[bytes]) -> int:
     return cast(int, sock.getsockopt(zmq.FD))
 
@@ -435,7 +439,7 @@ class Node:
         #: Broadcasts lost (sequence gaps) and messages dropped, per sending peer.
         self.lost_by: collections.Counter[str] = collections.Counter()
         self.dropped_by: collections.Counter[str] = collections.Counter()
-        self._drop = _OnceLog(self.counters, self.dropped_by)
+        self._drop = _OnceLog(self.count_drop)
         #: Extra sections of :meth:`view` (the knowledge replica adds ``knowledge``).
         self.view_sections: dict[str, Callable[[], dict[str, Any]]] = {}
         self._dir_lock: DirLock | None = None
@@ -607,9 +611,9 @@ class Node:
                 self._release_data_dir()
                 raise
         if self._sub is not None:
-            self._watch(self._sub, self._drain_sub)
-        self._watch(self._router, self._drain_router)
-        self._watch(self._pub, self._drain_xpub)
+            self._watch(self._sub, self._read_sub)
+        self._watch(self._router, self._read_router)
+        self._watch(self._pub, self._read_xpub)
         self._beat_due = time.monotonic()  # the first heartbeat goes at once
         if cfg.discovery:
             from porter_mesh.adapters.discovery import Discovery
@@ -725,7 +729,7 @@ class Node:
         self._closed = True
         with contextlib.suppress(Exception):
             self._flush()
-            self._publish_control(K_BYE, {})
+            self._publish_control(K_BYE, encode_control({}))
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -829,12 +833,12 @@ class Node:
                 sock.bind(f"{_tcp_address(sock, host)}:{chosen}")
         return chosen
 
-    def _watch(self, sock: zmq.Socket[bytes], drain: Callable[[], None]) -> None:
+    def _watch(self, sock: zmq.Socket[bytes], read: Callable[[], None]) -> None:
         assert self._loop is not None
-        self._readers[sock] = drain
-        self._loop.add_reader(_fd(sock), drain)
+        self._readers[sock] = read
+        self._loop.add_reader(_fd(sock), read)
         # Input may already be waiting: the edge may have fired before we watched.
-        self._loop.call_soon(drain)
+        self._loop.call_soon(read)
 
     def _unwatch(self, sock: zmq.Socket[bytes]) -> None:
         if self._readers.pop(sock, None) is not None and self._loop is not None:
@@ -843,10 +847,10 @@ class Node:
 
     def _after_send(self, sock: zmq.Socket[bytes]) -> None:
         """A send can consume the edge of ZeroMQ's descriptor: re-check for input."""
-        drain = self._readers.get(sock)
-        if drain is not None and readable(sock):
+        read = self._readers.get(sock)
+        if read is not None and readable(sock):
             assert self._loop is not None
-            self._loop.call_soon(drain)
+            self._loop.call_soon(read)
 
     # ------------------------------------------------------------------ adverts
 
@@ -911,9 +915,7 @@ class Node:
     def _refuse(self, event: str, peer: str | None, detail: str, *,
                 key: str | None = None) -> None:
         """Drop something a secured node must not accept: count it and audit it."""
-        self.counters["dropped." + event] += 1
-        if peer is not None:
-            _count_for(self.dropped_by, peer)
+        self.count_drop(event, peer)
         if self._security is not None:
             self._security.audit.record(event, detail, peer=peer, key=key)
 
@@ -969,7 +971,7 @@ class Node:
             for topic in self._topics():
                 sub.setsockopt(zmq.SUBSCRIBE, topic)
             sub.connect(pub)
-            self._watch(sub, functools.partial(self._drain_sub, sub, advert.name))
+            self._watch(sub, functools.partial(self._read_sub, sub, advert.name))
         dealer = self._client_socket(zmq.DEALER, advert.public_key)
         if self._security is None:
             # A readable id helps debugging; a secured ROUTER makes up its own (see above).
@@ -979,7 +981,7 @@ class Node:
         self._watch_handshake(dealer, advert.name)
         dealer.connect(advert.endpoint_router())
         self._links[advert.name] = _PeerLink(advert, dealer, pub, sub)
-        self._watch(dealer, functools.partial(self._drain_dealer, dealer, advert.name))
+        self._watch(dealer, functools.partial(self._read_dealer, dealer, advert.name))
         self._send_hello(dealer)
         # Anything still in flight to this name goes to the new connection now.
         now = time.monotonic()
@@ -1072,7 +1074,7 @@ class Node:
             hosts.pop(0)
         if self._security is not None:
             self._watch_handshake(sock, None)
-        self._watch(sock, self._drain_xpub)
+        self._watch(sock, self._read_xpub)
 
     # ------------------------------------------------------------------ handshakes
 
@@ -1224,7 +1226,7 @@ class Node:
             self._recontact.stop(key)
             return
         self._probes[key] = dealer
-        self._watch(dealer, functools.partial(self._drain_dealer, dealer, None, name, key))
+        self._watch(dealer, functools.partial(self._read_dealer, dealer, None, name, key))
         self._send_hello(dealer)
 
     def _close_probe(self, key: Target) -> None:
@@ -1612,24 +1614,25 @@ class Node:
             frames = [ident, *frames]
         self._send_frames(sock, frames)
 
-    def _publish_control(self, kind: str, body: dict[str, Any]) -> None:
+    def _publish_control(self, kind: str, payload: bytes) -> None:
+        """Broadcast one control message on ``control``, next in its sequence."""
         if self._pub is None:
             return
         last = self._bseq.get(C.CHANNEL_CONTROL, 0) + 1
         self._bseq[C.CHANNEL_CONTROL] = last
         env = self._envelope(C.CHANNEL_CONTROL, last, 1, kind=kind)
         with contextlib.suppress(zmq.Again):
-            send_frames(self._pub, encode_broadcast(env, encode_control(body)))
+            send_frames(self._pub, encode_broadcast(env, payload))
         self._after_send(self._pub)
 
     def async_control(self, kind: str, *, target: str | None = None,
                       body: dict[str, Any] | None = None) -> None:
         """Broadcast a control message (``drain``, ``halt``...) to ``target`` or everyone."""
         self._check_open()
-        payload = dict(body or {})
+        fields = dict(body or {})
         if target is not None:
-            payload["to"] = target
-        self._publish_control(kind, payload)
+            fields["to"] = target
+        self._publish_control(kind, encode_control(fields))
 
     def _fail(self, futs: list[Completion], exc: Exception) -> None:
         for done in futs:
@@ -1637,61 +1640,96 @@ class Node:
 
     # ------------------------------------------------------------------ receiving
 
-    def _drain_sub(self, sock: zmq.Socket[bytes] | None = None,
-                   peer: str | None = None) -> None:
+    def _read(self, sock: zmq.Socket[bytes], recv: Callable[[zmq.Socket[bytes]], _T | None],
+              handle: Callable[[_T], None]) -> bool | None:
+        """The one read loop: ``handle(recv(sock))`` per waiting message, without
+        blocking, up to a fairness limit.
+
+        Args:
+            sock: the socket whose descriptor fired.
+            recv: reads one message, None (or ``zmq.Again``) when none waits.
+            handle: takes one message.
+
+        Returns:
+            True when the limit was reached (more may wait: the caller reads again on
+            the next loop turn), False when the socket is empty, None when it was
+            closed under the read (a peer's goodbye can close its own socket).
+        """
+        if sock.closed:
+            return None
+        n = 0
+        try:
+            while n < _READ_LIMIT:
+                item = recv(sock)
+                if item is None:
+                    return False
+                n += 1
+                handle(item)
+        except zmq.Again:
+            return False  # a handler's send found a full queue: the rest waits for next time
+        except zmq.ZMQError:
+            if not self._closed and not sock.closed:
+                raise
+            return None
+        return True
+
+    def _read_done(self, more: bool | None, again: Callable[[], None]) -> None:
+        """After a read: read again next turn if ``more``; then flush and re-arm."""
+        if more is None:
+            return
+        if more and self._loop is not None:
+            self._loop.call_soon(again)
+        self._after_batch()
+
+    def _read_sub(self, sock: zmq.Socket[bytes] | None = None,
+                  peer: str | None = None) -> None:
         """Read the shared SUB, or (secured) the SUB of ``peer``."""
         if sock is None:
             sock = self._sub
         if sock is not None:
-            self._drain(sock, self._on_broadcast, peer)
+            more = self._read(sock, recv_frames,
+                              lambda frames: self._on_broadcast(frames, peer))
+            self._read_done(more, functools.partial(self._read_sub, sock, peer))
 
-    def _drain(self, sock: zmq.Socket[bytes], handle: Callable[..., None],
-               *args: Any) -> None:
-        """Read ``sock`` without blocking, ``handle(frames, *args)`` per message, up to a
-        fairness limit (then the rest is read on the next loop turn)."""
-        if sock.closed:
-            return
-        n = 0
-        try:
-            while n < _DRAIN_LIMIT:
-                frames = recv_frames(sock)
-                if frames is None:
-                    break
-                n += 1
-                handle(frames, *args)
-        except zmq.Again:
-            pass  # a handler's own send found a full queue; the rest waits for next time
-        except zmq.ZMQError:
-            # A peer's goodbye can close its socket while that socket is being read.
-            if not self._closed and not sock.closed:
-                raise
-            return
-        if n >= _DRAIN_LIMIT and self._loop is not None:
-            self._loop.call_soon(self._drain, sock, handle, *args)
-        self._after_batch()
+    def _read_dealer(self, sock: zmq.Socket[bytes], peer: str | None,
+                     seed_name: str | None = None, probe: Target | None = None) -> None:
+        more = self._read(sock, recv_frames,
+                          lambda frames: self._on_dealer(frames, peer, seed_name, probe))
+        self._read_done(more, functools.partial(self._read_dealer, sock, peer, seed_name,
+                                                probe))
 
-    def _drain_xpub(self) -> None:
+    def _read_router(self) -> None:
+        sock = self._router
+        if sock is None:
+            return
+        accepted: list[_Accepted] = []
+        if self._security is None:
+            more = self._read(sock, recv_frames,
+                              lambda frames: self._on_direct(frames, accepted))
+        else:
+            more = self._read(sock, recv_frames_from,
+                              lambda got: self._on_direct(got[0], accepted, got[1]))
+        if more is not None and accepted:
+            self._accept(accepted)
+        self._read_done(more, self._read_router)
+
+    def _read_xpub(self) -> None:
+        """Read the (un)subscriptions that reach this node's PUB."""
         sock = self._pub
         if sock is None:
             return
+        more = self._read(sock, _recv_subscription, self._on_subscription)
+        self._direct_watched = _watches_direct(self._subscribers)
+        self._read_done(more, self._read_xpub)
+
+    def _on_subscription(self, frame: bytes) -> None:
         subs = self._subscribers
-        try:
-            for _ in range(_DRAIN_LIMIT):
-                frame = sock.recv(zmq.NOBLOCK)
-                if frame[1:2] == _MARK:
-                    self._on_marker(frame)
-                elif frame[:1] == b"\x01":
-                    subs[frame[1:]] += 1
-                elif frame[:1] == b"\x00" and subs[frame[1:]] > 0:
-                    subs[frame[1:]] -= 1
-        except zmq.Again:
-            self._direct_watched = _watches_direct(subs)
-            return
-        except zmq.ZMQError:
-            return
-        self._direct_watched = _watches_direct(subs)
-        assert self._loop is not None
-        self._loop.call_soon(self._drain_xpub)
+        if frame[1:2] == _MARK:
+            self._on_marker(frame)
+        elif frame[:1] == b"\x01":
+            subs[frame[1:]] += 1
+        elif frame[:1] == b"\x00" and subs[frame[1:]] > 0:
+            subs[frame[1:]] -= 1
 
     def _on_marker(self, frame: bytes) -> None:
         name, _, channel = frame[2:].partition(b"\x00")
@@ -1734,10 +1772,10 @@ class Node:
             await asyncio.sleep(0.01)
 
     def _after_batch(self) -> None:
-        # Direct messages queued by handlers during this drain (replies, mostly) leave
+        # Direct messages queued by handlers during this read (replies, mostly) leave
         # now, with the acknowledgements: a request's answer should not wait a loop turn.
         # Otherwise the flush waits for the next turn, so that waiters run first and
-        # acknowledgements of several drains share one message.
+        # acknowledgements of several reads share one message.
         if self._pending_direct:
             self._flush()
         elif self._pending_acks or self._pending_bcast:
@@ -1755,15 +1793,9 @@ class Node:
             self._drop(exc.reason, peer or "?", "dropped a broadcast that cannot be decoded: %s",
                        exc)
             return
-        if peer is not None and env.sender != peer:
-            self._refuse("spoofed-sender", peer, f"{peer!r} published a message claiming "
-                         f"to be from {env.sender[:64]!r}")
+        if peer is not None and self._spoofed(env, peer, f"{peer!r} published a message"):
             return
-        skew = self._clock.receive(env.hlc, _wall_ms())
-        known, events = self._peers.heard(env.sender, env.incarnation, time.monotonic(), skew)
-        if events:
-            self._apply_peer_events(events)
-        if not known:
+        if not self._heard(env, time.monotonic()):
             self._drop("unknown-peer", env.sender,
                        "broadcast from %s (incarnation %x) which is not on the roster",
                        env.sender, env.incarnation)
@@ -1775,6 +1807,16 @@ class Node:
                                              env.seq, env.count)
         self._count_seq(result, env.sender)
         self._deliver(env, payload, direct=False)
+
+    def _heard(self, env: Envelope, now: float) -> bool:
+        """A message from ``env.sender``: merge its time into our clock, mark it heard
+        (and carry out the roster changes that follow). Returns whether it is on the
+        roster."""
+        skew = self._clock.receive(env.hlc, _wall_ms())
+        known, events = self._peers.heard(env.sender, env.incarnation, now, skew)
+        if events:
+            self._apply_peer_events(events)
+        return known
 
     def _count_seq(self, result: Any, sender: str) -> None:
         if result.verdict is SeqVerdict.GAP and result.missing is not None:
@@ -2047,39 +2089,6 @@ class Node:
             return
         self._deliver(env, payload, direct=True)
 
-    def _drain_router(self) -> None:
-        sock = self._router
-        if sock is None:
-            return
-        n = 0
-        accepted: list[_Accepted] = []
-        secured = self._security is not None
-        try:
-            while n < _DRAIN_LIMIT:
-                if secured:
-                    got = recv_frames_from(sock)
-                    if got is None:
-                        break
-                    n += 1
-                    self._on_direct(got[0], accepted, got[1])
-                    continue
-                frames = recv_frames(sock)
-                if frames is None:
-                    break
-                n += 1
-                self._on_direct(frames, accepted)
-        except zmq.Again:
-            pass  # as in _drain
-        except zmq.ZMQError:
-            if not self._closed:
-                raise
-            return
-        if accepted:
-            self._accept(accepted)
-        if n >= _DRAIN_LIMIT and self._loop is not None:
-            self._loop.call_soon(self._drain_router)
-        self._after_batch()
-
     def _accept(self, accepted: list[_Accepted]) -> None:
         """Keep, deliver and acknowledge the new direct messages of one read.
 
@@ -2169,11 +2178,7 @@ class Node:
         if env.kind is not None:
             self._on_control(env, payload, ident)
             return
-        skew = self._clock.receive(env.hlc, _wall_ms())
-        known, events = self._peers.heard(env.sender, env.incarnation, time.monotonic(), skew)
-        if events:
-            self._apply_peer_events(events)
-        if not known:
+        if not self._heard(env, time.monotonic()):
             # No ack: the sender retries, by which time its hello has introduced it.
             self._drop("unknown-peer", env.sender,
                        "direct message from %s which has not said hello", env.sender)
@@ -2215,7 +2220,7 @@ class Node:
                 self._drop(exc.reason, env.sender, "dropped %d activities from %s: %s",
                            env.count, env.sender, exc)
             else:
-                # Acknowledged once kept (see _drain_router).
+                # Acknowledged once kept (see _accept).
                 accepted.append((env, frames[1], payload, activities, ident))
                 return
         elif self._unacked and (env.sender, env.incarnation, env.seq) in self._unacked:
@@ -2248,11 +2253,21 @@ class Node:
             del keys[oldest]
         return False
 
+    def _spoofed(self, env: Envelope, authentic: str | None, what: str, *,
+                 owner: bool = False) -> bool:
+        """Whether a message on a secured connection claims a sender other than the one
+        the connection authenticated (``authentic``; ``owner``: compare the name whose
+        key the claimed sender speaks with). A spoofed one is refused and audited."""
+        claimed = key_name(env.sender) if owner else env.sender
+        if claimed == authentic:
+            return False
+        self._refuse("spoofed-sender", authentic,
+                     f"{what} claiming to be from {env.sender[:64]!r}")
+        return True
+
     def _authentic(self, env: Envelope, user: str) -> bool:
         assert self._security is not None
-        if key_name(env.sender) != user:
-            self._refuse("spoofed-sender", user, f"{user!r} sent a message claiming to be "
-                         f"from {env.sender[:64]!r}")
+        if self._spoofed(env, user, f"{user!r} sent a message", owner=True):
             return False
         if not self._security.store.trusts(user):
             # Connected before its key was removed from the trusted directory.
@@ -2275,10 +2290,6 @@ class Node:
                 self.counters["dropped.ack"] += 1
         self._after_send(router)
 
-    def _drain_dealer(self, sock: zmq.Socket[bytes], peer: str | None,
-                      seed_name: str | None = None, probe: Target | None = None) -> None:
-        self._drain(sock, self._on_dealer, peer, seed_name, probe)
-
     def _on_dealer(self, frames: list[bytes], peer: str | None,
                    seed_name: str | None = None, probe: Target | None = None) -> None:
         """A reply on the DEALER to ``peer``, or on the ``probe`` DEALER of a re-contact
@@ -2287,9 +2298,8 @@ class Node:
         try:
             env, payload = decode_direct(frames)
             expected = peer or seed_name
-            if self._security is not None and env.sender != expected:
-                self._refuse("spoofed-sender", expected, f"the server of {expected!r} sent a "
-                             f"reply claiming to be from {env.sender[:64]!r}")
+            if self._security is not None and self._spoofed(
+                    env, expected, f"the server of {expected!r} sent a reply"):
                 return
             handler = self._kind_handlers.get(env.kind or "")
             if handler is not None and peer is not None:
@@ -2359,14 +2369,7 @@ class Node:
     def async_publish_kind(self, kind: str, payload: bytes) -> None:
         """Broadcast a message of a registered ``kind`` on ``control``."""
         self._check_open()
-        if self._pub is None:
-            return
-        last = self._bseq.get(C.CHANNEL_CONTROL, 0) + 1
-        self._bseq[C.CHANNEL_CONTROL] = last
-        env = self._envelope(C.CHANNEL_CONTROL, last, 1, kind=kind)
-        with contextlib.suppress(zmq.Again):
-            send_frames(self._pub, encode_broadcast(env, payload))
-        self._after_send(self._pub)
+        self._publish_control(kind, payload)
 
     def _reply_to(self, env: Envelope, *, ident: bytes | None = None) -> Reply:
         def reply(kind: str, payload: bytes) -> None:
@@ -2395,10 +2398,7 @@ class Node:
             self._drop("bad-ack", env.sender, "malformed ack from %s", env.sender)
             return
         now = time.monotonic()
-        skew = self._clock.receive(env.hlc, _wall_ms())
-        _, events = self._peers.heard(env.sender, env.incarnation, now, skew)
-        if events:
-            self._apply_peer_events(events)
+        self._heard(env, now)
         for first in seqs:
             if not isinstance(first, int):
                 continue
@@ -2549,10 +2549,10 @@ class Node:
                 f"{entry.attempts} attempt(s); it may be stopped, overloaded or gone",
                 recipient=entry.recipient))
         if force_beat and not self.config.observer:
-            self._publish_control(K_HEARTBEAT, {
+            self._publish_control(K_HEARTBEAT, encode_control({
                 "s": {ch: seq for ch, seq in self._bseq.items() if ch != C.CHANNEL_CONTROL},
                 "d": self.draining,
-            })
+            }))
         if force_beat and self._security is not None:
             # The ZAP callback may have re-read the directory already: compare generations.
             store = self._security.store
@@ -2866,11 +2866,13 @@ class Node:
                 out[section] = {"error": str(exc)}
         return out
 
-    def count_drop(self, reason: str, peer: str) -> None:
-        """Count one message from ``peer`` dropped for ``reason`` (protocols on top of the
-        node, such as knowledge sync, count their refusals here)."""
+    def count_drop(self, reason: str, peer: str | None) -> None:
+        """Count one message from ``peer`` (None: unknown) dropped for ``reason``
+        (protocols on top of the node, such as knowledge sync, count their refusals
+        here)."""
         self.counters["dropped." + reason] += 1
-        _count_for(self.dropped_by, peer)
+        if peer is not None:
+            _count_for(self.dropped_by, peer)
 
     def _on_stats_request(self, env: Envelope, payload: bytes, reply: Reply) -> None:
         """Answer ``stats`` with :meth:`view` (any sender may ask, as for a ping)."""
@@ -2878,7 +2880,6 @@ class Node:
 
     def endpoints(self) -> dict[str, str]:
         """``{"pub": ..., "router": ...}`` endpoints on the first interface."""
-        host = self.config.interfaces[0]
-        addr = f"[{host}]" if ":" in host else host
+        addr = url_host(self.config.interfaces[0])
         return {"pub": f"tcp://{addr}:{self.pub_port}", "router": f"tcp://{addr}:{self.router_port}"}
 
