@@ -107,7 +107,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple, TypeVar, cast
 
-import orjson
 import zmq
 
 from porter_mesh.adapters.dirlock import DirLock
@@ -116,20 +115,48 @@ from porter_mesh.adapters.journal import DeliveryJournal, JournalRecord
 from porter_mesh.adapters.security import AUDIT_FILE, MeshSecurity, check_libzmq
 from porter_mesh.core import constants as C
 from porter_mesh.core.addresses import url_host
-from porter_mesh.core.advert import PeerAdvert, decode_txt, encode_txt, key_name
+from porter_mesh.core.advert import PeerAdvert, key_name
 from porter_mesh.core.as2 import Activity
-from porter_mesh.core.envelope import (
+from porter_mesh.core.control import (
     KIND_ACK,
+    KIND_BYE,
     KIND_DRAIN,
     KIND_HALT,
     KIND_HEARTBEAT,
+    KIND_HELLO,
+    KIND_STATS,
+    KIND_STATS_REPLY,
+    KIND_UNSUPPORTED,
+    KIND_WELCOME,
+    NODE_KINDS,
+    Ack,
+    Heartbeat,
+    Introduction,
+    ObserverHello,
+    StatsReply,
+    Unsupported,
+    decode_ack,
+    decode_bye,
+    decode_control,
+    decode_heartbeat,
+    decode_hello,
+    decode_unsupported,
+    decode_welcome,
+    encode_ack,
+    encode_bye,
+    encode_control,
+    encode_heartbeat,
+    encode_hello,
+    encode_stats_reply,
+    encode_unsupported,
+    encode_welcome,
+)
+from porter_mesh.core.envelope import (
     Envelope,
     decode_broadcast,
-    decode_control,
     decode_direct,
     decode_payload,
     encode_broadcast,
-    encode_control,
     encode_direct,
     encode_payload,
     encode_topic,
@@ -188,25 +215,7 @@ _MARK = b"\xff"
 
 def _marker(name: str, channel: str) -> bytes:
     return _MARK + name.encode() + b"\x00" + channel.encode()
-#: The ZeroMQ message property that carries the ZAP User-Id (our bound agent name).
 
-# Kinds of the mesh's own (non-AS2) messages.
-K_HEARTBEAT = KIND_HEARTBEAT
-K_ACK = KIND_ACK
-K_DRAIN = KIND_DRAIN
-K_HALT = KIND_HALT
-#: Graceful leave, broadcast on ``control``.
-K_BYE = "bye"
-#: Introduction over DEALER -> ROUTER: our advert plus the peers we know (peer exchange).
-K_HELLO = "hello"
-#: The answer to a hello, with the same content.
-K_WELCOME = "welcome"
-#: The answer to a direct request of a kind this node does not handle: ``{"k": kind}``.
-K_UNSUPPORTED = "unsupported"
-#: A request for the node's own view (:meth:`Node.view`), answered with ``stats-reply``.
-K_STATS = "stats"
-#: The answer to ``stats``: the view as JSON.
-K_STATS_REPLY = "stats-reply"
 #: The lock file that keeps a data directory to one node process.
 DATA_DIR_LOCK = "node.lock"
 #: Senders whose drops and losses are counted one by one (more are counted in total only).
@@ -489,7 +498,7 @@ class Node:
         self._peer_listeners: list[Callable[[PeerEvent], None]] = []
         self._control_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
         self._kind_handlers: dict[str, KindHandler] = {
-            K_STATS: self._on_stats_request, K_UNSUPPORTED: self._on_unsupported}
+            KIND_STATS: self._on_stats_request, KIND_UNSUPPORTED: self._on_unsupported}
         self._unsupported_handlers: dict[str, KindHandler] = {}
         self._channels: set[str] = set()
         self._subscribers: collections.Counter[bytes] = collections.Counter()
@@ -729,7 +738,7 @@ class Node:
         self._closed = True
         with contextlib.suppress(Exception):
             self._flush()
-            self._publish_control(K_BYE, encode_control({}))
+            self._publish_control(KIND_BYE, encode_bye())
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -1157,19 +1166,18 @@ class Node:
 
     # ------------------------------------------------------------------ hello / seeds
 
-    def _hello_body(self) -> dict[str, Any]:
-        peers = [[encode_txt(p.advert), list(p.advert.addresses)] for p in self._peers]
-        me = self.advert()
-        return {"a": encode_txt(me), "x": list(me.addresses), "p": peers}
+    def _introduction(self) -> Introduction:
+        """The body of our hello and welcome: our advert and the peers we know."""
+        return Introduction(self.advert(), tuple(p.advert for p in self._peers))
 
     def _send_hello(self, dealer: zmq.Socket[bytes]) -> None:
         if self.config.observer:
             # An observer stays off every roster, but a seed must still tell it who is
             # there: its hello carries no advert, only the wish for a welcome.
             if any(dealer is probe for key, probe in self._probes.items() if key[0] == _SEED):
-                self._send_control_direct(dealer, K_HELLO, {"o": 1})
+                self._send_control_direct(dealer, KIND_HELLO, encode_hello(ObserverHello()))
             return
-        self._send_control_direct(dealer, K_HELLO, self._hello_body())
+        self._send_control_direct(dealer, KIND_HELLO, encode_hello(self._introduction()))
 
     def _run_recontacts(self, now: float) -> None:
         observer = self.config.observer
@@ -1290,15 +1298,11 @@ class Node:
                 "its clock (NTP)", peer.name, peer.clock_skew_ms / 1000,
                 self.config.max_clock_skew)
 
-    def _adverts_from_body(self, body: dict[str, Any], origin: str) -> list[PeerAdvert]:
-        adverts = []
-        try:
-            adverts.append(decode_txt(body["a"], addresses=body["x"]))
-            for txt, addrs in body.get("p", [])[:1024]:
-                adverts.append(decode_txt(txt, addresses=addrs))
-        except (ProtocolError, KeyError, TypeError, ValueError) as exc:
-            self._drop("bad-hello", origin, "bad hello from %s: %s", origin, exc)
-        return adverts
+    def _introduced(self, env: Envelope, intro: Introduction) -> None:
+        """A hello or welcome from ``env.sender``: its own advert is first-hand, the
+        peers it knows are hearsay."""
+        for advert in (intro.advert, *intro.peers):
+            self._found(advert, verified=advert.name == env.sender)
 
     # ------------------------------------------------------------------ subscribe
 
@@ -1607,9 +1611,9 @@ class Node:
         return True
 
     def _send_control_direct(self, sock: zmq.Socket[bytes], kind: str,
-                             body: dict[str, Any], *, ident: bytes | None = None) -> None:
+                             payload: bytes, *, ident: bytes | None = None) -> None:
         env = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=kind)
-        frames = encode_direct(env, encode_control(body))
+        frames = encode_direct(env, payload)
         if ident is not None:
             frames = [ident, *frames]
         self._send_frames(sock, frames)
@@ -2282,8 +2286,8 @@ class Node:
         if router is None:
             return
         for ident, seqs in pending.items():
-            env = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=K_ACK)
-            frames = [ident, *encode_direct(env, encode_control({"f": seqs}))]
+            env = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=KIND_ACK)
+            frames = [ident, *encode_direct(env, encode_ack(Ack(tuple(seqs))))]
             try:
                 send_frames(router, frames)
             except zmq.ZMQError:
@@ -2305,22 +2309,23 @@ class Node:
             if handler is not None and peer is not None:
                 self._run_kind(handler, env, payload, self._reply_to(env))
                 return
-            body = decode_control(payload) if env.kind is not None else None
+            if env.kind == KIND_ACK:
+                answer: Ack | Introduction = decode_ack(payload)
+            elif env.kind == KIND_WELCOME:
+                answer = decode_welcome(payload)
+            else:
+                what = "non-control" if env.kind is None else repr(env.kind)
+                self._drop("unexpected", origin, "unexpected %s reply from %s", what, origin)
+                return
         except ProtocolError as exc:
             self._drop(exc.reason, origin, "dropped a reply from %s: %s", origin, exc)
             return
-        if body is None:
-            self._drop("unexpected", origin, "unexpected non-control reply from %s", origin)
+        if isinstance(answer, Ack):
+            self._on_ack(env, answer)
             return
-        if env.kind == K_ACK:
-            self._on_ack(env, body)
-        elif env.kind == K_WELCOME:
-            for advert in self._adverts_from_body(body, env.sender):
-                self._found(advert, verified=advert.name == env.sender)
-            if probe is not None:
-                self._probe_answered(probe, env.sender)
-        else:
-            self._drop("unexpected", origin, "unexpected %r reply from %s", env.kind, origin)
+        self._introduced(env, answer)
+        if probe is not None:
+            self._probe_answered(probe, env.sender)
 
     # ------------------------------------------------------------------ extension kinds
 
@@ -2331,7 +2336,7 @@ class Node:
         a ``reply(kind, payload)`` function that answers the sender directly. It runs on
         the loop thread and must not block.
         """
-        if kind in (K_HEARTBEAT, K_ACK, K_HELLO, K_WELCOME, K_BYE):
+        if kind in NODE_KINDS:
             raise ConfigError(f"kind {kind!r} is the node's own")
         self._kind_handlers[kind] = handler
 
@@ -2344,8 +2349,8 @@ class Node:
         self._unsupported_handlers[kind] = handler
 
     def _on_unsupported(self, env: Envelope, payload: bytes, reply: Reply) -> None:
-        kind = decode_control(payload).get("k")
-        handler = self._unsupported_handlers.get(kind) if isinstance(kind, str) else None
+        kind = decode_unsupported(payload).kind  # a bad one is counted by _run_kind
+        handler = self._unsupported_handlers.get(kind)
         if handler is None:
             self._drop("unexpected", env.sender, "unexpected 'unsupported' (for %r) from %s",
                        kind, env.sender)
@@ -2392,16 +2397,10 @@ class Node:
         except Exception:
             log.exception("handler for %r failed on a message from %s", env.kind, env.sender)
 
-    def _on_ack(self, env: Envelope, body: dict[str, Any]) -> None:
-        seqs = body.get("f")
-        if not isinstance(seqs, list):
-            self._drop("bad-ack", env.sender, "malformed ack from %s", env.sender)
-            return
+    def _on_ack(self, env: Envelope, ack: Ack) -> None:
         now = time.monotonic()
         self._heard(env, now)
-        for first in seqs:
-            if not isinstance(first, int):
-                continue
+        for first in ack.firsts:
             entry = self._outbox.acked(env.sender, first, now)
             if entry is not None:
                 for done in entry.token:
@@ -2412,53 +2411,60 @@ class Node:
         if handler is not None:
             self._run_kind(handler, env, payload, self._reply_to(env, ident=ident))
             return
-        if ident is not None and env.kind not in (K_HELLO, K_UNSUPPORTED):
+        kind = env.kind or ""
+        if ident is not None and kind not in (KIND_HELLO, KIND_UNSUPPORTED):
             # A request of a protocol this node does not run (e.g. knowledge sync to a
             # node without a shard): say so, so that the asker turns elsewhere at once.
-            self._reply_to(env, ident=ident)(K_UNSUPPORTED, encode_control({"k": env.kind}))
+            self._reply_to(env, ident=ident)(KIND_UNSUPPORTED,
+                                             encode_unsupported(Unsupported(kind)))
             return
-        try:
-            body = decode_control(payload)
-        except ProtocolError as exc:
-            self._drop(exc.reason, env.sender, "dropped control %r from %s: %s", env.kind,
-                       env.sender, exc)
-            return
-        kind = env.kind
-        if kind == K_HEARTBEAT:
-            self._on_heartbeat(env, body)
-        elif kind == K_HELLO and ident is not None:
-            adverts = [] if body.get("o") else self._adverts_from_body(body, env.sender)
-            for advert in adverts:
-                self._found(advert, verified=advert.name == env.sender)
+        if kind == KIND_HEARTBEAT:
+            beat = self._decode_body(env, decode_heartbeat, payload)
+            if beat is not None:
+                self._on_heartbeat(env, beat)
+        elif kind == KIND_HELLO and ident is not None:
+            hello = self._decode_body(env, decode_hello, payload)
+            if isinstance(hello, Introduction):
+                self._introduced(env, hello)
             if self._router is not None:
-                self._send_control_direct(self._router, K_WELCOME, self._hello_body(),
-                                          ident=ident)
-        elif kind == K_BYE:
-            self._apply_peer_events(self._peers.left(env.sender, env.incarnation))
-        elif kind in (K_DRAIN, K_HALT) or kind is not None:
-            target = body.get("to")
-            if target not in (None, self.name):
+                self._send_control_direct(self._router, KIND_WELCOME,
+                                          encode_welcome(self._introduction()), ident=ident)
+        elif kind == KIND_BYE:
+            if self._decode_body(env, decode_bye, payload) is not None:
+                self._apply_peer_events(self._peers.left(env.sender, env.incarnation))
+        else:
+            # drain, halt, or a kind of the application's: its listeners decide.
+            body = self._decode_body(env, decode_control, payload)
+            if body is None or body.get("to") not in (None, self.name):
                 return
-            if kind == K_DRAIN:
+            if kind == KIND_DRAIN:
                 self.draining = True
             for listener in list(self._control_listeners):
                 try:
                     listener(kind, env.sender, body)
                 except Exception:
                     log.exception("control listener failed")
-            if kind == K_HALT and self._halt_event is not None:
+            if kind == KIND_HALT and self._halt_event is not None:
                 self._halt_event.set()
 
-    def _on_heartbeat(self, env: Envelope, body: dict[str, Any]) -> None:
-        seqs = body.get("s")
+    def _decode_body(self, env: Envelope, decode: Callable[[bytes], _T],
+                     payload: bytes) -> _T | None:
+        """A control body decoded by ``decode``; None (counted and logged once) when it
+        is malformed."""
+        try:
+            return decode(payload)
+        except ProtocolError as exc:
+            self._drop(exc.reason, env.sender, "dropped control %r from %s: %s", env.kind,
+                       env.sender, exc)
+            return None
+
+    def _on_heartbeat(self, env: Envelope, beat: Heartbeat) -> None:
         info = self._peers.get(env.sender)
         if info is None or info.incarnation != env.incarnation:
             return
-        info.draining = bool(body.get("d"))
-        if not isinstance(seqs, dict):
-            return
-        for channel, last in seqs.items():
-            if channel in self._channels and isinstance(channel, str) and isinstance(last, int):
+        info.draining = beat.draining
+        for channel, last in beat.last_seqs.items():
+            if channel in self._channels:
                 try:
                     result = self._btracker.observe_last(env.sender, channel,
                                                          env.incarnation, last)
@@ -2549,10 +2555,9 @@ class Node:
                 f"{entry.attempts} attempt(s); it may be stopped, overloaded or gone",
                 recipient=entry.recipient))
         if force_beat and not self.config.observer:
-            self._publish_control(K_HEARTBEAT, encode_control({
-                "s": {ch: seq for ch, seq in self._bseq.items() if ch != C.CHANNEL_CONTROL},
-                "d": self.draining,
-            }))
+            self._publish_control(KIND_HEARTBEAT, encode_heartbeat(Heartbeat(
+                {ch: seq for ch, seq in self._bseq.items() if ch != C.CHANNEL_CONTROL},
+                self.draining)))
         if force_beat and self._security is not None:
             # The ZAP callback may have re-read the directory already: compare generations.
             store = self._security.store
@@ -2876,7 +2881,7 @@ class Node:
 
     def _on_stats_request(self, env: Envelope, payload: bytes, reply: Reply) -> None:
         """Answer ``stats`` with :meth:`view` (any sender may ask, as for a ping)."""
-        reply(K_STATS_REPLY, orjson.dumps(self.view()))
+        reply(KIND_STATS_REPLY, encode_stats_reply(StatsReply(self.view())))
 
     def endpoints(self) -> dict[str, str]:
         """``{"pub": ..., "router": ...}`` endpoints on the first interface."""
