@@ -166,6 +166,7 @@ from porter_mesh.core.hlc import HybridClock
 from porter_mesh.core.outbox import Outbox
 from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, PeerTable, Recontact
 from porter_mesh.core.sequence import SequenceTracker, SeqVerdict
+from porter_mesh.core.session.keys import KEY_PREFIX, MAX_KEY_CHARS, IdempotencyKeys, key_of
 from porter_mesh.errors import (
     ConfigError,
     DeliveryError,
@@ -191,11 +192,8 @@ log = logging.getLogger("porter_mesh.node")
 _READ_LIMIT = 512
 #: Most refusing peers remembered (see Node.refusals).
 _MAX_REFUSALS = 1024
-#: The message id of a direct message sent with an idempotency key is this plus the key.
-_KEY_PREFIX = "k:"
-_MAX_KEY_CHARS = 256
-#: Most idempotency keys a node remembers (about 100 bytes each).
-_MAX_KEYS = 100_000
+#: Most messages remembered as refused for a full disk (their retries must land).
+_MAX_UNJOURNALED = 100_000
 #: A wake-up this much later than its timer asked for means the process was stopped
 #: (SIGSTOP, a debugger, a suspended VM) rather than busy, at the least (see _on_timer).
 _PAUSE_MIN = 1.0
@@ -534,8 +532,8 @@ class Node:
         self._replay: list[tuple[int, JournalRecord]] = []
         # The journal position after the last message handed out by receive()/drain().
         self._handed = 0
-        # Idempotency keys seen: (sender, key) -> wall-clock expiry, oldest first.
-        self._keys: dict[tuple[str, str], float] = {}
+        # Idempotency keys seen within the window (wall clock, so across restarts).
+        self._keys = IdempotencyKeys(window=config.idempotency_window)
         # Keys of queued direct sends: recipient -> {index in its queue: key}.
         self._pending_keys: dict[str, dict[int, str]] = {}
         self._discovery: Any = None
@@ -667,7 +665,7 @@ class Node:
                                       first, count)
                 first += count
             if record.key is not None:
-                self._keys[(record.sender, record.key)] = record.wall_ms / 1000 + window
+                self._keys.restore(record.sender, record.key, record.wall_ms / 1000)
         self._replay = journal.pending
         if self._replay:
             log.info("node %s: %d direct message(s) received before a restart were not "
@@ -1426,8 +1424,8 @@ class Node:
         """
         queue, fut, deadline = self._direct_queue(recipient, timeout)
         if key is not None:
-            if not 0 < len(key) <= _MAX_KEY_CHARS:
-                raise ConfigError(f"an idempotency key must be 1-{_MAX_KEY_CHARS} "
+            if not 0 < len(key) <= MAX_KEY_CHARS:
+                raise ConfigError(f"an idempotency key must be 1-{MAX_KEY_CHARS} "
                                   f"characters, got {len(key)}")
             name = recipient.removeprefix(C.DIRECT_PREFIX)
             self._pending_keys.setdefault(name, {})[len(queue)] = key
@@ -1566,7 +1564,7 @@ class Node:
             if index > start:
                 self._flush_direct_run(recipient, items[start:index])
             self._flush_direct_run(recipient, items[index:index + 1],
-                                   msg_id=_KEY_PREFIX + keys[index])
+                                   msg_id=KEY_PREFIX + keys[index])
             start = index + 1
         if start < len(items):
             self._flush_direct_run(recipient, items[start:])
@@ -2110,10 +2108,10 @@ class Node:
                 offset = journal.append([
                     JournalRecord(env.sender, env.incarnation, env.seq, env.count,
                                   env.channel, payload, env_bytes)
-                    if not env.msg_id.startswith(_KEY_PREFIX) else
+                    if not env.msg_id.startswith(KEY_PREFIX) else
                     JournalRecord(env.sender, env.incarnation, env.seq, env.count,
                                   env.channel, payload, env_bytes,
-                                  env.msg_id[len(_KEY_PREFIX):], _wall_ms())
+                                  env.msg_id[len(KEY_PREFIX):], _wall_ms())
                     for env, env_bytes, payload, _, _ in accepted
                 ])
             except StorageError as exc:
@@ -2142,12 +2140,13 @@ class Node:
         refused = 0
         for env, _, _, _, _ in accepted:
             refused += env.count
-            if len(self._unjournaled) >= _MAX_KEYS:
+            if len(self._unjournaled) >= _MAX_UNJOURNALED:
                 del self._unjournaled[next(iter(self._unjournaled))]
             self._unjournaled[(env.sender, env.incarnation, env.seq)] = None
-            if env.msg_id.startswith(_KEY_PREFIX):
+            key = key_of(env.msg_id)
+            if key is not None:
                 # Not kept, so not seen: the retry with this key must land.
-                self._keys.pop((env.sender, env.msg_id[len(_KEY_PREFIX):]), None)
+                self._keys.forget(env.sender, key)
         self.counters["refused.disk"] += refused
         first = self._storage_error is None
         self._storage_error = error
@@ -2214,7 +2213,8 @@ class Node:
             if unkept in self._unjournaled:
                 del self._unjournaled[unkept]
                 is_new = True
-        if is_new and env.msg_id.startswith(_KEY_PREFIX) and self._key_seen(env):
+        if is_new and env.msg_id.startswith(KEY_PREFIX) and self._keys.seen(
+                env.sender, env.msg_id[len(KEY_PREFIX):], time.time()):
             self.counters["duplicate.key"] += env.count
         elif is_new:
             try:
@@ -2235,27 +2235,6 @@ class Node:
         else:
             self.counters["duplicate.direct"] += env.count
         self._queue_ack(ident, env.seq)
-
-    def _key_seen(self, env: Envelope) -> bool:
-        """Whether a keyed message repeats one seen within the window (and remember it).
-
-        Keys are kept oldest first: expired ones are dropped from the front, and past
-        ``_MAX_KEYS`` the oldest goes (a documented bound on memory).
-        """
-        keys = self._keys
-        entry = (env.sender, env.msg_id[len(_KEY_PREFIX):])
-        now = time.time()
-        expiry = keys.get(entry)
-        if expiry is not None and expiry > now:
-            return True
-        keys.pop(entry, None)
-        keys[entry] = now + self.config.idempotency_window
-        while keys:
-            oldest = next(iter(keys))
-            if keys[oldest] > now and len(keys) <= _MAX_KEYS:
-                break
-            del keys[oldest]
-        return False
 
     def _spoofed(self, env: Envelope, authentic: str | None, what: str, *,
                  owner: bool = False) -> bool:

@@ -1,0 +1,5 @@
+"""The mesh's protocol as pure sessions: rules that take decoded frames and explicit
+times and say what to do, with no socket, no event loop and no clock of their own.
+
+* :mod:`.keys`: the receiver's idempotency-key window (wall time passed in).
+"""
