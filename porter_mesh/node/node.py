@@ -166,7 +166,8 @@ from porter_mesh.core.hlc import HybridClock
 from porter_mesh.core.outbox import Outbox
 from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, PeerTable, Recontact
 from porter_mesh.core.sequence import SequenceTracker, SeqVerdict
-from porter_mesh.core.session.keys import KEY_PREFIX, MAX_KEY_CHARS, IdempotencyKeys, key_of
+from porter_mesh.core.session.keys import KEY_PREFIX, MAX_KEY_CHARS
+from porter_mesh.core.session.receiving import DirectReceiver, Verdict
 from porter_mesh.errors import (
     ConfigError,
     DeliveryError,
@@ -192,8 +193,6 @@ log = logging.getLogger("porter_mesh.node")
 _READ_LIMIT = 512
 #: Most refusing peers remembered (see Node.refusals).
 _MAX_REFUSALS = 1024
-#: Most messages remembered as refused for a full disk (their retries must land).
-_MAX_UNJOURNALED = 100_000
 #: A wake-up this much later than its timer asked for means the process was stopped
 #: (SIGSTOP, a debugger, a suspended VM) rather than busy, at the least (see _on_timer).
 _PAUSE_MIN = 1.0
@@ -202,7 +201,6 @@ _PAUSE_MIN = 1.0
 _REBIND_FIRST_DELAY = 0.002
 _REBIND_MAX_DELAY = 0.1
 _REBIND_DEADLINE = 10.0
-_DIRECT_STREAM = "direct"
 _OBSERVE_PREFIX = C.DIRECT_PREFIX.encode()
 #: First byte of a subscription that names its subscriber, ``\xff<name>\x00<channel>``
 #: (see :meth:`Node.subscribers`). 0xff never occurs in UTF-8, so no published topic
@@ -463,7 +461,8 @@ class Node:
         # start. Direct streams are expected from 1, so retries that overtake each other
         # are still accepted once.
         self._btracker = SequenceTracker(from_start=False)
-        self._dtracker = SequenceTracker(window=1 << 16)
+        # Direct messages received: sequences, idempotency keys, refusals (pure).
+        self._receiver = DirectReceiver(key_window=config.idempotency_window)
         self._clock = HybridClock(max_skew_ms=round(config.max_clock_skew * 1000))
         self._skew_warned: set[str] = set()
         self._inbox: collections.deque[Message] = collections.deque()
@@ -480,15 +479,9 @@ class Node:
         # for meanwhile (the mark moves there once nothing below it is held).
         self._floor: int | None = None
         self._goal = 0
-        # Direct messages held in memory only (no data directory), not acknowledged yet:
-        # (sender, incarnation, first seq). Their retries are not acknowledged either.
-        self._unacked: set[tuple[str, int, int]] = set()
         # A failed journal write: the error while the data directory cannot be written
-        # (None once a write succeeds again); the messages it refused, which the
-        # sequence tracker has seen but which were never kept or acknowledged, so that
-        # their retries are accepted: (sender, incarnation, first seq).
+        # (None once a write succeeds again).
         self._storage_error: StorageError | None = None
-        self._unjournaled: dict[tuple[str, int, int], None] = {}
         # When the application last read the inbox (or the node started), and whether
         # the node said that owed messages wait unread (see NodeConfig.unread_warning).
         self._read_at = time.monotonic()
@@ -532,8 +525,6 @@ class Node:
         self._replay: list[tuple[int, JournalRecord]] = []
         # The journal position after the last message handed out by receive()/drain().
         self._handed = 0
-        # Idempotency keys seen within the window (wall clock, so across restarts).
-        self._keys = IdempotencyKeys(window=config.idempotency_window)
         # Keys of queued direct sends: recipient -> {index in its queue: key}.
         self._pending_keys: dict[str, dict[int, str]] = {}
         self._discovery: Any = None
@@ -653,19 +644,9 @@ class Node:
         self._journal = journal = DeliveryJournal(
             path, key_window=window, compact_bytes=self.config.journal_compact_bytes)
         self._handed = journal.taken
-        tracker = self._dtracker
         for record in journal.known:
-            # Compaction merges a sender's taken messages into runs of any length; only
-            # the tracker's window of a run's end matters (older is a duplicate anyway).
-            last = record.first_seq + record.count - 1
-            first = max(record.first_seq, last - tracker.window + 1)
-            while first <= last:
-                count = min(C.MAX_BATCH, last - first + 1)
-                tracker.observe_range(record.sender, _DIRECT_STREAM, record.incarnation,
-                                      first, count)
-                first += count
-            if record.key is not None:
-                self._keys.restore(record.sender, record.key, record.wall_ms / 1000)
+            self._receiver.restore(record.sender, record.incarnation, record.first_seq,
+                                   record.count, record.key, record.wall_ms / 1000)
         self._replay = journal.pending
         if self._replay:
             log.info("node %s: %d direct message(s) received before a restart were not "
@@ -944,7 +925,7 @@ class Node:
                             "line's seat that has finished)", recipient=peer.name))
                 if event.reason == "restarted":
                     self._btracker.forget(peer.name)
-                    self._dtracker.forget(peer.name)
+                    self._receiver.forget(peer.name)
                 note += self._lost(peer, event.reason)
             elif event.kind is PeerEventKind.UPDATED:
                 link = self._links.get(peer.name)
@@ -1953,7 +1934,7 @@ class Node:
             else:
                 self._take(end)
         if ident is not None:
-            self._unacked.discard((env.sender, env.incarnation, env.seq))
+            self._receiver.taken(env.sender, env.incarnation, env.seq)
             self._queue_ack(ident, env.seq)
         if not limit or not msgs:
             return None
@@ -1991,7 +1972,7 @@ class Node:
 
     def _track_unacked(self, held: _Held) -> None:
         if held.ident is not None:
-            self._unacked.add((held.env.sender, held.env.incarnation, held.env.seq))
+            self._receiver.hold(held.env.sender, held.env.incarnation, held.env.seq)
 
     def _queue_ack(self, ident: bytes, seq: int) -> None:
         acks = self._pending_acks.get(ident)
@@ -2140,13 +2121,8 @@ class Node:
         refused = 0
         for env, _, _, _, _ in accepted:
             refused += env.count
-            if len(self._unjournaled) >= _MAX_UNJOURNALED:
-                del self._unjournaled[next(iter(self._unjournaled))]
-            self._unjournaled[(env.sender, env.incarnation, env.seq)] = None
-            key = key_of(env.msg_id)
-            if key is not None:
-                # Not kept, so not seen: the retry with this key must land.
-                self._keys.forget(env.sender, key)
+            # Not kept, so not seen: its retry (with its key, if any) must land.
+            self._receiver.refused(env.sender, env.incarnation, env.seq, env.msg_id)
         self.counters["refused.disk"] += refused
         first = self._storage_error is None
         self._storage_error = error
@@ -2191,32 +2167,14 @@ class Node:
                        env.sender, env.recipient, self.name)
             return
         limit = self.config.inbox_size
-        if limit:
-            waiting = len(self._inbox) + sum(a[0].count for a in accepted[-64:])
-            if waiting + env.count > limit:
-                self.counters["backpressure.inbox"] += 1
-                return  # not acknowledged: the sender will retry when we have room
-        elif self._replay or not (self._handlers or self._batch_handlers):
-            # No inbox and no handler (yet), or owed messages still to go first: nobody
-            # could take it, so it is not acknowledged and the sender retries.
-            self.counters["backpressure.no-consumer"] += 1
-            return
-        if self._held_count >= self._held_limit:
-            self.counters["backpressure.held"] += 1
-            return  # handlers decline this much already: the sender retries later
-        result = self._dtracker.observe_range(env.sender, _DIRECT_STREAM, env.incarnation,
-                                              env.seq, env.count)
-        is_new = result.is_new
-        if not is_new and self._unjournaled:
-            # Seen, but its journal write failed (a full disk): this retry may land.
-            unkept = (env.sender, env.incarnation, env.seq)
-            if unkept in self._unjournaled:
-                del self._unjournaled[unkept]
-                is_new = True
-        if is_new and env.msg_id.startswith(KEY_PREFIX) and self._keys.seen(
-                env.sender, env.msg_id[len(KEY_PREFIX):], time.time()):
-            self.counters["duplicate.key"] += env.count
-        elif is_new:
+        verdict = self._receiver.admit(
+            env.sender, env.incarnation, env.seq, env.count, env.msg_id,
+            room=(limit - len(self._inbox) - sum(a[0].count for a in accepted[-64:])
+                  if limit else None),
+            # Without an inbox: a handler, and no owed message that must go first.
+            consumer=bool(self._handlers or self._batch_handlers) and not self._replay,
+            held_full=self._held_count >= self._held_limit, wall=time.time())
+        if verdict is Verdict.NEW:
             try:
                 activities = decode_payload(payload, env.count)
             except ProtocolError as exc:
@@ -2224,16 +2182,17 @@ class Node:
                 self._drop(exc.reason, env.sender, "dropped %d activities from %s: %s",
                            env.count, env.sender, exc)
             else:
-                # Acknowledged once kept (see _accept).
+                # Journaled, delivered, then acknowledged (see _accept).
                 accepted.append((env, frames[1], payload, activities, ident))
                 return
-        elif self._unacked and (env.sender, env.incarnation, env.seq) in self._unacked:
-            # A retry of a message a handler declined, held in memory only: it is
-            # acknowledged when taken.
-            self.counters["duplicate.held"] += env.count
-            return
+        elif verdict.acknowledged:
+            self.counters[verdict.value] += env.count
+        elif verdict is Verdict.HELD:
+            self.counters[verdict.value] += env.count
+            return  # acknowledged when a handler takes it
         else:
-            self.counters["duplicate.direct"] += env.count
+            self.counters[verdict.value] += 1
+            return  # backpressure: not acknowledged, the sender retries later
         self._queue_ack(ident, env.seq)
 
     def _spoofed(self, env: Envelope, authentic: str | None, what: str, *,
