@@ -101,6 +101,9 @@ PUBLIC_SUFFIX: Final = ".key"
 SECRET_SUFFIX: Final = ".key_secret"
 #: A certificate is a few hundred bytes; anything much larger is not one.
 _MAX_CERT_BYTES: Final = 64 * 1024
+#: Most seconds between two full reads of a trusted directory whose own status did not
+#: change (see TrustStore.refresh_if_changed).
+RESCAN_EVERY: Final = 5.0
 _Z85_KEY_RE: Final = re.compile(rb"[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")
 _METADATA_NAME_RE: Final = re.compile(rb"^\s+name\s*=\s*\"?([^\"\s]+)\"?\s*$", re.MULTILINE)
 _SIGNING_PUBLIC_RE: Final = re.compile(rb"^\s+signing-key\s*=\s*\"?([^\"\s]*)\"?\s*$",
@@ -483,6 +486,10 @@ class TrustStore:
         self._by_name: dict[str, str] = {}
         self._signing: dict[str, bytes] = {}
         self._warned: set[str] = set()
+        # The directory's own status at the last look, and when every file is next
+        # looked at again all the same (see refresh_if_changed).
+        self._dir_stat: tuple[int, int, int] | None = None
+        self._rescan_at = 0.0
 
     @property
     def names(self) -> frozenset[str]:
@@ -518,12 +525,41 @@ class TrustStore:
             return ("missing",)
         return tuple(sorted(entries))
 
+    def _dir_status(self) -> tuple[int, int, int]:
+        try:
+            st = os.stat(self.directory)
+        except OSError:
+            return (-1, -1, -1)
+        return (st.st_mtime_ns, st.st_ino, st.st_nlink)
+
+    def refresh_if_changed(self, now: float, *, rescan_every: float = RESCAN_EVERY) -> bool:
+        """A cheap look, for a caller that looks often (a node, once a heartbeat).
+
+        One ``stat`` of the directory: adding, removing or renaming a key changes its
+        modification time, and then (or every ``rescan_every`` seconds all the same,
+        which catches a certificate rewritten in place) the directory is re-read as
+        :meth:`refresh` does.
+
+        Args:
+            now: monotonic seconds.
+            rescan_every: most seconds between two full looks.
+
+        Returns:
+            True when the set of trusted keys was reloaded.
+        """
+        if self._dir_status() == self._dir_stat and now < self._rescan_at:
+            return False
+        self._rescan_at = now + rescan_every
+        return self.refresh()
+
     def refresh(self) -> bool:
         """Re-read the directory if it changed since the last look.
 
         Returns:
             True when the set of trusted keys was reloaded.
         """
+        # Before the scan: a change made during it shows in the next look's status.
+        self._dir_stat = self._dir_status()
         signature = self._scan()
         if signature == self._signature:
             return False

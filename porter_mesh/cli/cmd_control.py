@@ -11,12 +11,13 @@ import orjson
 from porter_mesh.cli.common import add_mesh_options, agent_name, run, seat_config, seconds
 from porter_mesh.cli.seat import wait_for_peers
 from porter_mesh.core import constants as C
-from porter_mesh.node.node import K_DRAIN, K_HALT, Node
+from porter_mesh.core.control import KIND_DRAIN, KIND_HALT
+from porter_mesh.node.node import Node
 
 
 def register(sub: Any) -> None:
     parser = sub.add_parser("control", help="send drain or halt to agents")
-    parser.add_argument("kind", choices=[K_DRAIN, K_HALT])
+    parser.add_argument("kind", choices=[KIND_DRAIN, KIND_HALT])
     parser.add_argument("--to", type=agent_name,
                         help="one agent (default: every agent on the mesh)")
     parser.add_argument("--wait", type=seconds, default=5.0, metavar="SECONDS",

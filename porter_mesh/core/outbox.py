@@ -167,6 +167,17 @@ class Outbox(Generic[T]):
             self._sample(max(0.0, now - entry.sent_at))
         return entry
 
+    @property
+    def next_due(self) -> float:
+        """When :meth:`poll` next has something to do (monotonic seconds; ``inf``:
+        nothing in flight). May be early, never late: an entry rescheduled later is
+        found at its old time and pushed back by the poll."""
+        heap = self._heap
+        pending = self._pending
+        while heap and (heap[0][2], heap[0][3]) not in pending:
+            heapq.heappop(heap)  # settled since it was scheduled
+        return heap[0][0] if heap else float("inf")
+
     def poll(self, now: float) -> tuple[list[Pending[T]], list[Pending[T]]]:
         """Entries to resend now, and entries whose deadline passed (removed)."""
         resend: list[Pending[T]] = []

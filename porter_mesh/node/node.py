@@ -13,8 +13,9 @@ Sockets (all owned by the event-loop thread; ZeroMQ sockets are not thread-safe)
   acknowledgements and welcomes that come back.
 
 Reading never costs one ``await`` per message: each socket's file descriptor is watched
-with ``loop.add_reader``; when it fires, the socket is drained without blocking (up to a
-fairness limit, then the drain is rescheduled). ZeroMQ's descriptor is edge-triggered,
+with ``loop.add_reader``; when it fires, the socket is read without blocking (up to a
+fairness limit, then the read is rescheduled; one loop, ``Node._read``, serves every
+socket). ZeroMQ's descriptor is edge-triggered,
 so every send on a socket is followed by a check of its ``EVENTS`` for pending input.
 
 Sending is batched under load: ``async_publish`` and ``async_send_nowait`` only queue;
@@ -32,6 +33,15 @@ backoff until acknowledged or its deadline passes (then the caller's future fail
 ``DeliveryTimeout``). The receiver de-duplicates by (sender, incarnation, sequence),
 records accepted messages in its journal (when it has a data directory) before
 acknowledging, and acknowledges duplicates again without delivering them.
+
+Timers. Nothing polls: the node has one asyncio timer, armed with ``loop.call_at`` at
+the earliest deadline of all that waits on the clock (the next heartbeat, which also
+checks peer silence, the trusted directory and unread messages; the outbox's next resend
+or send deadline; the next re-contact attempt; the next offer of a declined message),
+and moved earlier whenever a read, a flush or a discovery adds an earlier one. An idle
+node wakes once a heartbeat. A wake-up far later than asked means this process was
+stopped (SIGSTOP, a suspended VM): the peers' silence over that time is forgiven and the
+node says hello to everyone again.
 
 Liveness comes from heartbeats, not mDNS (a killed process sends no goodbye); see
 :mod:`porter_mesh.core.peers`. Peers are found by zeroconf, by ``hello`` to static seeds,
@@ -66,7 +76,10 @@ written to the audit log. Adverts (mDNS, hellos, peer exchange) must carry a key
 the trusted directory binds to the advertised name, and an advert that would move a live
 peer (new incarnation, endpoints or key) is believed only first-hand, from that peer
 over an authenticated connection, since anyone can send mDNS. The trusted directory is
-re-read on every handshake and every heartbeat; a peer whose key was removed is
+re-read on every handshake, and looked at on every heartbeat (one ``stat`` of the
+directory, every file at least every few seconds; see
+:meth:`~porter_mesh.adapters.security.TrustStore.refresh_if_changed`); a peer whose key
+was removed is
 disconnected. An unsecured node pays for none of this: the checks are behind
 ``peer``/``user`` arguments that are None there. A node bound beyond loopback without a
 key refuses to start unless ``insecure`` is set (protected mode).
@@ -94,7 +107,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple, TypeVar, cast
 
-import orjson
 import zmq
 
 from porter_mesh.adapters.dirlock import DirLock
@@ -102,20 +114,49 @@ from porter_mesh.adapters.handshake import HandshakeWatch, Refusal
 from porter_mesh.adapters.journal import DeliveryJournal, JournalRecord
 from porter_mesh.adapters.security import AUDIT_FILE, MeshSecurity, check_libzmq
 from porter_mesh.core import constants as C
-from porter_mesh.core.advert import PeerAdvert, decode_txt, encode_txt, key_name
+from porter_mesh.core.addresses import url_host
+from porter_mesh.core.advert import PeerAdvert, key_name
 from porter_mesh.core.as2 import Activity
-from porter_mesh.core.envelope import (
+from porter_mesh.core.control import (
     KIND_ACK,
+    KIND_BYE,
     KIND_DRAIN,
     KIND_HALT,
     KIND_HEARTBEAT,
+    KIND_HELLO,
+    KIND_STATS,
+    KIND_STATS_REPLY,
+    KIND_UNSUPPORTED,
+    KIND_WELCOME,
+    NODE_KINDS,
+    Ack,
+    Heartbeat,
+    Introduction,
+    ObserverHello,
+    StatsReply,
+    Unsupported,
+    decode_ack,
+    decode_bye,
+    decode_control,
+    decode_heartbeat,
+    decode_hello,
+    decode_unsupported,
+    decode_welcome,
+    encode_ack,
+    encode_bye,
+    encode_control,
+    encode_heartbeat,
+    encode_hello,
+    encode_stats_reply,
+    encode_unsupported,
+    encode_welcome,
+)
+from porter_mesh.core.envelope import (
     Envelope,
     decode_broadcast,
-    decode_control,
     decode_direct,
     decode_payload,
     encode_broadcast,
-    encode_control,
     encode_direct,
     encode_payload,
     encode_topic,
@@ -125,6 +166,8 @@ from porter_mesh.core.hlc import HybridClock
 from porter_mesh.core.outbox import Outbox
 from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, PeerTable, Recontact
 from porter_mesh.core.sequence import SequenceTracker, SeqVerdict
+from porter_mesh.core.session.keys import KEY_PREFIX, MAX_KEY_CHARS
+from porter_mesh.core.session.receiving import DirectReceiver, Verdict
 from porter_mesh.errors import (
     ConfigError,
     DeliveryError,
@@ -146,21 +189,18 @@ __all__ = ["Message", "Node"]
 
 log = logging.getLogger("porter_mesh.node")
 
-_DRAIN_LIMIT = 512
+#: Most messages read from one socket in one go before the others get their turn.
+_READ_LIMIT = 512
 #: Most refusing peers remembered (see Node.refusals).
 _MAX_REFUSALS = 1024
-#: The message id of a direct message sent with an idempotency key is this plus the key.
-_KEY_PREFIX = "k:"
-_MAX_KEY_CHARS = 256
-#: Most idempotency keys a node remembers (about 100 bytes each).
-_MAX_KEYS = 100_000
-_TICK = 0.05
+#: A wake-up this much later than its timer asked for means the process was stopped
+#: (SIGSTOP, a debugger, a suspended VM) rather than busy, at the least (see _on_timer).
+_PAUSE_MIN = 1.0
 #: Re-binding the PUB port after a revocation (see Node._reopen_pub): first retry after
 #: this many seconds, doubling up to the cap, for at most the deadline.
 _REBIND_FIRST_DELAY = 0.002
 _REBIND_MAX_DELAY = 0.1
 _REBIND_DEADLINE = 10.0
-_DIRECT_STREAM = "direct"
 _OBSERVE_PREFIX = C.DIRECT_PREFIX.encode()
 #: First byte of a subscription that names its subscriber, ``\xff<name>\x00<channel>``
 #: (see :meth:`Node.subscribers`). 0xff never occurs in UTF-8, so no published topic
@@ -171,25 +211,7 @@ _MARK = b"\xff"
 
 def _marker(name: str, channel: str) -> bytes:
     return _MARK + name.encode() + b"\x00" + channel.encode()
-#: The ZeroMQ message property that carries the ZAP User-Id (our bound agent name).
 
-# Kinds of the mesh's own (non-AS2) messages.
-K_HEARTBEAT = KIND_HEARTBEAT
-K_ACK = KIND_ACK
-K_DRAIN = KIND_DRAIN
-K_HALT = KIND_HALT
-#: Graceful leave, broadcast on ``control``.
-K_BYE = "bye"
-#: Introduction over DEALER -> ROUTER: our advert plus the peers we know (peer exchange).
-K_HELLO = "hello"
-#: The answer to a hello, with the same content.
-K_WELCOME = "welcome"
-#: The answer to a direct request of a kind this node does not handle: ``{"k": kind}``.
-K_UNSUPPORTED = "unsupported"
-#: A request for the node's own view (:meth:`Node.view`), answered with ``stats-reply``.
-K_STATS = "stats"
-#: The answer to ``stats``: the view as JSON.
-K_STATS_REPLY = "stats-reply"
 #: The lock file that keeps a data directory to one node process.
 DATA_DIR_LOCK = "node.lock"
 #: Senders whose drops and losses are counted one by one (more are counted in total only).
@@ -238,8 +260,7 @@ def _tcp_address(sock: zmq.Socket[bytes], host: str) -> str:
     is bracketed and turns IPv6 on for the socket."""
     if ":" in host:
         sock.setsockopt(zmq.IPV6, 1)
-        return f"tcp://[{host}]"
-    return f"tcp://{host}"
+    return f"tcp://{url_host(host)}"
 
 
 def _first(item: tuple[Activity, Any, Any]) -> Activity:
@@ -268,15 +289,12 @@ class _OnceLog:
     """Log a problem once per (reason, origin) at WARNING, then only count it (in total
     and per origin)."""
 
-    def __init__(self, counters: collections.Counter[str],
-                 by_origin: collections.Counter[str]) -> None:
+    def __init__(self, count: Callable[[str, str], None]) -> None:
         self._seen: set[tuple[str, str]] = set()
-        self._counters = counters
-        self._by_origin = by_origin
+        self._count = count
 
     def __call__(self, reason: str, origin: str, message: str, *args: object) -> None:
-        self._counters["dropped." + reason] += 1
-        _count_for(self._by_origin, origin)
+        self._count(reason, origin)
         key = (reason, origin)
         if key in self._seen or len(self._seen) > 10_000:
             if log.isEnabledFor(logging.DEBUG):
@@ -384,6 +402,11 @@ def _index_of(items: tuple[_T, ...], item: _T) -> int:
     return next(i for i, x in enumerate(items) if x is item)
 
 
+def _recv_subscription(sock: zmq.Socket[bytes]) -> bytes:
+    """One (un)subscription frame from an XPUB (``zmq.Again`` when none waits)."""
+    return sock.recv(zmq.NOBLOCK)
+
+
 def _fd(sock: zmq.Socket[bytes]) -> int:
     return cast(int, sock.getsockopt(zmq.FD))
 
@@ -421,7 +444,7 @@ class Node:
         #: Broadcasts lost (sequence gaps) and messages dropped, per sending peer.
         self.lost_by: collections.Counter[str] = collections.Counter()
         self.dropped_by: collections.Counter[str] = collections.Counter()
-        self._drop = _OnceLog(self.counters, self.dropped_by)
+        self._drop = _OnceLog(self.count_drop)
         #: Extra sections of :meth:`view` (the knowledge replica adds ``knowledge``).
         self.view_sections: dict[str, Callable[[], dict[str, Any]]] = {}
         self._dir_lock: DirLock | None = None
@@ -438,7 +461,8 @@ class Node:
         # start. Direct streams are expected from 1, so retries that overtake each other
         # are still accepted once.
         self._btracker = SequenceTracker(from_start=False)
-        self._dtracker = SequenceTracker(window=1 << 16)
+        # Direct messages received: sequences, idempotency keys, refusals (pure).
+        self._receiver = DirectReceiver(key_window=config.idempotency_window)
         self._clock = HybridClock(max_skew_ms=round(config.max_clock_skew * 1000))
         self._skew_warned: set[str] = set()
         self._inbox: collections.deque[Message] = collections.deque()
@@ -450,21 +474,14 @@ class Node:
         self._held: dict[tuple[str, bool], _HeldQueue] = {}
         self._held_count = 0
         self._held_limit = config.inbox_size or 100_000
-        self._held_timer: asyncio.TimerHandle | None = None
         # Journal positions: the first one a held message still owes (the taken mark
         # stays below it; None: nothing journaled is held), and the highest take asked
         # for meanwhile (the mark moves there once nothing below it is held).
         self._floor: int | None = None
         self._goal = 0
-        # Direct messages held in memory only (no data directory), not acknowledged yet:
-        # (sender, incarnation, first seq). Their retries are not acknowledged either.
-        self._unacked: set[tuple[str, int, int]] = set()
         # A failed journal write: the error while the data directory cannot be written
-        # (None once a write succeeds again); the messages it refused, which the
-        # sequence tracker has seen but which were never kept or acknowledged, so that
-        # their retries are accepted: (sender, incarnation, first seq).
+        # (None once a write succeeds again).
         self._storage_error: StorageError | None = None
-        self._unjournaled: dict[tuple[str, int, int], None] = {}
         # When the application last read the inbox (or the node started), and whether
         # the node said that owed messages wait unread (see NodeConfig.unread_warning).
         self._read_at = time.monotonic()
@@ -472,7 +489,7 @@ class Node:
         self._peer_listeners: list[Callable[[PeerEvent], None]] = []
         self._control_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
         self._kind_handlers: dict[str, KindHandler] = {
-            K_STATS: self._on_stats_request, K_UNSUPPORTED: self._on_unsupported}
+            KIND_STATS: self._on_stats_request, KIND_UNSUPPORTED: self._on_unsupported}
         self._unsupported_handlers: dict[str, KindHandler] = {}
         self._channels: set[str] = set()
         self._subscribers: collections.Counter[bytes] = collections.Counter()
@@ -508,12 +525,14 @@ class Node:
         self._replay: list[tuple[int, JournalRecord]] = []
         # The journal position after the last message handed out by receive()/drain().
         self._handed = 0
-        # Idempotency keys seen: (sender, key) -> wall-clock expiry, oldest first.
-        self._keys: dict[tuple[str, str], float] = {}
         # Keys of queued direct sends: recipient -> {index in its queue: key}.
         self._pending_keys: dict[str, dict[int, str]] = {}
         self._discovery: Any = None
-        self._ticker: asyncio.Task[None] | None = None
+        # The one timer of the node, armed at the earliest deadline of everything that
+        # waits on time (see _rearm), and when it is due (monotonic; inf: not armed).
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._beat_due = 0.0
         self._started = False
         self._closed = False
         self.draining = False
@@ -590,10 +609,10 @@ class Node:
                 self._release_data_dir()
                 raise
         if self._sub is not None:
-            self._watch(self._sub, self._drain_sub)
-        self._watch(self._router, self._drain_router)
-        self._watch(self._pub, self._drain_xpub)
-        self._ticker = asyncio.ensure_future(self._tick_loop())
+            self._watch(self._sub, self._read_sub)
+        self._watch(self._router, self._read_router)
+        self._watch(self._pub, self._read_xpub)
+        self._beat_due = time.monotonic()  # the first heartbeat goes at once
         if cfg.discovery:
             from porter_mesh.adapters.discovery import Discovery
 
@@ -610,6 +629,7 @@ class Node:
                 self._seed_names[seed] = name
             self._recontact.start((_SEED, seed), None, now, delay=0, pinned=True)
         self._run_recontacts(now)
+        self._rearm()
         log.info("node %s up: pub %d router %d incarnation %x%s", self.name, self.pub_port,
                  self.router_port, self.incarnation, " (CurveZMQ)" if security else "")
 
@@ -624,19 +644,9 @@ class Node:
         self._journal = journal = DeliveryJournal(
             path, key_window=window, compact_bytes=self.config.journal_compact_bytes)
         self._handed = journal.taken
-        tracker = self._dtracker
         for record in journal.known:
-            # Compaction merges a sender's taken messages into runs of any length; only
-            # the tracker's window of a run's end matters (older is a duplicate anyway).
-            last = record.first_seq + record.count - 1
-            first = max(record.first_seq, last - tracker.window + 1)
-            while first <= last:
-                count = min(C.MAX_BATCH, last - first + 1)
-                tracker.observe_range(record.sender, _DIRECT_STREAM, record.incarnation,
-                                      first, count)
-                first += count
-            if record.key is not None:
-                self._keys[(record.sender, record.key)] = record.wall_ms / 1000 + window
+            self._receiver.restore(record.sender, record.incarnation, record.first_seq,
+                                   record.count, record.key, record.wall_ms / 1000)
         self._replay = journal.pending
         if self._replay:
             log.info("node %s: %d direct message(s) received before a restart were not "
@@ -707,14 +717,10 @@ class Node:
         self._closed = True
         with contextlib.suppress(Exception):
             self._flush()
-            self._publish_control(K_BYE, {})
-        if self._held_timer is not None:
-            self._held_timer.cancel()
-            self._held_timer = None
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(BaseException):
-                await self._ticker
+            self._publish_control(KIND_BYE, encode_bye())
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._discovery is not None:
             with contextlib.suppress(Exception):
                 await self._discovery.aclose()
@@ -815,12 +821,12 @@ class Node:
                 sock.bind(f"{_tcp_address(sock, host)}:{chosen}")
         return chosen
 
-    def _watch(self, sock: zmq.Socket[bytes], drain: Callable[[], None]) -> None:
+    def _watch(self, sock: zmq.Socket[bytes], read: Callable[[], None]) -> None:
         assert self._loop is not None
-        self._readers[sock] = drain
-        self._loop.add_reader(_fd(sock), drain)
+        self._readers[sock] = read
+        self._loop.add_reader(_fd(sock), read)
         # Input may already be waiting: the edge may have fired before we watched.
-        self._loop.call_soon(drain)
+        self._loop.call_soon(read)
 
     def _unwatch(self, sock: zmq.Socket[bytes]) -> None:
         if self._readers.pop(sock, None) is not None and self._loop is not None:
@@ -829,10 +835,10 @@ class Node:
 
     def _after_send(self, sock: zmq.Socket[bytes]) -> None:
         """A send can consume the edge of ZeroMQ's descriptor: re-check for input."""
-        drain = self._readers.get(sock)
-        if drain is not None and readable(sock):
+        read = self._readers.get(sock)
+        if read is not None and readable(sock):
             assert self._loop is not None
-            self._loop.call_soon(drain)
+            self._loop.call_soon(read)
 
     # ------------------------------------------------------------------ adverts
 
@@ -852,6 +858,7 @@ class Node:
         if advert.name == self.name or self._closed:
             return
         self._found(advert)
+        self._rearm()  # a new link may resend what waited for it
 
     def _on_discovery_lost(self, name: str) -> None:
         # mDNS removal is only a hint; liveness is decided by heartbeats and goodbyes.
@@ -896,9 +903,7 @@ class Node:
     def _refuse(self, event: str, peer: str | None, detail: str, *,
                 key: str | None = None) -> None:
         """Drop something a secured node must not accept: count it and audit it."""
-        self.counters["dropped." + event] += 1
-        if peer is not None:
-            _count_for(self.dropped_by, peer)
+        self.count_drop(event, peer)
         if self._security is not None:
             self._security.audit.record(event, detail, peer=peer, key=key)
 
@@ -920,7 +925,7 @@ class Node:
                             "line's seat that has finished)", recipient=peer.name))
                 if event.reason == "restarted":
                     self._btracker.forget(peer.name)
-                    self._dtracker.forget(peer.name)
+                    self._receiver.forget(peer.name)
                 note += self._lost(peer, event.reason)
             elif event.kind is PeerEventKind.UPDATED:
                 link = self._links.get(peer.name)
@@ -954,7 +959,7 @@ class Node:
             for topic in self._topics():
                 sub.setsockopt(zmq.SUBSCRIBE, topic)
             sub.connect(pub)
-            self._watch(sub, functools.partial(self._drain_sub, sub, advert.name))
+            self._watch(sub, functools.partial(self._read_sub, sub, advert.name))
         dealer = self._client_socket(zmq.DEALER, advert.public_key)
         if self._security is None:
             # A readable id helps debugging; a secured ROUTER makes up its own (see above).
@@ -964,7 +969,7 @@ class Node:
         self._watch_handshake(dealer, advert.name)
         dealer.connect(advert.endpoint_router())
         self._links[advert.name] = _PeerLink(advert, dealer, pub, sub)
-        self._watch(dealer, functools.partial(self._drain_dealer, dealer, advert.name))
+        self._watch(dealer, functools.partial(self._read_dealer, dealer, advert.name))
         self._send_hello(dealer)
         # Anything still in flight to this name goes to the new connection now.
         now = time.monotonic()
@@ -1057,7 +1062,7 @@ class Node:
             hosts.pop(0)
         if self._security is not None:
             self._watch_handshake(sock, None)
-        self._watch(sock, self._drain_xpub)
+        self._watch(sock, self._read_xpub)
 
     # ------------------------------------------------------------------ handshakes
 
@@ -1140,19 +1145,18 @@ class Node:
 
     # ------------------------------------------------------------------ hello / seeds
 
-    def _hello_body(self) -> dict[str, Any]:
-        peers = [[encode_txt(p.advert), list(p.advert.addresses)] for p in self._peers]
-        me = self.advert()
-        return {"a": encode_txt(me), "x": list(me.addresses), "p": peers}
+    def _introduction(self) -> Introduction:
+        """The body of our hello and welcome: our advert and the peers we know."""
+        return Introduction(self.advert(), tuple(p.advert for p in self._peers))
 
     def _send_hello(self, dealer: zmq.Socket[bytes]) -> None:
         if self.config.observer:
             # An observer stays off every roster, but a seed must still tell it who is
             # there: its hello carries no advert, only the wish for a welcome.
             if any(dealer is probe for key, probe in self._probes.items() if key[0] == _SEED):
-                self._send_control_direct(dealer, K_HELLO, {"o": 1})
+                self._send_control_direct(dealer, KIND_HELLO, encode_hello(ObserverHello()))
             return
-        self._send_control_direct(dealer, K_HELLO, self._hello_body())
+        self._send_control_direct(dealer, KIND_HELLO, encode_hello(self._introduction()))
 
     def _run_recontacts(self, now: float) -> None:
         observer = self.config.observer
@@ -1209,7 +1213,7 @@ class Node:
             self._recontact.stop(key)
             return
         self._probes[key] = dealer
-        self._watch(dealer, functools.partial(self._drain_dealer, dealer, None, name, key))
+        self._watch(dealer, functools.partial(self._read_dealer, dealer, None, name, key))
         self._send_hello(dealer)
 
     def _close_probe(self, key: Target) -> None:
@@ -1273,15 +1277,11 @@ class Node:
                 "its clock (NTP)", peer.name, peer.clock_skew_ms / 1000,
                 self.config.max_clock_skew)
 
-    def _adverts_from_body(self, body: dict[str, Any], origin: str) -> list[PeerAdvert]:
-        adverts = []
-        try:
-            adverts.append(decode_txt(body["a"], addresses=body["x"]))
-            for txt, addrs in body.get("p", [])[:1024]:
-                adverts.append(decode_txt(txt, addresses=addrs))
-        except (ProtocolError, KeyError, TypeError, ValueError) as exc:
-            self._drop("bad-hello", origin, "bad hello from %s: %s", origin, exc)
-        return adverts
+    def _introduced(self, env: Envelope, intro: Introduction) -> None:
+        """A hello or welcome from ``env.sender``: its own advert is first-hand, the
+        peers it knows are hearsay."""
+        for advert in (intro.advert, *intro.peers):
+            self._found(advert, verified=advert.name == env.sender)
 
     # ------------------------------------------------------------------ subscribe
 
@@ -1405,8 +1405,8 @@ class Node:
         """
         queue, fut, deadline = self._direct_queue(recipient, timeout)
         if key is not None:
-            if not 0 < len(key) <= _MAX_KEY_CHARS:
-                raise ConfigError(f"an idempotency key must be 1-{_MAX_KEY_CHARS} "
+            if not 0 < len(key) <= MAX_KEY_CHARS:
+                raise ConfigError(f"an idempotency key must be 1-{MAX_KEY_CHARS} "
                                   f"characters, got {len(key)}")
             name = recipient.removeprefix(C.DIRECT_PREFIX)
             self._pending_keys.setdefault(name, {})[len(queue)] = key
@@ -1476,6 +1476,7 @@ class Node:
                 self._flush_direct(recipient, items)
         if self._pending_acks:
             self._flush_acks()
+        self._rearm()
 
     def _envelope(self, channel: str, seq: int, count: int, *, recipient: str | None = None,
                   kind: str | None = None, ref: str | None = None,
@@ -1544,7 +1545,7 @@ class Node:
             if index > start:
                 self._flush_direct_run(recipient, items[start:index])
             self._flush_direct_run(recipient, items[index:index + 1],
-                                   msg_id=_KEY_PREFIX + keys[index])
+                                   msg_id=KEY_PREFIX + keys[index])
             start = index + 1
         if start < len(items):
             self._flush_direct_run(recipient, items[start:])
@@ -1589,31 +1590,32 @@ class Node:
         return True
 
     def _send_control_direct(self, sock: zmq.Socket[bytes], kind: str,
-                             body: dict[str, Any], *, ident: bytes | None = None) -> None:
+                             payload: bytes, *, ident: bytes | None = None) -> None:
         env = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=kind)
-        frames = encode_direct(env, encode_control(body))
+        frames = encode_direct(env, payload)
         if ident is not None:
             frames = [ident, *frames]
         self._send_frames(sock, frames)
 
-    def _publish_control(self, kind: str, body: dict[str, Any]) -> None:
+    def _publish_control(self, kind: str, payload: bytes) -> None:
+        """Broadcast one control message on ``control``, next in its sequence."""
         if self._pub is None:
             return
         last = self._bseq.get(C.CHANNEL_CONTROL, 0) + 1
         self._bseq[C.CHANNEL_CONTROL] = last
         env = self._envelope(C.CHANNEL_CONTROL, last, 1, kind=kind)
         with contextlib.suppress(zmq.Again):
-            send_frames(self._pub, encode_broadcast(env, encode_control(body)))
+            send_frames(self._pub, encode_broadcast(env, payload))
         self._after_send(self._pub)
 
     def async_control(self, kind: str, *, target: str | None = None,
                       body: dict[str, Any] | None = None) -> None:
         """Broadcast a control message (``drain``, ``halt``...) to ``target`` or everyone."""
         self._check_open()
-        payload = dict(body or {})
+        fields = dict(body or {})
         if target is not None:
-            payload["to"] = target
-        self._publish_control(kind, payload)
+            fields["to"] = target
+        self._publish_control(kind, encode_control(fields))
 
     def _fail(self, futs: list[Completion], exc: Exception) -> None:
         for done in futs:
@@ -1621,61 +1623,96 @@ class Node:
 
     # ------------------------------------------------------------------ receiving
 
-    def _drain_sub(self, sock: zmq.Socket[bytes] | None = None,
-                   peer: str | None = None) -> None:
+    def _read(self, sock: zmq.Socket[bytes], recv: Callable[[zmq.Socket[bytes]], _T | None],
+              handle: Callable[[_T], None]) -> bool | None:
+        """The one read loop: ``handle(recv(sock))`` per waiting message, without
+        blocking, up to a fairness limit.
+
+        Args:
+            sock: the socket whose descriptor fired.
+            recv: reads one message, None (or ``zmq.Again``) when none waits.
+            handle: takes one message.
+
+        Returns:
+            True when the limit was reached (more may wait: the caller reads again on
+            the next loop turn), False when the socket is empty, None when it was
+            closed under the read (a peer's goodbye can close its own socket).
+        """
+        if sock.closed:
+            return None
+        n = 0
+        try:
+            while n < _READ_LIMIT:
+                item = recv(sock)
+                if item is None:
+                    return False
+                n += 1
+                handle(item)
+        except zmq.Again:
+            return False  # a handler's send found a full queue: the rest waits for next time
+        except zmq.ZMQError:
+            if not self._closed and not sock.closed:
+                raise
+            return None
+        return True
+
+    def _read_done(self, more: bool | None, again: Callable[[], None]) -> None:
+        """After a read: read again next turn if ``more``; then flush and re-arm."""
+        if more is None:
+            return
+        if more and self._loop is not None:
+            self._loop.call_soon(again)
+        self._after_batch()
+
+    def _read_sub(self, sock: zmq.Socket[bytes] | None = None,
+                  peer: str | None = None) -> None:
         """Read the shared SUB, or (secured) the SUB of ``peer``."""
         if sock is None:
             sock = self._sub
         if sock is not None:
-            self._drain(sock, self._on_broadcast, peer)
+            more = self._read(sock, recv_frames,
+                              lambda frames: self._on_broadcast(frames, peer))
+            self._read_done(more, functools.partial(self._read_sub, sock, peer))
 
-    def _drain(self, sock: zmq.Socket[bytes], handle: Callable[..., None],
-               *args: Any) -> None:
-        """Read ``sock`` without blocking, ``handle(frames, *args)`` per message, up to a
-        fairness limit (then the rest is read on the next loop turn)."""
-        if sock.closed:
-            return
-        n = 0
-        try:
-            while n < _DRAIN_LIMIT:
-                frames = recv_frames(sock)
-                if frames is None:
-                    break
-                n += 1
-                handle(frames, *args)
-        except zmq.Again:
-            pass  # a handler's own send found a full queue; the rest waits for next time
-        except zmq.ZMQError:
-            # A peer's goodbye can close its socket while that socket is being read.
-            if not self._closed and not sock.closed:
-                raise
-            return
-        if n >= _DRAIN_LIMIT and self._loop is not None:
-            self._loop.call_soon(self._drain, sock, handle, *args)
-        self._after_batch()
+    def _read_dealer(self, sock: zmq.Socket[bytes], peer: str | None,
+                     seed_name: str | None = None, probe: Target | None = None) -> None:
+        more = self._read(sock, recv_frames,
+                          lambda frames: self._on_dealer(frames, peer, seed_name, probe))
+        self._read_done(more, functools.partial(self._read_dealer, sock, peer, seed_name,
+                                                probe))
 
-    def _drain_xpub(self) -> None:
+    def _read_router(self) -> None:
+        sock = self._router
+        if sock is None:
+            return
+        accepted: list[_Accepted] = []
+        if self._security is None:
+            more = self._read(sock, recv_frames,
+                              lambda frames: self._on_direct(frames, accepted))
+        else:
+            more = self._read(sock, recv_frames_from,
+                              lambda got: self._on_direct(got[0], accepted, got[1]))
+        if more is not None and accepted:
+            self._accept(accepted)
+        self._read_done(more, self._read_router)
+
+    def _read_xpub(self) -> None:
+        """Read the (un)subscriptions that reach this node's PUB."""
         sock = self._pub
         if sock is None:
             return
+        more = self._read(sock, _recv_subscription, self._on_subscription)
+        self._direct_watched = _watches_direct(self._subscribers)
+        self._read_done(more, self._read_xpub)
+
+    def _on_subscription(self, frame: bytes) -> None:
         subs = self._subscribers
-        try:
-            for _ in range(_DRAIN_LIMIT):
-                frame = sock.recv(zmq.NOBLOCK)
-                if frame[1:2] == _MARK:
-                    self._on_marker(frame)
-                elif frame[:1] == b"\x01":
-                    subs[frame[1:]] += 1
-                elif frame[:1] == b"\x00" and subs[frame[1:]] > 0:
-                    subs[frame[1:]] -= 1
-        except zmq.Again:
-            self._direct_watched = _watches_direct(subs)
-            return
-        except zmq.ZMQError:
-            return
-        self._direct_watched = _watches_direct(subs)
-        assert self._loop is not None
-        self._loop.call_soon(self._drain_xpub)
+        if frame[1:2] == _MARK:
+            self._on_marker(frame)
+        elif frame[:1] == b"\x01":
+            subs[frame[1:]] += 1
+        elif frame[:1] == b"\x00" and subs[frame[1:]] > 0:
+            subs[frame[1:]] -= 1
 
     def _on_marker(self, frame: bytes) -> None:
         name, _, channel = frame[2:].partition(b"\x00")
@@ -1718,14 +1755,15 @@ class Node:
             await asyncio.sleep(0.01)
 
     def _after_batch(self) -> None:
-        # Direct messages queued by handlers during this drain (replies, mostly) leave
+        # Direct messages queued by handlers during this read (replies, mostly) leave
         # now, with the acknowledgements: a request's answer should not wait a loop turn.
         # Otherwise the flush waits for the next turn, so that waiters run first and
-        # acknowledgements of several drains share one message.
+        # acknowledgements of several reads share one message.
         if self._pending_direct:
             self._flush()
         elif self._pending_acks or self._pending_bcast:
             self._schedule_flush()
+        self._rearm()
 
     def _on_broadcast(self, frames: list[bytes], peer: str | None = None) -> None:
         """One message from a SUB; ``peer``: the authenticated publisher (secured)."""
@@ -1738,15 +1776,9 @@ class Node:
             self._drop(exc.reason, peer or "?", "dropped a broadcast that cannot be decoded: %s",
                        exc)
             return
-        if peer is not None and env.sender != peer:
-            self._refuse("spoofed-sender", peer, f"{peer!r} published a message claiming "
-                         f"to be from {env.sender[:64]!r}")
+        if peer is not None and self._spoofed(env, peer, f"{peer!r} published a message"):
             return
-        skew = self._clock.receive(env.hlc, _wall_ms())
-        known, events = self._peers.heard(env.sender, env.incarnation, time.monotonic(), skew)
-        if events:
-            self._apply_peer_events(events)
-        if not known:
+        if not self._heard(env, time.monotonic()):
             self._drop("unknown-peer", env.sender,
                        "broadcast from %s (incarnation %x) which is not on the roster",
                        env.sender, env.incarnation)
@@ -1758,6 +1790,16 @@ class Node:
                                              env.seq, env.count)
         self._count_seq(result, env.sender)
         self._deliver(env, payload, direct=False)
+
+    def _heard(self, env: Envelope, now: float) -> bool:
+        """A message from ``env.sender``: merge its time into our clock, mark it heard
+        (and carry out the roster changes that follow). Returns whether it is on the
+        roster."""
+        skew = self._clock.receive(env.hlc, _wall_ms())
+        known, events = self._peers.heard(env.sender, env.incarnation, now, skew)
+        if events:
+            self._apply_peer_events(events)
+        return known
 
     def _count_seq(self, result: Any, sender: str) -> None:
         if result.verdict is SeqVerdict.GAP and result.missing is not None:
@@ -1892,7 +1934,7 @@ class Node:
             else:
                 self._take(end)
         if ident is not None:
-            self._unacked.discard((env.sender, env.incarnation, env.seq))
+            self._receiver.taken(env.sender, env.incarnation, env.seq)
             self._queue_ack(ident, env.seq)
         if not limit or not msgs:
             return None
@@ -1930,7 +1972,7 @@ class Node:
 
     def _track_unacked(self, held: _Held) -> None:
         if held.ident is not None:
-            self._unacked.add((held.env.sender, held.env.incarnation, held.env.seq))
+            self._receiver.hold(held.env.sender, held.env.incarnation, held.env.seq)
 
     def _queue_ack(self, ident: bytes, seq: int) -> None:
         acks = self._pending_acks.get(ident)
@@ -1968,21 +2010,10 @@ class Node:
         cfg = self.config
         queue.delay = min(cfg.redeliver_max, max(cfg.redeliver_initial, queue.delay * 2))
         queue.due = time.monotonic() + queue.delay
-        self._arm_offer()
-
-    def _arm_offer(self) -> None:
-        if self._held_timer is not None:
-            self._held_timer.cancel()
-            self._held_timer = None
-        if not self._held or self._loop is None or self._closed:
-            return
-        due = min(q.due for q in self._held.values())
-        self._held_timer = self._loop.call_at(
-            self._loop.time() + max(0.0, due - time.monotonic()), self._offer_held, False)
+        self._wake_by(queue.due)
 
     def _offer_held(self, now_all: bool) -> None:
         """Offer declined messages again: every sender's (``now_all``) or those due."""
-        self._held_timer = None
         if self._closed:
             return
         now = time.monotonic()
@@ -2003,7 +2034,6 @@ class Node:
             if not queue:
                 del self._held[key]
         self._held_changed()
-        self._arm_offer()
         self._after_batch()
 
     def redeliver(self) -> None:
@@ -2042,39 +2072,6 @@ class Node:
             return
         self._deliver(env, payload, direct=True)
 
-    def _drain_router(self) -> None:
-        sock = self._router
-        if sock is None:
-            return
-        n = 0
-        accepted: list[_Accepted] = []
-        secured = self._security is not None
-        try:
-            while n < _DRAIN_LIMIT:
-                if secured:
-                    got = recv_frames_from(sock)
-                    if got is None:
-                        break
-                    n += 1
-                    self._on_direct(got[0], accepted, got[1])
-                    continue
-                frames = recv_frames(sock)
-                if frames is None:
-                    break
-                n += 1
-                self._on_direct(frames, accepted)
-        except zmq.Again:
-            pass  # as in _drain
-        except zmq.ZMQError:
-            if not self._closed:
-                raise
-            return
-        if accepted:
-            self._accept(accepted)
-        if n >= _DRAIN_LIMIT and self._loop is not None:
-            self._loop.call_soon(self._drain_router)
-        self._after_batch()
-
     def _accept(self, accepted: list[_Accepted]) -> None:
         """Keep, deliver and acknowledge the new direct messages of one read.
 
@@ -2092,10 +2089,10 @@ class Node:
                 offset = journal.append([
                     JournalRecord(env.sender, env.incarnation, env.seq, env.count,
                                   env.channel, payload, env_bytes)
-                    if not env.msg_id.startswith(_KEY_PREFIX) else
+                    if not env.msg_id.startswith(KEY_PREFIX) else
                     JournalRecord(env.sender, env.incarnation, env.seq, env.count,
                                   env.channel, payload, env_bytes,
-                                  env.msg_id[len(_KEY_PREFIX):], _wall_ms())
+                                  env.msg_id[len(KEY_PREFIX):], _wall_ms())
                     for env, env_bytes, payload, _, _ in accepted
                 ])
             except StorageError as exc:
@@ -2124,12 +2121,8 @@ class Node:
         refused = 0
         for env, _, _, _, _ in accepted:
             refused += env.count
-            if len(self._unjournaled) >= _MAX_KEYS:
-                del self._unjournaled[next(iter(self._unjournaled))]
-            self._unjournaled[(env.sender, env.incarnation, env.seq)] = None
-            if env.msg_id.startswith(_KEY_PREFIX):
-                # Not kept, so not seen: the retry with this key must land.
-                self._keys.pop((env.sender, env.msg_id[len(_KEY_PREFIX):]), None)
+            # Not kept, so not seen: its retry (with its key, if any) must land.
+            self._receiver.refused(env.sender, env.incarnation, env.seq, env.msg_id)
         self.counters["refused.disk"] += refused
         first = self._storage_error is None
         self._storage_error = error
@@ -2164,11 +2157,7 @@ class Node:
         if env.kind is not None:
             self._on_control(env, payload, ident)
             return
-        skew = self._clock.receive(env.hlc, _wall_ms())
-        known, events = self._peers.heard(env.sender, env.incarnation, time.monotonic(), skew)
-        if events:
-            self._apply_peer_events(events)
-        if not known:
+        if not self._heard(env, time.monotonic()):
             # No ack: the sender retries, by which time its hello has introduced it.
             self._drop("unknown-peer", env.sender,
                        "direct message from %s which has not said hello", env.sender)
@@ -2178,31 +2167,14 @@ class Node:
                        env.sender, env.recipient, self.name)
             return
         limit = self.config.inbox_size
-        if limit:
-            waiting = len(self._inbox) + sum(a[0].count for a in accepted[-64:])
-            if waiting + env.count > limit:
-                self.counters["backpressure.inbox"] += 1
-                return  # not acknowledged: the sender will retry when we have room
-        elif self._replay or not (self._handlers or self._batch_handlers):
-            # No inbox and no handler (yet), or owed messages still to go first: nobody
-            # could take it, so it is not acknowledged and the sender retries.
-            self.counters["backpressure.no-consumer"] += 1
-            return
-        if self._held_count >= self._held_limit:
-            self.counters["backpressure.held"] += 1
-            return  # handlers decline this much already: the sender retries later
-        result = self._dtracker.observe_range(env.sender, _DIRECT_STREAM, env.incarnation,
-                                              env.seq, env.count)
-        is_new = result.is_new
-        if not is_new and self._unjournaled:
-            # Seen, but its journal write failed (a full disk): this retry may land.
-            unkept = (env.sender, env.incarnation, env.seq)
-            if unkept in self._unjournaled:
-                del self._unjournaled[unkept]
-                is_new = True
-        if is_new and env.msg_id.startswith(_KEY_PREFIX) and self._key_seen(env):
-            self.counters["duplicate.key"] += env.count
-        elif is_new:
+        verdict = self._receiver.admit(
+            env.sender, env.incarnation, env.seq, env.count, env.msg_id,
+            room=(limit - len(self._inbox) - sum(a[0].count for a in accepted[-64:])
+                  if limit else None),
+            # Without an inbox: a handler, and no owed message that must go first.
+            consumer=bool(self._handlers or self._batch_handlers) and not self._replay,
+            held_full=self._held_count >= self._held_limit, wall=time.time())
+        if verdict is Verdict.NEW:
             try:
                 activities = decode_payload(payload, env.count)
             except ProtocolError as exc:
@@ -2210,44 +2182,34 @@ class Node:
                 self._drop(exc.reason, env.sender, "dropped %d activities from %s: %s",
                            env.count, env.sender, exc)
             else:
-                # Acknowledged once kept (see _drain_router).
+                # Journaled, delivered, then acknowledged (see _accept).
                 accepted.append((env, frames[1], payload, activities, ident))
                 return
-        elif self._unacked and (env.sender, env.incarnation, env.seq) in self._unacked:
-            # A retry of a message a handler declined, held in memory only: it is
-            # acknowledged when taken.
-            self.counters["duplicate.held"] += env.count
-            return
+        elif verdict.acknowledged:
+            self.counters[verdict.value] += env.count
+        elif verdict is Verdict.HELD:
+            self.counters[verdict.value] += env.count
+            return  # acknowledged when a handler takes it
         else:
-            self.counters["duplicate.direct"] += env.count
+            self.counters[verdict.value] += 1
+            return  # backpressure: not acknowledged, the sender retries later
         self._queue_ack(ident, env.seq)
 
-    def _key_seen(self, env: Envelope) -> bool:
-        """Whether a keyed message repeats one seen within the window (and remember it).
-
-        Keys are kept oldest first: expired ones are dropped from the front, and past
-        ``_MAX_KEYS`` the oldest goes (a documented bound on memory).
-        """
-        keys = self._keys
-        entry = (env.sender, env.msg_id[len(_KEY_PREFIX):])
-        now = time.time()
-        expiry = keys.get(entry)
-        if expiry is not None and expiry > now:
-            return True
-        keys.pop(entry, None)
-        keys[entry] = now + self.config.idempotency_window
-        while keys:
-            oldest = next(iter(keys))
-            if keys[oldest] > now and len(keys) <= _MAX_KEYS:
-                break
-            del keys[oldest]
-        return False
+    def _spoofed(self, env: Envelope, authentic: str | None, what: str, *,
+                 owner: bool = False) -> bool:
+        """Whether a message on a secured connection claims a sender other than the one
+        the connection authenticated (``authentic``; ``owner``: compare the name whose
+        key the claimed sender speaks with). A spoofed one is refused and audited."""
+        claimed = key_name(env.sender) if owner else env.sender
+        if claimed == authentic:
+            return False
+        self._refuse("spoofed-sender", authentic,
+                     f"{what} claiming to be from {env.sender[:64]!r}")
+        return True
 
     def _authentic(self, env: Envelope, user: str) -> bool:
         assert self._security is not None
-        if key_name(env.sender) != user:
-            self._refuse("spoofed-sender", user, f"{user!r} sent a message claiming to be "
-                         f"from {env.sender[:64]!r}")
+        if self._spoofed(env, user, f"{user!r} sent a message", owner=True):
             return False
         if not self._security.store.trusts(user):
             # Connected before its key was removed from the trusted directory.
@@ -2262,17 +2224,13 @@ class Node:
         if router is None:
             return
         for ident, seqs in pending.items():
-            env = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=K_ACK)
-            frames = [ident, *encode_direct(env, encode_control({"f": seqs}))]
+            env = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=KIND_ACK)
+            frames = [ident, *encode_direct(env, encode_ack(Ack(tuple(seqs))))]
             try:
                 send_frames(router, frames)
             except zmq.ZMQError:
                 self.counters["dropped.ack"] += 1
         self._after_send(router)
-
-    def _drain_dealer(self, sock: zmq.Socket[bytes], peer: str | None,
-                      seed_name: str | None = None, probe: Target | None = None) -> None:
-        self._drain(sock, self._on_dealer, peer, seed_name, probe)
 
     def _on_dealer(self, frames: list[bytes], peer: str | None,
                    seed_name: str | None = None, probe: Target | None = None) -> None:
@@ -2282,30 +2240,30 @@ class Node:
         try:
             env, payload = decode_direct(frames)
             expected = peer or seed_name
-            if self._security is not None and env.sender != expected:
-                self._refuse("spoofed-sender", expected, f"the server of {expected!r} sent a "
-                             f"reply claiming to be from {env.sender[:64]!r}")
+            if self._security is not None and self._spoofed(
+                    env, expected, f"the server of {expected!r} sent a reply"):
                 return
             handler = self._kind_handlers.get(env.kind or "")
             if handler is not None and peer is not None:
                 self._run_kind(handler, env, payload, self._reply_to(env))
                 return
-            body = decode_control(payload) if env.kind is not None else None
+            if env.kind == KIND_ACK:
+                answer: Ack | Introduction = decode_ack(payload)
+            elif env.kind == KIND_WELCOME:
+                answer = decode_welcome(payload)
+            else:
+                what = "non-control" if env.kind is None else repr(env.kind)
+                self._drop("unexpected", origin, "unexpected %s reply from %s", what, origin)
+                return
         except ProtocolError as exc:
             self._drop(exc.reason, origin, "dropped a reply from %s: %s", origin, exc)
             return
-        if body is None:
-            self._drop("unexpected", origin, "unexpected non-control reply from %s", origin)
+        if isinstance(answer, Ack):
+            self._on_ack(env, answer)
             return
-        if env.kind == K_ACK:
-            self._on_ack(env, body)
-        elif env.kind == K_WELCOME:
-            for advert in self._adverts_from_body(body, env.sender):
-                self._found(advert, verified=advert.name == env.sender)
-            if probe is not None:
-                self._probe_answered(probe, env.sender)
-        else:
-            self._drop("unexpected", origin, "unexpected %r reply from %s", env.kind, origin)
+        self._introduced(env, answer)
+        if probe is not None:
+            self._probe_answered(probe, env.sender)
 
     # ------------------------------------------------------------------ extension kinds
 
@@ -2316,7 +2274,7 @@ class Node:
         a ``reply(kind, payload)`` function that answers the sender directly. It runs on
         the loop thread and must not block.
         """
-        if kind in (K_HEARTBEAT, K_ACK, K_HELLO, K_WELCOME, K_BYE):
+        if kind in NODE_KINDS:
             raise ConfigError(f"kind {kind!r} is the node's own")
         self._kind_handlers[kind] = handler
 
@@ -2329,8 +2287,8 @@ class Node:
         self._unsupported_handlers[kind] = handler
 
     def _on_unsupported(self, env: Envelope, payload: bytes, reply: Reply) -> None:
-        kind = decode_control(payload).get("k")
-        handler = self._unsupported_handlers.get(kind) if isinstance(kind, str) else None
+        kind = decode_unsupported(payload).kind  # a bad one is counted by _run_kind
+        handler = self._unsupported_handlers.get(kind)
         if handler is None:
             self._drop("unexpected", env.sender, "unexpected 'unsupported' (for %r) from %s",
                        kind, env.sender)
@@ -2354,14 +2312,7 @@ class Node:
     def async_publish_kind(self, kind: str, payload: bytes) -> None:
         """Broadcast a message of a registered ``kind`` on ``control``."""
         self._check_open()
-        if self._pub is None:
-            return
-        last = self._bseq.get(C.CHANNEL_CONTROL, 0) + 1
-        self._bseq[C.CHANNEL_CONTROL] = last
-        env = self._envelope(C.CHANNEL_CONTROL, last, 1, kind=kind)
-        with contextlib.suppress(zmq.Again):
-            send_frames(self._pub, encode_broadcast(env, payload))
-        self._after_send(self._pub)
+        self._publish_control(kind, payload)
 
     def _reply_to(self, env: Envelope, *, ident: bytes | None = None) -> Reply:
         def reply(kind: str, payload: bytes) -> None:
@@ -2384,19 +2335,10 @@ class Node:
         except Exception:
             log.exception("handler for %r failed on a message from %s", env.kind, env.sender)
 
-    def _on_ack(self, env: Envelope, body: dict[str, Any]) -> None:
-        seqs = body.get("f")
-        if not isinstance(seqs, list):
-            self._drop("bad-ack", env.sender, "malformed ack from %s", env.sender)
-            return
+    def _on_ack(self, env: Envelope, ack: Ack) -> None:
         now = time.monotonic()
-        skew = self._clock.receive(env.hlc, _wall_ms())
-        _, events = self._peers.heard(env.sender, env.incarnation, now, skew)
-        if events:
-            self._apply_peer_events(events)
-        for first in seqs:
-            if not isinstance(first, int):
-                continue
+        self._heard(env, now)
+        for first in ack.firsts:
             entry = self._outbox.acked(env.sender, first, now)
             if entry is not None:
                 for done in entry.token:
@@ -2407,53 +2349,60 @@ class Node:
         if handler is not None:
             self._run_kind(handler, env, payload, self._reply_to(env, ident=ident))
             return
-        if ident is not None and env.kind not in (K_HELLO, K_UNSUPPORTED):
+        kind = env.kind or ""
+        if ident is not None and kind not in (KIND_HELLO, KIND_UNSUPPORTED):
             # A request of a protocol this node does not run (e.g. knowledge sync to a
             # node without a shard): say so, so that the asker turns elsewhere at once.
-            self._reply_to(env, ident=ident)(K_UNSUPPORTED, encode_control({"k": env.kind}))
+            self._reply_to(env, ident=ident)(KIND_UNSUPPORTED,
+                                             encode_unsupported(Unsupported(kind)))
             return
-        try:
-            body = decode_control(payload)
-        except ProtocolError as exc:
-            self._drop(exc.reason, env.sender, "dropped control %r from %s: %s", env.kind,
-                       env.sender, exc)
-            return
-        kind = env.kind
-        if kind == K_HEARTBEAT:
-            self._on_heartbeat(env, body)
-        elif kind == K_HELLO and ident is not None:
-            adverts = [] if body.get("o") else self._adverts_from_body(body, env.sender)
-            for advert in adverts:
-                self._found(advert, verified=advert.name == env.sender)
+        if kind == KIND_HEARTBEAT:
+            beat = self._decode_body(env, decode_heartbeat, payload)
+            if beat is not None:
+                self._on_heartbeat(env, beat)
+        elif kind == KIND_HELLO and ident is not None:
+            hello = self._decode_body(env, decode_hello, payload)
+            if isinstance(hello, Introduction):
+                self._introduced(env, hello)
             if self._router is not None:
-                self._send_control_direct(self._router, K_WELCOME, self._hello_body(),
-                                          ident=ident)
-        elif kind == K_BYE:
-            self._apply_peer_events(self._peers.left(env.sender, env.incarnation))
-        elif kind in (K_DRAIN, K_HALT) or kind is not None:
-            target = body.get("to")
-            if target not in (None, self.name):
+                self._send_control_direct(self._router, KIND_WELCOME,
+                                          encode_welcome(self._introduction()), ident=ident)
+        elif kind == KIND_BYE:
+            if self._decode_body(env, decode_bye, payload) is not None:
+                self._apply_peer_events(self._peers.left(env.sender, env.incarnation))
+        else:
+            # drain, halt, or a kind of the application's: its listeners decide.
+            body = self._decode_body(env, decode_control, payload)
+            if body is None or body.get("to") not in (None, self.name):
                 return
-            if kind == K_DRAIN:
+            if kind == KIND_DRAIN:
                 self.draining = True
             for listener in list(self._control_listeners):
                 try:
                     listener(kind, env.sender, body)
                 except Exception:
                     log.exception("control listener failed")
-            if kind == K_HALT and self._halt_event is not None:
+            if kind == KIND_HALT and self._halt_event is not None:
                 self._halt_event.set()
 
-    def _on_heartbeat(self, env: Envelope, body: dict[str, Any]) -> None:
-        seqs = body.get("s")
+    def _decode_body(self, env: Envelope, decode: Callable[[bytes], _T],
+                     payload: bytes) -> _T | None:
+        """A control body decoded by ``decode``; None (counted and logged once) when it
+        is malformed."""
+        try:
+            return decode(payload)
+        except ProtocolError as exc:
+            self._drop(exc.reason, env.sender, "dropped control %r from %s: %s", env.kind,
+                       env.sender, exc)
+            return None
+
+    def _on_heartbeat(self, env: Envelope, beat: Heartbeat) -> None:
         info = self._peers.get(env.sender)
         if info is None or info.incarnation != env.incarnation:
             return
-        info.draining = bool(body.get("d"))
-        if not isinstance(seqs, dict):
-            return
-        for channel, last in seqs.items():
-            if channel in self._channels and isinstance(channel, str) and isinstance(last, int):
+        info.draining = beat.draining
+        for channel, last in beat.last_seqs.items():
+            if channel in self._channels:
                 try:
                     result = self._btracker.observe_last(env.sender, channel,
                                                          env.incarnation, last)
@@ -2466,30 +2415,71 @@ class Node:
 
     # ------------------------------------------------------------------ timers
 
-    async def _tick_loop(self) -> None:
-        interval = self.config.heartbeat_interval
-        last_beat = 0.0
-        last_tick = time.monotonic()
-        while True:
-            await asyncio.sleep(_TICK)
-            now = time.monotonic()
-            gap = now - last_tick
-            last_tick = now
-            if gap > self.config.evasive_after:
-                # This process was stopped (SIGSTOP, a debugger, a suspended VM): forgive
-                # the silence and re-introduce ourselves to everyone.
-                log.warning("node %s was paused for %.1fs; re-announcing", self.name, gap)
-                self._peers.shift_clock(gap)
-                for link in list(self._links.values()):
-                    self._send_hello(link.dealer)
-            try:
-                self._tick(now, force_beat=now - last_beat >= interval)
-            except Exception:
-                log.exception("node tick failed")
-            if now - last_beat >= interval:
-                last_beat = now
+    def _next_deadline(self) -> float:
+        """The earliest monotonic time at which something waits on the clock: the next
+        heartbeat (which also checks peer silence, the trusted directory and unread
+        messages), a resend or a send's deadline, a re-contact attempt, the next offer
+        of a declined message."""
+        due = min(self._beat_due, self._outbox.next_due, self._recontact.next_due)
+        if self._held:
+            due = min(due, min(q.due for q in self._held.values()))
+        return due
 
-    def _tick(self, now: float, *, force_beat: bool) -> None:
+    def _rearm(self) -> None:
+        """Arm the node's one timer at the earliest deadline, if it is not armed there.
+
+        Called after every read batch, flush and timer run, so a new earlier deadline
+        (a first send's resend, a re-contact started by a lost peer) moves the timer
+        forward. A deadline that went away (a settled send) leaves the timer where it
+        is: that wake-up finds nothing due and arms for what remains, which costs less
+        than moving the timer on every acknowledgement.
+        """
+        self._wake_by(self._next_deadline())
+
+    def _wake_by(self, due: float) -> None:
+        """Make the timer fire no later than ``due`` (monotonic seconds)."""
+        if due >= self._timer_at:
+            return
+        loop = self._loop
+        if loop is None or self._closed:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = due
+        # The loop's clock may not be time.monotonic(): convert through the delay.
+        self._timer = loop.call_at(loop.time() + max(0.0, due - time.monotonic()),
+                                   self._on_timer)
+
+    def _on_timer(self) -> None:
+        """The timer fired: do whatever is due, then arm it for the next deadline."""
+        self._timer = None
+        armed_at, self._timer_at = self._timer_at, float("inf")
+        if self._closed:
+            return
+        # Never earlier than asked: the loop may fire a hair before (clock resolution).
+        now = max(time.monotonic(), armed_at)
+        late = now - armed_at
+        if late > max(_PAUSE_MIN, self.config.evasive_after - self.config.heartbeat_interval):
+            # This process was stopped (SIGSTOP, a debugger, a suspended VM): nobody could
+            # be heard meanwhile. Forgive that silence and re-introduce ourselves to
+            # everyone. The stop began at most one timer interval before the timer was
+            # due, so the lateness is the pause within a heartbeat.
+            log.warning("node %s was paused for %.1fs; re-announcing", self.name, late)
+            self._peers.shift_clock(late)
+            for link in list(self._links.values()):
+                self._send_hello(link.dealer)
+        try:
+            self._tick(now)
+            if self._held and min(q.due for q in self._held.values()) <= now:
+                self._offer_held(False)
+        except Exception:
+            log.exception("node timer failed")
+        self._rearm()
+
+    def _tick(self, now: float) -> None:
+        force_beat = now >= self._beat_due
+        if force_beat:
+            self._beat_due = now + self.config.heartbeat_interval
         resend, failed = self._outbox.poll(now)
         blocked: set[str] = set()
         for entry in resend:
@@ -2503,14 +2493,13 @@ class Node:
                 f"{entry.attempts} attempt(s); it may be stopped, overloaded or gone",
                 recipient=entry.recipient))
         if force_beat and not self.config.observer:
-            self._publish_control(K_HEARTBEAT, {
-                "s": {ch: seq for ch, seq in self._bseq.items() if ch != C.CHANNEL_CONTROL},
-                "d": self.draining,
-            })
+            self._publish_control(KIND_HEARTBEAT, encode_heartbeat(Heartbeat(
+                {ch: seq for ch, seq in self._bseq.items() if ch != C.CHANNEL_CONTROL},
+                self.draining)))
         if force_beat and self._security is not None:
             # The ZAP callback may have re-read the directory already: compare generations.
             store = self._security.store
-            store.refresh()
+            store.refresh_if_changed(now)
             if store.generation != self._trust_generation:
                 self._trust_generation = store.generation
                 self._revalidate_links()
@@ -2820,19 +2809,20 @@ class Node:
                 out[section] = {"error": str(exc)}
         return out
 
-    def count_drop(self, reason: str, peer: str) -> None:
-        """Count one message from ``peer`` dropped for ``reason`` (protocols on top of the
-        node, such as knowledge sync, count their refusals here)."""
+    def count_drop(self, reason: str, peer: str | None) -> None:
+        """Count one message from ``peer`` (None: unknown) dropped for ``reason``
+        (protocols on top of the node, such as knowledge sync, count their refusals
+        here)."""
         self.counters["dropped." + reason] += 1
-        _count_for(self.dropped_by, peer)
+        if peer is not None:
+            _count_for(self.dropped_by, peer)
 
     def _on_stats_request(self, env: Envelope, payload: bytes, reply: Reply) -> None:
         """Answer ``stats`` with :meth:`view` (any sender may ask, as for a ping)."""
-        reply(K_STATS_REPLY, orjson.dumps(self.view()))
+        reply(KIND_STATS_REPLY, encode_stats_reply(StatsReply(self.view())))
 
     def endpoints(self) -> dict[str, str]:
         """``{"pub": ..., "router": ...}`` endpoints on the first interface."""
-        host = self.config.interfaces[0]
-        addr = f"[{host}]" if ":" in host else host
+        addr = url_host(self.config.interfaces[0])
         return {"pub": f"tcp://{addr}:{self.pub_port}", "router": f"tcp://{addr}:{self.router_port}"}
 

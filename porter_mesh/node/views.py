@@ -15,9 +15,10 @@ from typing import Any
 
 import orjson
 
+from porter_mesh.core.control import KIND_STATS, KIND_STATS_REPLY
 from porter_mesh.core.envelope import Envelope
 from porter_mesh.errors import PorterError
-from porter_mesh.node.node import K_STATS, K_STATS_REPLY, Node, Reply
+from porter_mesh.node.node import Node, Reply
 
 __all__ = ["ViewClient", "ViewUnsupported"]
 
@@ -37,8 +38,8 @@ class ViewClient:
     def __init__(self, node: Node) -> None:
         self.node = node
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        node.register_kind(K_STATS_REPLY, self._on_reply)
-        node.register_unsupported(K_STATS, self._on_unsupported)
+        node.register_kind(KIND_STATS_REPLY, self._on_reply)
+        node.register_unsupported(KIND_STATS, self._on_unsupported)
 
     def _on_reply(self, env: Envelope, payload: bytes, reply: Reply) -> None:
         fut = self._waiting.get(env.sender)
@@ -78,7 +79,7 @@ class ViewClient:
         fut = self._waiting.get(peer)
         if fut is None:
             loop = asyncio.get_running_loop()
-            self.node.async_send_kind(peer, K_STATS, b"")
+            self.node.async_send_kind(peer, KIND_STATS, b"")
             fut = loop.create_future()
             self._waiting[peer] = fut
             timer = loop.call_later(timeout, _expire, fut,

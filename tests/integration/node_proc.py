@@ -34,11 +34,12 @@ import orjson
 
 from porter_mesh.adapters.shard import Shard
 from porter_mesh.core.as2 import Activity
+from porter_mesh.core.control import KIND_STATS, KIND_UNSUPPORTED
 from porter_mesh.core.envelope import Envelope, encode_control
 from porter_mesh.core.peers import PeerEvent
 from porter_mesh.errors import PorterError
 from porter_mesh.node.knowledge import Knowledge
-from porter_mesh.node.node import K_STATS, K_UNSUPPORTED, Message, Node, Reply
+from porter_mesh.node.node import Message, Node, Reply
 
 
 def emit(**fields: Any) -> None:
@@ -144,14 +145,14 @@ async def main() -> None:
                  inc=msg.envelope.incarnation, text=msg.activity.summary, direct=msg.direct)
 
     if args.stats != "answer":
-        unsupported = encode_control({"k": K_STATS})
+        unsupported = encode_control({"k": KIND_STATS})
 
         def on_stats(env: Envelope, payload: bytes, reply: Reply) -> None:
             emit(ev="stats-asked", sender=env.sender, t=time.monotonic())
             if args.stats == "unsupported":
-                reply(K_UNSUPPORTED, unsupported)
+                reply(KIND_UNSUPPORTED, unsupported)
 
-        node.register_kind(K_STATS, on_stats)
+        node.register_kind(KIND_STATS, on_stats)
 
     # Listen before starting: peers can be found while discovery starts up.
     node.add_peer_listener(on_peer)

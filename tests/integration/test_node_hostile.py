@@ -141,13 +141,13 @@ def test_send_many_completes_once_every_message_is_acknowledged(
 
 def test_request_of_an_unhandled_kind_is_answered_unsupported(
         pair: tuple[SyncNode, SyncNode]) -> None:
+    from porter_mesh.core.control import KIND_UNSUPPORTED
     from porter_mesh.core.envelope import decode_control
-    from porter_mesh.node.node import K_UNSUPPORTED
 
     _, good = pair
     answers: list[dict[str, object]] = []
     good.call_in_loop(lambda: good.node.register_kind(
-        K_UNSUPPORTED, lambda env, payload, reply: answers.append(decode_control(payload))))
+        KIND_UNSUPPORTED, lambda env, payload, reply: answers.append(decode_control(payload))))
     good.call_in_loop(lambda: good.node.async_send_kind("victim", "sync", b"\x80"))
     good.wait_for_stats(lambda _: bool(answers), 10)
     assert answers == [{"k": "sync"}]

@@ -13,10 +13,11 @@ import orjson
 import pytest
 
 from porter_mesh.adapters.shard import Shard
+from porter_mesh.core.control import KIND_STATS, KIND_STATS_REPLY, KIND_UNSUPPORTED
 from porter_mesh.core.envelope import encode_control
 from porter_mesh.errors import PorterError, UnknownPeerError
 from porter_mesh.node.knowledge import Knowledge
-from porter_mesh.node.node import K_STATS, K_STATS_REPLY, K_UNSUPPORTED, Node
+from porter_mesh.node.node import Node
 from porter_mesh.node.views import ViewClient, ViewUnsupported
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(60)]
@@ -55,13 +56,13 @@ async def _exercise(asker: Node, knowledge: Knowledge, client: ViewClient,
 
         def counted(env: object, payload: bytes, reply: Callable[[str, bytes], None]) -> None:
             asked.append("plain")
-            reply(K_STATS_REPLY, orjson.dumps(plain.view()))
+            reply(KIND_STATS_REPLY, orjson.dumps(plain.view()))
 
-        plain.register_kind(K_STATS, counted)
+        plain.register_kind(KIND_STATS, counted)
         # A node of an older porter-mesh: it does not know the request.
-        old.register_kind(K_STATS, lambda env, payload, reply: reply(
-            K_UNSUPPORTED, encode_control({"k": K_STATS})))
-        mute.register_kind(K_STATS, lambda env, payload, reply: None)
+        old.register_kind(KIND_STATS, lambda env, payload, reply: reply(
+            KIND_UNSUPPORTED, encode_control({"k": KIND_STATS})))
+        mute.register_kind(KIND_STATS, lambda env, payload, reply: None)
         async with plain, old, mute:
             await asker.wait_for_peers(["plain", "old", "mute"], 20)
             first, second = await asyncio.gather(client.ask("plain", 10),

@@ -32,7 +32,7 @@ PEER = PeerAdvert(name="worker-1", role="worker", mesh="default", pub_port=6601,
 
 
 def node_hello_body(me: PeerAdvert, peers: list[PeerAdvert]) -> dict[str, Any]:
-    """What Node._hello_body builds (a hello and a welcome carry it)."""
+    """The hello map as docs/protocol.md writes it (a hello and a welcome carry it)."""
     return {"a": encode_txt(me), "x": list(me.addresses),
             "p": [[encode_txt(p), list(p.addresses)] for p in peers]}
 
@@ -156,19 +156,13 @@ def test_an_introduction_reads_at_most_the_peer_limit() -> None:
 
 
 def _node_kind_tags() -> set[str]:
-    """The tags node.py names as ``K_*`` (literals, or the KIND_* they alias)."""
+    """The tags node.py speaks: the ``KIND_*`` names it imports from the table."""
     tree = ast.parse(pathlib.Path(node_module.__file__).read_text())
     tags: set[str] = set()
     for stmt in tree.body:
-        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-                and isinstance(stmt.targets[0], ast.Name)
-                and stmt.targets[0].id.startswith("K_")):
-            continue
-        value = stmt.value
-        if isinstance(value, ast.Constant) and isinstance(value.value, str):
-            tags.add(value.value)
-        elif isinstance(value, ast.Name):
-            tags.add(getattr(K, value.id))
+        if isinstance(stmt, ast.ImportFrom) and stmt.module == "porter_mesh.core.control":
+            tags |= {getattr(K, alias.name) for alias in stmt.names
+                     if alias.name.startswith("KIND_")}
     return tags
 
 

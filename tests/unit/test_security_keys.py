@@ -13,6 +13,7 @@ import pytest
 import zmq
 
 from porter_mesh.adapters.security import (
+    RESCAN_EVERY,
     AuditLog,
     MeshSecurity,
     RecordSigner,
@@ -147,6 +148,33 @@ def test_the_store_follows_the_directory_without_a_restart(tmp_path: pathlib.Pat
     assert store.key_for("c") == public_of(newer)
     assert secrets  # the secrets stay where they were made
     assert not (trusted / "a.key_secret").exists()
+
+
+def test_the_cheap_look_reads_the_directory_only_when_it_changed(tmp_path: pathlib.Path
+                                                                 ) -> None:
+    """A node looks once a heartbeat: one stat of the directory, unless a key came or
+    went (the directory changed) or the rescan interval passed (an in-place rewrite,
+    which leaves the directory's own status alone)."""
+    trusted, _ = provision_mesh(tmp_path / "keys", ["a", "b"])
+    store = TrustStore(trusted)
+    now = 100.0
+    assert store.refresh_if_changed(now) and store.names == {"a", "b"}
+    assert not store.refresh_if_changed(now + 0.1)
+    (trusted / "b.key").unlink()
+    assert store.refresh_if_changed(now + 0.2) and store.names == {"a"}
+    public, _ = create_key_pair(tmp_path / "more", "c")
+    trust_key(public, trusted)
+    assert store.refresh_if_changed(now + 0.3) and store.names == {"a", "c"}
+    # c's certificate rewritten in place with another key: the directory looks the same.
+    newer, _ = create_key_pair(tmp_path / "newer", "c")
+    with open(trusted / "c.key", "r+b") as f:
+        data = newer.read_bytes()
+        f.write(data)
+        f.truncate(len(data))
+    assert not store.refresh_if_changed(now + 0.4)
+    assert store.key_for("c") == public_of(public)
+    assert store.refresh_if_changed(now + 0.3 + RESCAN_EVERY)
+    assert store.key_for("c") == public_of(newer)
 
 
 def test_the_store_counts_keys_that_leave_it(tmp_path: pathlib.Path) -> None:

@@ -1,0 +1,55 @@
+"""The node's one timer moves forward when a new, earlier deadline appears.
+
+Nothing polls: the timer waits for the earliest deadline it knows. A node whose next
+heartbeat is 30 s away must still resend a direct message after its retransmission
+timeout and fail it at its own deadline, not at that heartbeat. The receiver is a real
+process stopped with SIGSTOP, so nothing it sends wakes the sender's loop meanwhile.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from porter_mesh.core.as2 import announce
+from porter_mesh.errors import DeliveryTimeout
+from porter_mesh.node.sync import SyncNode
+from tests.integration.harness import NodeProcess
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(90)]
+
+HEARTBEAT = 30.0
+
+
+@pytest.fixture
+def sleepy(mesh: str) -> Iterator[SyncNode]:
+    """A node with a heartbeat far longer than any deadline of the test."""
+    with SyncNode(name="sleepy", mesh=mesh, heartbeat_interval=HEARTBEAT,
+                  evasive_after=3 * HEARTBEAT, expire_after=4 * HEARTBEAT,
+                  recontact_max=HEARTBEAT, retry_initial=0.05, retry_max=0.2) as n:
+        yield n
+
+
+def test_a_send_fails_at_its_deadline_not_at_the_next_heartbeat(
+    mesh: str, sleepy: SyncNode
+) -> None:
+    peer = NodeProcess("frozen", mesh=mesh)
+    try:
+        sleepy.wait_for_peers(["frozen"], 20)
+        # The first heartbeat went at start; the next one is HEARTBEAT seconds away.
+        peer.proc.send_signal(signal.SIGSTOP)
+        before = sleepy.stats().get("retries", 0)
+        started = time.monotonic()
+        with pytest.raises(DeliveryTimeout):
+            sleepy.send("frozen", announce("sleepy", "anyone?"), timeout=0.5)
+        took = time.monotonic() - started
+        # Resent on its own backoff (0.05 s doubling to 0.2 s) meanwhile, several times.
+        retries = sleepy.stats().get("retries", 0) - before
+    finally:
+        peer.proc.send_signal(signal.SIGCONT)
+        peer.stop()
+    assert took < 5.0, f"the send failed after {took:.1f}s, not at its 0.5 s deadline"
+    assert retries >= 2, retries
