@@ -438,9 +438,10 @@ class WorkerBrain:
                 and ctx_id not in self.held):
             problem = _cannot_act(act, ctx_id)
             if problem is not None:
-                # Said, not dropped: the sender learns why at once.
+                # Said, not dropped: the sender learns why at once. A request that named
+                # no task is answered about no task, not in the task this worker holds.
                 _call(ctx, "send_message", channel=C.DIRECT_PREFIX + item.sender,
-                      message=problem, type="Reject", context=ctx_id)
+                      message=problem, type="Reject", context=ctx_id or "")
                 return
         if ctx_id is None:
             return

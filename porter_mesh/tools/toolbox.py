@@ -456,7 +456,8 @@ class Toolbox:
             message: first line summary, then details.
             type: the activity type; by default from the channel and role.
             context: the task; by default the current task (a new one for an Offer on
-                a task channel).
+                a task channel); ``""`` says the message is about no task (an answer to
+                a message that named none must not be taken for news of the current one).
             tag: labels.
 
         Returns:
@@ -470,8 +471,10 @@ class Toolbox:
         kind = type or messaging.default_type(chan, self.role, message)
         on_task_channel = chan == CHANNEL_TASK or chan.startswith(DIRECT_PREFIX)
         parent: str | None = None
-        if context is not None:
-            ctx: str | None = messaging.normalise_context(context)
+        if context == "":
+            ctx: str | None = None
+        elif context is not None:
+            ctx = messaging.normalise_context(context)
         elif kind == "Offer" and on_task_channel:
             ctx = new_task_id()
             parent = self._holding()

@@ -373,6 +373,22 @@ def test_another_task_is_work_after_a_withdrawal(tmp_path: Path) -> None:
     assert record["context"] == "urn:porter:task:t2"
 
 
+def test_an_empty_context_is_about_no_task() -> None:
+    """A reply to a message that named no task does not take the current task's context
+    (a Reject of a stray Question must not read as giving up the task held)."""
+    box = toolbox("w1", "worker")
+    offer_to(box, "urn:porter:task:t9", 1)
+    assert box.context == "urn:porter:task:t9"
+    box.call("send_message", {"channel": "task:architect", "message": "not a task",
+                              "type": "Reject", "context": ""})
+    _, sent = port_of(box).last()
+    assert "context" not in sent and box.context == "urn:porter:task:t9", sent
+    box.call("send_message", {"channel": "task:architect", "message": "still on it",
+                              "type": "Note"})
+    _, sent = port_of(box).last()
+    assert sent["context"] == "urn:porter:task:t9"
+
+
 def test_offers_to_others_do_not_change_context() -> None:
     box = toolbox("w1", "worker")
     port_of(box).deliver("task", as2.offer("architect", "x", target="w2",
