@@ -41,12 +41,15 @@ from pathlib import Path
 from typing import IO, Any
 
 import orjson
+from opentelemetry import trace
 
 from agents.scripted import LEARNED_HEADING
 from agents.team import Team, TeamError, agent_argv, load_team
 from porter_mesh.core import constants as C
 from porter_mesh.node.node import Message, Node
 from porter_mesh.node.transcript import message_json
+from porter_mesh.tracing.export import start_tracing
+from porter_mesh.tracing.tasks import INSTRUMENTATION, trace_of_span
 
 #: The demo's team file.
 DEMO_TEAM = Path(__file__).resolve().parent.parent / "examples" / "demo-team.toml"
@@ -309,6 +312,18 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
                 heartbeat_interval=0.25, evasive_after=2.0, expire_after=6.0, inbox_size=0,
                 **keys)
     node.add_handler(timeline)
+    # The human's request is the root of the story's trace; the go carries its context.
+    tracing = start_tracing(seat_name)
+    tracer = tracing.tracer if tracing is not None else trace.get_tracer(INSTRUMENTATION)
+    request = tracer.start_span(f"request {architect_name}", kind=trace.SpanKind.CLIENT,
+                                attributes={"gen_ai.agent.name": architect_name,
+                                            "messaging.destination.name": C.CHANNEL_CONTROL})
+    go_body: dict[str, Any] = {}
+    request_trace = trace_of_span(request)
+    if request_trace is not None:
+        go_body["traceparent"] = request_trace.traceparent
+        print(f"trace: {request_trace.trace_id} (porter-mesh trace {request_trace.trace_id})",
+              file=stream, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     dashboard: Agent | None = None
@@ -355,7 +370,7 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
             await _wait_ui_hears(dashboard, url, names, timeout=max(5.0, timeout / 2))
         print(f"{time.monotonic() - timeline.start:6.2f}s  team connected: "
               f"{', '.join(names)}; the architect begins", file=stream, flush=True)
-        node.async_control(GO, target=architect_name)
+        node.async_control(GO, target=architect_name, body=go_body)
         last_go = time.monotonic()
         architect = next(agent for agent in agents if agent.name == architect_name)
         while architect.proc.poll() is None:
@@ -370,9 +385,10 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
             if secure and not timeline.offered and time.monotonic() - last_go > 1.0:
                 # Without its "online" announcement the architect may not have been
                 # listening yet; "go" is idempotent, so say it again until it offers.
-                node.async_control(GO, target=architect_name)
+                node.async_control(GO, target=architect_name, body=go_body)
                 last_go = time.monotonic()
             await asyncio.sleep(0.05)
+        request.end()  # the story is told: the architect recalled what was learned
         if architect.proc.returncode != 0:
             raise DemoError(f"the architect failed (status {architect.proc.returncode}); "
                             f"its log:\n{_tail(architect.log_path)}")
@@ -395,15 +411,20 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
             while agent.proc.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
     except DemoError as exc:
+        request.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)[:200]))
         print(f"\nporter-mesh demo FAILED: {exc}", file=stream, flush=True)
         return 1
     finally:
+        if request.is_recording():  # not yet ended: the story failed
+            request.end()
         if ui:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
         _stop_all(agents)
         await node.aclose()
         timeline.close()
+        if tracing is not None:
+            tracing.close()
     elapsed = time.monotonic() - started
     print(f"\nThe team learned:\n{timeline.learned or '(nothing recalled)'}", file=stream)
     print(f"\ndemo complete in {elapsed:.1f}s: {timeline.count} activities", file=stream)

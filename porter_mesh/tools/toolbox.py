@@ -121,6 +121,7 @@ from porter_mesh.tools.shell import (
     run_command,
 )
 from porter_mesh.tools.workspace import Workspace
+from porter_mesh.tracing.tasks import TaskTracer
 
 __all__ = ["Toolbox"]
 
@@ -160,6 +161,8 @@ class Toolbox:
         tail_bytes: bytes of the end of a command's output returned to the agent.
         inbox_limit: messages one ``read_messages`` call takes.
         external: tools of external MCP servers to add (the caller owns and closes it).
+        traces: the agent's task spans; each call of a traced task gets an
+            ``execute_tool`` span (see :mod:`porter_mesh.tracing`).
 
     Raises:
         ConfigError: unknown role or tool, a file/shell/git tool without a workspace,
@@ -179,8 +182,10 @@ class Toolbox:
         tail_bytes: int = DEFAULT_TAIL_BYTES,
         inbox_limit: int = DEFAULT_INBOX_LIMIT,
         external: ExternalTools | None = None,
+        traces: TaskTracer | None = None,
     ) -> None:
         self.port = port
+        self.traces = traces
         self.role = role
         self._specs = {s.name: s for s in specs_for(role, tools)}
         self.external = external
@@ -257,6 +262,12 @@ class Toolbox:
             ToolError: unknown tool, bad arguments, or the tool failed; the message says
                 what to do.
         """
+        if self.traces is None:
+            return self._call(name, arguments)
+        with self.traces.tool_call(name, self.context, arguments):
+            return self._call(name, arguments)
+
+    def _call(self, name: str, arguments: Mapping[str, Any] | None) -> str:
         if self._halted is not None:
             raise ToolError(
                 f"this agent was halted ({self._halted}); stop working and end your turn"
