@@ -109,6 +109,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default", help="model name for --brain llm")
     parser.add_argument("--goal", help="for --brain llm: the first instruction (e.g. the "
                         "architect's task)")
+    parser.add_argument("--linger", action="store_true",
+                        help="when the brain is done, stay on the mesh (answering stats and "
+                        "trace requests) until halted or SIGTERM")
     parser.add_argument("--traceparent", type=_traceparent, metavar="TRACEPARENT",
                         help="W3C trace context to continue: the task this agent creates "
                         "first joins that trace (default: a new trace per task)")
@@ -309,7 +312,11 @@ def run(args: argparse.Namespace) -> int:
         node.publish(C.CHANNEL_LOG, Activity.from_dict({
             "type": "Announce", "actor": args.name,
             "summary": f"{args.name} online as {args.role}{slots}"}))
-        return brain.run(ctx)
+        status = brain.run(ctx)
+        if args.linger and not stop.is_set():
+            ctx.say("done; staying on the mesh until halted")
+            stop.wait()
+        return status
     finally:
         traces.close()
         if external is not None:

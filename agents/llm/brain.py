@@ -443,8 +443,18 @@ class LLMBrain:
         attempt = 0
         self.stats["model_calls"] += 1
         while True:
+            traces = ctx.toolbox.traces
             try:
-                completion = self.endpoint.post(body)
+                if traces is None:
+                    completion = self.endpoint.post(body)
+                else:
+                    # One chat span per call to the model, retries included.
+                    with traces.model_call(self.endpoint.model, ctx.toolbox.context) as span:
+                        completion = self.endpoint.post(body)
+                        traces.model_usage(span, response_model=None,
+                                           input_tokens=completion.tokens_in,
+                                           output_tokens=completion.tokens_out,
+                                           finish_reason=completion.finish_reason)
             except ModelError as exc:
                 self.stats["model_errors"] += 1
                 if not exc.retryable or attempt >= self.max_retries:

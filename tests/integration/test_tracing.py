@@ -1,0 +1,174 @@
+"""One trace per task across real agent processes: the official SDK exports OTLP/HTTP to
+a receiver here (decoded with opentelemetry-proto), and ``porter-mesh trace`` draws the
+same tree from the agents' rings."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from agents.demo import run_demo
+from tests.integration.cli_proc import Running, cli
+from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """An OTLP receiver; every process started here exports to it."""
+    with OtlpReceiver() as rx:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+        monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+        yield rx
+
+
+def by_name(spans: list[ReceivedSpan], service: str, name: str) -> list[ReceivedSpan]:
+    return [s for s in spans if s.service == service and s.name == name]
+
+
+def start_stayed_demo(tmp_path: Path, mesh: str) -> tuple[Running, str]:
+    """``porter-mesh demo --stay``: its story told, the team stays; returns the demo and
+    the trace id it printed."""
+    demo = Running("demo", "--stay", "--out", str(tmp_path / "demo"), "--mesh", mesh,
+                   "--timeout", "90")
+    demo.wait_until(lambda: any("The story is over" in line for line in demo.out), 120,
+                    "the demo's story")
+    trace_id = next(line.split()[1] for line in demo.out if line.startswith("trace: "))
+    return demo, trace_id
+
+
+def test_the_demo_story_is_one_trace_over_otlp_and_trace_draws_the_same_tree(
+        tmp_path: Path, receiver: OtlpReceiver) -> None:
+    mesh = f"tr{os.getpid()}"
+    demo, trace_id = start_stayed_demo(tmp_path, mesh)
+    try:
+        got = cli("trace", trace_id, "--mesh", mesh, "--json", "--wait", "2")
+        assert got.returncode == 0, got.stderr
+        records = [orjson.loads(line) for line in got.stdout.splitlines()]
+        shown = {(r["span_id"], r["parent_id"], r["name"], r["service"]) for r in records}
+        # Everything the rings hold reaches the exporter (batched every 100 ms).
+        assert receiver.wait_for(
+            lambda spans: shown <= {(s.span_id, s.parent_id, s.name, s.service)
+                                    for s in spans}, 20), "spans not exported"
+        text = cli("trace", trace_id, "--mesh", mesh, "--wait", "2")
+        assert text.returncode == 0, text.stderr
+    finally:
+        demo.stop()
+    assert demo.proc.returncode == 0, demo.out[-20:]
+    spans = [s for s in receiver.spans if s.trace_id == trace_id]
+    # The whole story is this one trace: every span exported belongs to it ...
+    assert {s.trace_id for s in receiver.spans} == {trace_id}
+    # ... the same tree as the rings' ...
+    assert {(s.span_id, s.parent_id, s.name, s.service) for s in spans} == shown
+    ids = {s.span_id for s in spans}
+    assert len(ids) == len(spans)
+    # ... with one root, the human's request, and no orphan.
+    roots = [s for s in spans if s.parent_id is None]
+    assert [(r.service, r.name) for r in roots] == [("porter-ui", "request architect")]
+    assert all(s.parent_id in ids for s in spans if s.parent_id is not None)
+    spans_of = {s.span_id: s for s in spans}
+
+    def parent(s: ReceivedSpan) -> ReceivedSpan:
+        assert s.parent_id is not None
+        return spans_of[s.parent_id]
+
+    # The architect works for the request and offers the task to worker-1 ...
+    (architect,) = by_name(spans, "architect", "invoke_agent architect")
+    assert parent(architect) is roots[0]
+    (offer,) = [s for s in by_name(spans, "architect", "send task:worker-1")]
+    assert parent(offer) is architect and offer.attributes["porter.activity.type"] == "Offer"
+    assert offer.attributes["messaging.destination.name"] == "task:worker-1"
+    # ... the worker's work is a child of that offer, across processes ...
+    (worker,) = by_name(spans, "worker-1", "invoke_agent worker-1")
+    assert parent(worker) is offer
+    assert worker.attributes["gen_ai.agent.name"] == "worker-1"
+    tools = [s for s in spans if s.service == "worker-1" and s.name.startswith("execute_tool")]
+    assert {"execute_tool bash", "execute_tool write_file", "execute_tool edit_file"} <= {
+        t.name for t in tools}
+    assert all(parent(t) is worker for t in tools)
+    assert all(t.attributes["gen_ai.tool.name"] == t.name.split()[1] for t in tools)
+    # ... each review (changes requested, then approved) is a child of the worker's ask ...
+    reviews = by_name(spans, "reviewer", "invoke_agent reviewer")
+    assert len(reviews) == 2
+    for review in reviews:
+        ask = parent(review)
+        assert (ask.service, ask.name, parent(ask)) == ("worker-1", "send review", worker)
+    verdicts = [s for s in spans if s.service == "reviewer" and s.name == "send review"]
+    assert sorted(v.attributes["porter.activity.type"] for v in verdicts) == ["Accept", "Reject"]
+    # ... and back: the architect hears the result in the same trace, and closes.
+    assert any(s.service == "architect" and s.name == "receive review"
+               and parent(s) in verdicts for s in spans)
+    assert all(s.end_ns >= s.start_ns > 0 for s in spans)
+    # The waterfall: the same spans, the root on the slowest path, nothing missing.
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith(f"trace {trace_id}: {len(spans)} span(s)")
+    assert lines[2].startswith("* porter-ui      request architect")
+    assert not any(line.startswith(("missing", "note", "?")) for line in lines), lines
+
+
+def test_a_reoffer_after_a_killed_worker_stays_in_the_same_trace(
+        tmp_path: Path, receiver: OtlpReceiver) -> None:
+    console = io.StringIO()
+    status = asyncio.run(run_demo(tmp_path / "demo", timeout=90, stream=console,
+                                  extra={"worker-1": ["--fail-after", "accept"]}))
+    assert status == 0, console.getvalue()[-4000:]
+    trace_id = next(line.split()[1] for line in console.getvalue().splitlines()
+                    if line.startswith("trace: "))
+    assert receiver.wait_for(lambda spans: any(
+        s.name == "request architect" for s in spans), 20)
+    spans = [s for s in receiver.spans if s.trace_id == trace_id]
+    assert {s.trace_id for s in receiver.spans} == {trace_id}
+    (architect,) = by_name(spans, "architect", "invoke_agent architect")
+    offers = [s for s in spans if s.service == "architect" and s.name.startswith("send task:")
+              and s.attributes["porter.activity.type"] == "Offer"]
+    assert sorted(o.name for o in offers) == ["send task:worker-1", "send task:worker-2"]
+    assert all(o.parent_id == architect.span_id for o in offers)
+    (second,) = by_name(spans, "worker-2", "invoke_agent worker-2")
+    assert second.parent_id == next(o.span_id for o in offers if o.name.endswith("worker-2"))
+    assert second.attributes["porter.task.attempt"] == 2
+    assert by_name(spans, "reviewer", "invoke_agent reviewer")
+
+
+def test_trace_says_what_is_missing_when_an_agent_is_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)  # rings only
+    mesh = f"tm{os.getpid()}"
+    demo, trace_id = start_stayed_demo(tmp_path, mesh)
+    try:
+        whole = cli("trace", trace_id, "--mesh", mesh, "--json", "--wait", "2")
+        assert whole.returncode == 0, whole.stderr
+        records = [orjson.loads(line) for line in whole.stdout.splitlines()]
+        assert {r["service"] for r in records} >= {"porter-ui", "architect", "worker-1",
+                                                   "reviewer"}
+        os.kill(_pid_of(demo, "worker-1"), signal.SIGKILL)  # its ring is gone with it
+        partial = cli("trace", trace_id, "--mesh", mesh, "--wait", "3", "--timeout", "3")
+    finally:
+        demo.stop()
+    assert partial.returncode == 1, partial.stdout
+    lines = partial.stdout.splitlines()
+    assert not any(" worker-1 " in line[:17] for line in lines[2:] if line[:1] in "*? ")
+    # The reviewer's work hung under worker-1's spans: drawn as orphans, the gap named.
+    assert any(line.startswith("? reviewer") and "invoke_agent reviewer" in line
+               for line in lines), lines
+    assert [line for line in lines if line.startswith("missing: ")], lines
+
+
+def _pid_of(demo: Running, name: str) -> int:
+    """The pid of one of the demo's agents (its child process named by --name)."""
+    import psutil
+
+    for child in psutil.Process(demo.proc.pid).children(recursive=True):
+        cmdline = child.cmdline()
+        if "--name" in cmdline and cmdline[cmdline.index("--name") + 1] == name:
+            return child.pid
+    raise AssertionError(f"no process of {name} under the demo")
