@@ -1,0 +1,173 @@
+"""The tracing parts without sockets: trace context, the span ring, the waterfall, and
+the task spans made through the real SDK."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from porter_mesh.core.as2 import Activity
+from porter_mesh.core.tracecontext import (
+    TraceContext,
+    format_traceparent,
+    parse_traceparent,
+    valid_traceparent,
+)
+from porter_mesh.errors import ConfigError
+from porter_mesh.tracing.export import RingProcessor
+from porter_mesh.tracing.ring import SpanRing
+from porter_mesh.tracing.tasks import TaskTracer
+from porter_mesh.tracing.waterfall import build_waterfall, render_waterfall
+
+TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+TASK = "urn:porter:task:t1"
+
+
+def test_traceparent_parse_and_format_round_trip() -> None:
+    assert format_traceparent(*parse_traceparent(TP)) == TP
+    ctx = TraceContext(TP)
+    assert ctx.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert ctx.span_id == "00f067aa0ba902b7"
+    with pytest.raises(ValueError, match="W3C traceparent"):
+        parse_traceparent("nonsense")
+    assert not valid_traceparent(TP[:-1])
+    with pytest.raises(ValueError):
+        format_traceparent(0, 1, 1)
+
+
+def record(span_id: str, parent: str | None, start: int, end: int, **extra: Any
+           ) -> dict[str, Any]:
+    return {"trace_id": "ab" * 16, "span_id": span_id, "parent_id": parent,
+            "name": f"span {span_id}", "service": extra.pop("service", "a"),
+            "start_ns": start, "end_ns": end, "status": "unset", "status_message": "",
+            "attributes": extra}
+
+
+def test_the_ring_is_bounded_by_count_and_bytes() -> None:
+    ring = SpanRing(max_spans=3, max_bytes=10_000)
+    for i in range(5):
+        ring.add(record(f"{i:016x}", None, i, i + 1))
+    assert len(ring) == 3 and ring.dropped == 2
+    assert [r["span_id"][-1] for r in ring.find(trace_ids=["AB" * 16])] == ["2", "3", "4"]
+    small = SpanRing(max_spans=100, max_bytes=700)
+    for i in range(10):
+        small.add(record(f"{i:016x}", None, i, i + 1))
+    assert small.size_bytes <= 700 and 0 < len(small) < 10
+    assert small.dropped == 10 - len(small)
+    small.add(record("f" * 16, None, 0, 1, blob="x" * 1000))  # bigger than the ring
+    assert small.stats()["dropped"] == 11 - len(small)
+    with pytest.raises(ConfigError):
+        SpanRing(max_spans=0)
+
+
+def test_the_ring_finds_the_traces_of_a_task() -> None:
+    ring = SpanRing()
+    ring.add(record("1" * 16, None, 0, 5, **{"porter.task.context": TASK}))
+    ring.add(record("2" * 16, "1" * 16, 1, 2))
+    other = record("3" * 16, None, 0, 1)
+    other["trace_id"] = "cd" * 16
+    ring.add(other)
+    assert {r["span_id"] for r in ring.find(context=TASK)} == {"1" * 16, "2" * 16}
+
+
+def test_the_waterfall_marks_the_slowest_path_and_names_what_is_missing() -> None:
+    spans = [record("r", None, 0, 100), record("a", "r", 10, 40), record("b", "r", 20, 95),
+             record("c", "b", 30, 90), record("d", "b", 31, 35),
+             record("x", "gone", 50, 60, service="lost")]
+    waterfall = build_waterfall(spans + spans[:2], ["agent z: no answer"])
+    names = [(r.depth, r.name.split()[1], r.slowest, r.orphan) for r in waterfall.rows]
+    assert names == [(0, "r", True, False), (1, "a", False, False), (1, "b", True, False),
+                     (2, "c", True, False), (2, "d", False, False), (0, "x", False, True)]
+    assert waterfall.missing == ["gone"] and not waterfall.complete
+    text = render_waterfall(waterfall)
+    assert "? lost" in text and "missing: 1 parent span(s)" in text
+    assert "note: agent z: no answer" in text
+    assert build_waterfall(spans[:5]).complete
+    assert "no spans found" in render_waterfall(build_waterfall([]))
+
+
+def tracer_and_spans() -> tuple[TaskTracer, InMemorySpanExporter, SpanRing]:
+    exporter = InMemorySpanExporter()
+    ring = SpanRing()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider.add_span_processor(RingProcessor(ring))
+    return TaskTracer("w1", provider.get_tracer("test")), exporter, ring
+
+
+def offer(attempt: int) -> Activity:
+    return Activity.from_dict({"type": "Offer", "actor": "arch", "summary": "do it",
+                               "context": TASK, "attempt": attempt})
+
+
+def test_an_offer_opens_the_task_span_and_a_reoffer_opens_another_in_the_same_trace() -> None:
+    traces, exporter, ring = tracer_and_spans()
+    traces.received("task:w1", "arch", offer(1), TraceContext(TP), msg_id="m1")
+    with traces.tool_call("bash", TASK, {"command": "ls"}):
+        sent_trace, span = traces.sending("log", Activity.from_dict(
+            {"type": "Invoke", "actor": "w1", "summary": "ran", "context": TASK}))
+        traces.sent("log", Activity.from_dict(
+            {"type": "Invoke", "actor": "w1", "summary": "ran", "context": TASK}), span)
+    traces.received("task:w1", "arch", offer(2), TraceContext(TP))
+    with traces.tool_call("read_messages", TASK):  # the inbox poll makes no span
+        pass
+    closing = Activity.from_dict({"type": "Announce", "actor": "w1", "summary": "done",
+                                  "context": TASK})
+    _, span = traces.sending("log", closing)
+    traces.sent("log", closing, span)
+    traces.close()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    invokes = [s for s in exporter.get_finished_spans() if s.name == "invoke_agent w1"]
+    assert len(invokes) == 2
+    assert all(f"{s.context.trace_id:032x}" == TraceContext(TP).trace_id for s in invokes)
+    assert all(s.parent is not None and f"{s.parent.span_id:016x}" == "00f067aa0ba902b7"
+               for s in invokes)
+    assert invokes[0].attributes is not None
+    assert invokes[0].attributes["porter.task.superseded"] is True
+    assert [s.attributes["porter.task.attempt"] for s in invokes if s.attributes] == [1, 2]
+    tool = spans["execute_tool bash"]
+    assert tool.parent is not None and tool.parent.span_id == invokes[0].context.span_id
+    assert sent_trace is not None
+    sends = [s for s in exporter.get_finished_spans() if s.name == "send log"]
+    assert sends[0].parent is not None and sends[0].parent.span_id == tool.context.span_id
+    assert sent_trace.span_id == f"{sends[0].context.span_id:016x}"
+    assert "execute_tool read_messages" not in spans
+    assert len(ring) == len(exporter.get_finished_spans())
+
+
+def test_a_withdrawal_ends_the_task_span_as_cancelled_and_untraced_work_makes_none() -> None:
+    traces, exporter, _ = tracer_and_spans()
+    note = Activity.from_dict({"type": "Note", "actor": "w1", "summary": "hi"})
+    assert traces.sending("log", note) == (None, None)
+    traces.received("log", "x", Activity.from_dict(
+        {"type": "Announce", "actor": "x", "summary": "s", "context": TASK}), None)
+    assert exporter.get_finished_spans() == ()
+    traces.received("task:w1", "arch", offer(1), None)  # an untraced offer: a new trace
+    traces.received("task:w1", "arch", Activity.from_dict(
+        {"type": "Delete", "actor": "arch", "summary": "withdrawn", "context": TASK,
+         "object": TASK}), TraceContext(TP))
+    (invoke,) = [s for s in exporter.get_finished_spans() if s.name == "invoke_agent w1"]
+    assert invoke.parent is None
+    assert invoke.status.description is not None
+    assert invoke.status.description.startswith("cancelled: withdrawn by arch")
+
+
+def test_a_subtask_stays_in_its_parents_trace() -> None:
+    traces, exporter, _ = tracer_and_spans()
+    traces.received("task:w1", "arch", offer(1), TraceContext(TP))
+    sub = Activity.from_dict({"type": "Offer", "actor": "w1", "summary": "part",
+                              "context": "urn:porter:task:sub1"})
+    with traces.tool_call("send_message", TASK):
+        trace_context, span = traces.sending("task", sub)
+        traces.sent("task", sub, span)
+    traces.close()
+    assert trace_context is not None and trace_context.trace_id == TraceContext(TP).trace_id
+    (sub_span,) = [s for s in exporter.get_finished_spans()
+                   if s.attributes and s.attributes.get("porter.task.context")
+                   == "urn:porter:task:sub1" and s.name == "invoke_agent w1"]
+    tool = next(s for s in exporter.get_finished_spans() if s.name == "execute_tool send_message")
+    assert sub_span.parent is not None and sub_span.parent.span_id == tool.context.span_id
