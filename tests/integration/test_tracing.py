@@ -172,3 +172,27 @@ def _pid_of(demo: Running, name: str) -> int:
         if "--name" in cmdline and cmdline[cmdline.index("--name") + 1] == name:
             return child.pid
     raise AssertionError(f"no process of {name} under the demo")
+
+
+def test_the_clis_traceparent_is_continued_by_the_agent(
+        tmp_path: Path, receiver: OtlpReceiver) -> None:
+    mesh = f"tc{os.getpid()}"
+    worker = Running("agent", "worker", "--name", "w1", "--mesh", mesh, "--workspace",
+                     str(tmp_path), "--data-dir", str(tmp_path / "data"))
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    try:
+        bad = cli("request", "task:w1", "do X", "--mesh", mesh, "--traceparent", "00-xyz")
+        assert bad.returncode == 2 and "not a W3C traceparent" in bad.stderr, bad.stderr
+        out = cli("request", "task:w1", "do X", "--type", "Offer", "--mesh", mesh,
+                  "--timeout", "60", "--wait", "20", "--traceparent", parent,
+                  "--tracestate", "vendor=1")
+        assert out.returncode == 0, out.stderr
+    finally:
+        worker.stop()
+    assert receiver.wait_for(lambda spans: any(s.name == "invoke_agent w1" for s in spans), 20)
+    (invoke,) = [s for s in receiver.spans if s.name == "invoke_agent w1"]
+    assert invoke.trace_id == "0af7651916cd43dd8448eb211c80319c"
+    assert invoke.parent_id == "b7ad6b7169203331"  # the caller's span, outside the mesh
+    assert {s.trace_id for s in receiver.spans} == {invoke.trace_id}
+    assert any(s.name == "execute_tool bash" and s.parent_id == invoke.span_id
+               for s in receiver.spans)
