@@ -21,6 +21,7 @@ import orjson
 from porter_mesh.cli.cmd_stats import find_agents, observer_config
 from porter_mesh.cli.common import add_mesh_options, refuse_negative, run
 from porter_mesh.core.constants import TASK_URN_PREFIX
+from porter_mesh.core.control import MAX_SPAN_QUERY_IDS
 from porter_mesh.node.node import Node
 from porter_mesh.tracing.views import SpanClient
 from porter_mesh.tracing.waterfall import build_waterfall, render_waterfall
@@ -67,6 +68,15 @@ def main(args: argparse.Namespace) -> int:
             names = await find_agents(node, None, args.wait)
             answers = await client.ask_all(names, args.timeout, trace_ids=trace_ids,
                                            context=context)
+            if context is not None:
+                # Spans of the task's traces that do not name the task (the request that
+                # started it, on another agent): ask again by trace id.
+                found = sorted({r["trace_id"] for a in answers.values()
+                                if not isinstance(a, BaseException)
+                                for r in a.get("spans", []) if isinstance(r, dict)})
+                if found:
+                    answers = await client.ask_all(names, args.timeout,
+                                                   trace_ids=tuple(found[:MAX_SPAN_QUERY_IDS]))
         records: list[dict[str, Any]] = []
         notes: list[str] = []
         for name, answer in sorted(answers.items()):

@@ -3,8 +3,9 @@ start offsets and durations, the slowest path marked, and what is missing said.
 
 Pure: takes records (:data:`~.ring.SpanRecord`), returns rows and text.
 
-The slowest path starts at the earliest root and, at each span, follows the child that
-ends last: the chain of work the trace's end waited for. A span whose parent is not
+The slowest path starts at the earliest root and, at each span, follows the child whose
+subtree (the child and everything under it, across agents) takes longest from the
+child's start to the subtree's last end: where the time went. A span whose parent is not
 among the records (its agent restarted, its ring overflowed, or it did not answer) is
 drawn as a root of its own, marked ``?``, and named in :attr:`Waterfall.missing`,
 rather than hung under a wrong parent.
@@ -102,13 +103,19 @@ def build_waterfall(records: Iterable[SpanRecord], notes: Sequence[str] = ()) ->
     if not ordered:
         return result
     first = ordered[0]["start_ns"]
+    subtree_end: dict[str, int] = {}
+    for record in reversed(ordered):  # children start after their parents: done first
+        ends = [subtree_end.get(c["span_id"], c["end_ns"])
+                for c in children.get(record["span_id"], [])]
+        subtree_end[record["span_id"]] = max([record["end_ns"], *ends])
     slowest: set[str] = set()
     if roots:
         node: SpanRecord | None = roots[0]
         while node is not None:
             slowest.add(node["span_id"])
             kids = children.get(node["span_id"], [])
-            node = max(kids, key=lambda r: (r["end_ns"], r["start_ns"])) if kids else None
+            node = max(kids, key=lambda r: subtree_end[r["span_id"]] - r["start_ns"],
+                       default=None)
 
     def walk(record: SpanRecord, depth: int) -> None:
         status = record.get("status", "unset")

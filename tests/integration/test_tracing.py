@@ -62,6 +62,14 @@ def test_the_demo_story_is_one_trace_over_otlp_and_trace_draws_the_same_tree(
                                     for s in spans}, 20), "spans not exported"
         text = cli("trace", trace_id, "--mesh", mesh, "--wait", "2")
         assert text.returncode == 0, text.stderr
+        # Asked by the task instead: the same trace, the request's root included.
+        task = next(r["attributes"]["porter.task.context"] for r in records
+                    if r["name"] == "invoke_agent worker-1")
+        by_task = cli("trace", task.rsplit(":", 1)[-1], "--mesh", mesh, "--json",
+                      "--wait", "2")
+        assert by_task.returncode == 0, by_task.stderr
+        assert {orjson.loads(line)["span_id"] for line in by_task.stdout.splitlines()} == {
+            r["span_id"] for r in records}
     finally:
         demo.stop()
     assert demo.proc.returncode == 0, demo.out[-20:]
