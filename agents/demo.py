@@ -44,7 +44,7 @@ import orjson
 from opentelemetry import trace
 
 from agents.scripted import LEARNED_HEADING
-from agents.team import Team, TeamError, agent_argv, load_team
+from agents.team import Team, TeamError, agent_argv, load_team, otel_env
 from porter_mesh.core import constants as C
 from porter_mesh.node.node import Message, Node
 from porter_mesh.node.transcript import message_json
@@ -317,7 +317,7 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
     node.add_handler(timeline)
     # The human's request (the go) is the root of the story's trace: it starts when the
     # team is connected, and the go carries its context.
-    tracing = start_tracing(seat_name)
+    tracing = start_tracing(seat_name, settings=team.otel)
     tracer = tracing.tracer if tracing is not None else trace.get_tracer(INSTRUMENTATION)
     request: trace.Span = trace.INVALID_SPAN
     go_body: dict[str, Any] = {}
@@ -361,7 +361,7 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
                 options += ["--wait-go", *(["--linger"] if keep else [])]
             options += (extra or {}).get(spec.name, [])
             agents.append(_start(spec.role, spec.name, options, out=out,
-                                 env_extra=envs.get(spec.name)))
+                                 env_extra={**otel_env(team), **envs.get(spec.name, {})}))
         if on_start is not None:
             on_start({agent.name: agent.proc.pid for agent in agents})
         await _wait_connected(node, timeline, names, agents, timeout=max(5.0, timeout / 2),

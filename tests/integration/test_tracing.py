@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from agents.demo import run_demo
+from agents.demo import DEMO_TEAM, run_demo
 from tests.integration.cli_proc import Running, cli
 from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan
 
@@ -125,18 +125,33 @@ def test_the_demo_story_is_one_trace_over_otlp_and_trace_draws_the_same_tree(
 
 
 def test_a_reoffer_after_a_killed_worker_stays_in_the_same_trace(
-        tmp_path: Path, receiver: OtlpReceiver) -> None:
-    console = io.StringIO()
-    status = asyncio.run(run_demo(tmp_path / "demo", timeout=90, stream=console,
-                                  extra={"worker-1": ["--fail-after", "accept"]}))
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The exporter's endpoint comes from the team file's [otel] table this time.
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                 "OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    with OtlpReceiver() as receiver:
+        team = tmp_path / "team.toml"
+        team.write_text(DEMO_TEAM.read_text() + f'\n[otel]\nendpoint = "{receiver.endpoint}"\n')
+        console = io.StringIO()
+        status = asyncio.run(run_demo(tmp_path / "demo", timeout=90, stream=console,
+                                      team_file=team,
+                                      extra={"worker-1": ["--fail-after", "accept"]}))
+        assert receiver.wait_for(lambda spans: any(
+            s.name == "request architect" for s in spans), 20)
+    check_reoffer(status, console, receiver)
+
+
+def check_reoffer(status: int, console: io.StringIO, receiver: OtlpReceiver) -> None:
     assert status == 0, console.getvalue()[-4000:]
     trace_id = next(line.split()[1] for line in console.getvalue().splitlines()
                     if line.startswith("trace: "))
-    assert receiver.wait_for(lambda spans: any(
-        s.name == "request architect" for s in spans), 20)
     spans = [s for s in receiver.spans if s.trace_id == trace_id]
     assert {s.trace_id for s in receiver.spans} == {trace_id}
     (architect,) = by_name(spans, "architect", "invoke_agent architect")
+    (root,) = by_name(spans, "porter-ui", "request architect")
+    assert architect.parent_id == root.span_id
     offers = [s for s in spans if s.service == "architect" and s.name.startswith("send task:")
               and s.attributes["porter.activity.type"] == "Offer"]
     assert sorted(o.name for o in offers) == ["send task:worker-1", "send task:worker-2"]

@@ -171,3 +171,24 @@ def test_a_subtask_stays_in_its_parents_trace() -> None:
                    == "urn:porter:task:sub1" and s.name == "invoke_agent w1"]
     tool = next(s for s in exporter.get_finished_spans() if s.name == "execute_tool send_message")
     assert sub_span.parent is not None and sub_span.parent.span_id == tool.context.span_id
+
+
+def test_a_team_files_otel_table_becomes_the_agents_variables(tmp_path: Any) -> None:
+    from agents.team import TeamError, otel_env, parse_team
+
+    base = '[mesh]\nname = "m"\n[[agents]]\nname = "a"\nrole = "architect"\n'
+    team = parse_team(base + '[otel]\nendpoint = "http://127.0.0.1:4318"\n'
+                      'sampler = "parentbased_traceidratio"\nsampler_arg = 0.5\n',
+                      path=tmp_path / "t.toml")
+    assert otel_env(team, {}) == {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"}
+    # The environment's own OTEL_* wins over the file.
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in otel_env(
+        team, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://elsewhere:4318"})
+    assert otel_env(parse_team(base, path=tmp_path / "t.toml"), {}) == {}
+    for bad, says in (('endpoint = "127.0.0.1:4318"', "http:// or https:// URL"),
+                      ('sampler = "sometimes"', "sampler"), ("endpont = 'x'", "endpoint")):
+        with pytest.raises(TeamError) as info:
+            parse_team(base + "[otel]\n" + bad + "\n", path=tmp_path / "t.toml")
+        assert "otel." in str(info.value) and says in str(info.value), str(info.value)
