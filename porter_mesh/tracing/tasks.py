@@ -240,15 +240,19 @@ class TaskTracer:
         """Where a new span about ``task`` goes: under what is current when it belongs
         to the task's trace (a tool call), else under the task's span."""
         span = self.task_span(task)
+        with self._lock:
+            origin = self._origin
         current = trace.get_current_span()
         current_ctx = current.get_span_context()
-        if current_ctx.is_valid and (
+        # A current span that is not ours (a library's own propagation, such as an MCP
+        # SDK's non-recording span) is used only when there is nothing better.
+        ours = current.is_recording() or (span is None and origin is None)
+        if current_ctx.is_valid and ours and (
                 span is None or current_ctx.trace_id == span.get_span_context().trace_id):
             return None  # the current context
         if span is not None:
             return span_context_of(span)
-        with self._lock:
-            return self._origin
+        return origin
 
     def sending(self, channel: str, activity: Activity) -> tuple[TraceContext | None, Span | None]:
         """Open the ``send`` span of a message about to go out.

@@ -8,6 +8,7 @@ import asyncio
 import io
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +220,37 @@ def test_the_clis_traceparent_is_continued_by_the_agent(
     assert {s.trace_id for s in receiver.spans} == {invoke.trace_id}
     assert any(s.name == "execute_tool bash" and s.parent_id == invoke.span_id
                for s in receiver.spans)
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+def test_an_mcp_requests_meta_trace_context_is_continued(
+        tmp_path: Path, receiver: OtlpReceiver) -> None:
+    import anyio
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+
+    mesh = f"tmcp{os.getpid()}"
+    command = [sys.executable, "-m", "porter_mesh.cli.main", "mcp", "--name", "m1",
+               "--role", "architect", "--mesh", mesh, "--data-dir", str(tmp_path / "d"),
+               "--wait", "0"]
+    parent = "00-5b8efff798038103d269b633813fc60c-eee19b7ec3c1b174-01"
+
+    async def host_side() -> None:
+        # The SDK passes a server only a few safe variables: hand it OTEL_* here.
+        params = StdioServerParameters(command=command[0], args=command[1:],
+                                       env=dict(os.environ))
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            result = await session.call_tool(
+                "send_message", {"channel": "task", "message": "Build the thing",
+                                 "type": "Offer"},
+                meta={"traceparent": parent, "tracestate": "host=1"})
+            assert not result.is_error, result
+
+    anyio.run(host_side)
+    assert receiver.wait_for(lambda spans: any(s.name == "send task" for s in spans), 20)
+    (invoke,) = [s for s in receiver.spans if s.name == "invoke_agent m1"]
+    assert (invoke.trace_id, invoke.parent_id) == ("5b8efff798038103d269b633813fc60c",
+                                                   "eee19b7ec3c1b174")
+    (send,) = [s for s in receiver.spans if s.name == "send task"]
+    assert (send.trace_id, send.parent_id) == (invoke.trace_id, invoke.span_id)
+    assert send.attributes["porter.activity.type"] == "Offer"

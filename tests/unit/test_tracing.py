@@ -192,3 +192,13 @@ def test_a_team_files_otel_table_becomes_the_agents_variables(tmp_path: Any) -> 
         with pytest.raises(TeamError) as info:
             parse_team(base + "[otel]\n" + bad + "\n", path=tmp_path / "t.toml")
         assert "otel." in str(info.value) and says in str(info.value), str(info.value)
+
+
+def test_an_mcp_requests_meta_gives_its_trace_context() -> None:
+    from porter_mesh.gateways.mcp.server import _trace_of_meta
+
+    assert _trace_of_meta({"traceparent": TP, "tracestate": "a=1", "progressToken": 3}) == \
+        TraceContext(TP, "a=1")
+    assert _trace_of_meta({"traceparent": TP, "tracestate": 5}) == TraceContext(TP)
+    for meta in (None, {}, {"traceparent": "00-zz"}, {"traceparent": 7}):
+        assert _trace_of_meta(meta) is None
