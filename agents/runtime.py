@@ -32,7 +32,12 @@ from agents.context import AgentContext, Brain, TappedPort
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.tracecontext import TraceContext, valid_traceparent
-from porter_mesh.entrypoint import add_data_options, data_dir_of, report_error
+from porter_mesh.entrypoint import (
+    add_data_options,
+    data_dir_of,
+    report_error,
+    traceparent_arg,
+)
 from porter_mesh.errors import ConfigError, OperationTimeout, PorterError
 from porter_mesh.node.config import knowledge_dir
 from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
@@ -61,13 +66,6 @@ def _temperature(text: str) -> float:
     if not 0 <= value <= 2:
         raise argparse.ArgumentTypeError(f"{text!r} is not a temperature from 0 to 2")
     return value
-
-
-def _traceparent(text: str) -> str:
-    if not valid_traceparent(text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a W3C traceparent; expected 00-<32 hex>-<16 hex>-<2 hex>")
-    return text
 
 
 def _positive(text: str) -> int:
@@ -112,7 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--linger", action="store_true",
                         help="when the brain is done, stay on the mesh (answering stats and "
                         "trace requests) until halted or SIGTERM")
-    parser.add_argument("--traceparent", type=_traceparent, metavar="TRACEPARENT",
+    parser.add_argument("--traceparent", type=traceparent_arg, metavar="TRACEPARENT",
                         help="W3C trace context to continue: the task this agent creates "
                         "first joins that trace (default: a new trace per task)")
     parser.add_argument("--api-key-env", default=DEFAULT_API_KEY_ENV, metavar="VAR",

@@ -29,7 +29,8 @@ from porter_mesh.core import constants as C
 from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.taskid import new_task_id
-from porter_mesh.core.tracecontext import TraceContext, valid_traceparent, valid_tracestate
+from porter_mesh.core.tracecontext import TraceContext, valid_tracestate
+from porter_mesh.entrypoint import traceparent_arg
 from porter_mesh.errors import ActivityError, ConfigError
 from porter_mesh.node.node import Node
 
@@ -50,7 +51,7 @@ def add_message_arguments(parser: argparse.ArgumentParser) -> None:
                         "gets a new one, printed)")
     parser.add_argument("--wait", type=seconds, default=5.0, metavar="SECONDS",
                         help="how long to look for the recipients (default %(default)s)")
-    parser.add_argument("--traceparent", type=traceparent, metavar="TRACEPARENT",
+    parser.add_argument("--traceparent", type=traceparent_arg, metavar="TRACEPARENT",
                         help="W3C trace context to continue (00-<trace id>-<span id>-<flags>):"
                         " the task's spans on the mesh join that trace")
     parser.add_argument("--tracestate", type=tracestate, metavar="TRACESTATE",
@@ -79,15 +80,6 @@ def register(sub: Any) -> None:
                         help="report format: a line on stderr, or one JSON object per "
                         "message on stdout")
     parser.set_defaults(func=main)
-
-
-def traceparent(text: str) -> str:
-    """``--traceparent``: a W3C traceparent string."""
-    if not valid_traceparent(text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a W3C traceparent; expected 00-<32 hex trace id>-<16 hex "
-            "span id>-<2 hex flags>")
-    return text
 
 
 def tracestate(text: str) -> str:

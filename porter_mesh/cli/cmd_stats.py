@@ -45,12 +45,18 @@ def register(sub: Any) -> None:
     parser.add_argument("agent", metavar="AGENT", nargs="?",
                         help="the agent to ask (default: every agent found within --wait)")
     parser.add_argument("--json", action="store_true", help="one JSON object per agent")
+    add_asking_options(parser)
+    parser.set_defaults(func=main)
+
+
+def add_asking_options(parser: argparse.ArgumentParser) -> None:
+    """``--wait``, ``--timeout`` and the mesh options of a command that asks the agents
+    over the mesh (``stats``, ``trace``)."""
     parser.add_argument("--wait", type=float, default=DEFAULT_WAIT, metavar="SECONDS",
                         help="how long to look for agents (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                         help="how long an agent may take to answer (default %(default)s)")
     add_mesh_options(parser)
-    parser.set_defaults(func=main)
 
 
 def observer_config(args: argparse.Namespace, prefix: str) -> Any:

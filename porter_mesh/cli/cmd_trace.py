@@ -18,15 +18,14 @@ from typing import Any
 
 import orjson
 
-from porter_mesh.cli.cmd_stats import find_agents, observer_config
-from porter_mesh.cli.common import add_mesh_options, refuse_negative, run
+from porter_mesh.cli.cmd_stats import add_asking_options, find_agents, observer_config
+from porter_mesh.cli.common import refuse_negative, run
 from porter_mesh.core.constants import TASK_URN_PREFIX
 from porter_mesh.core.control import MAX_SPAN_QUERY_IDS
 from porter_mesh.node.node import Node
 from porter_mesh.tracing.views import SpanClient
 from porter_mesh.tracing.waterfall import build_waterfall, render_waterfall
 
-DEFAULT_WAIT = 3.0
 _TRACE_ID = re.compile(r"[0-9a-fA-F]{32}")
 
 
@@ -37,11 +36,7 @@ def register(sub: Any) -> None:
     parser.add_argument("what", metavar="CONTEXT|TRACE_ID",
                         help="a task (urn:porter:task:<id> or the id) or a 32-hex trace id")
     parser.add_argument("--json", action="store_true", help="one JSON span record per line")
-    parser.add_argument("--wait", type=float, default=DEFAULT_WAIT, metavar="SECONDS",
-                        help="how long to look for agents (default %(default)s)")
-    parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
-                        help="how long an agent may take to answer (default %(default)s)")
-    add_mesh_options(parser)
+    add_asking_options(parser)
     parser.set_defaults(func=main)
 
 

@@ -528,15 +528,7 @@ def decode_stats_reply(data: bytes) -> StatsReply:
         FrameError: ``reason="too-large"`` past :data:`MAX_CONTROL_BYTES`;
             ``reason="bad-json"`` when it is not one JSON object.
     """
-    if len(data) > MAX_CONTROL_BYTES:
-        raise _too_large(len(data))
-    try:
-        view = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise _bad("bad-json", f"stats reply is not JSON ({exc})") from None
-    if not isinstance(view, dict):
-        raise _bad("bad-json", f"stats reply must be a JSON object, not {type(view).__name__}")
-    return StatsReply(view)
+    return StatsReply(_json_object(data, "stats reply"))
 
 
 # -- spans / spans-reply ------------------------------------------------------------------

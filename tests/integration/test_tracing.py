@@ -48,14 +48,19 @@ def start_stayed_demo(tmp_path: Path, mesh: str) -> tuple[Running, str]:
     return demo, trace_id
 
 
+def trace_records(what: str, mesh: str) -> list[dict[str, Any]]:
+    """``porter-mesh trace WHAT --json``: the span records (the command must succeed)."""
+    got = cli("trace", what, "--mesh", mesh, "--json", "--wait", "2")
+    assert got.returncode == 0, got.stderr
+    return [orjson.loads(line) for line in got.stdout.splitlines()]
+
+
 def test_the_demo_story_is_one_trace_over_otlp_and_trace_draws_the_same_tree(
         tmp_path: Path, receiver: OtlpReceiver) -> None:
     mesh = f"tr{os.getpid()}"
     demo, trace_id = start_stayed_demo(tmp_path, mesh)
     try:
-        got = cli("trace", trace_id, "--mesh", mesh, "--json", "--wait", "2")
-        assert got.returncode == 0, got.stderr
-        records = [orjson.loads(line) for line in got.stdout.splitlines()]
+        records = trace_records(trace_id, mesh)
         shown = {(r["span_id"], r["parent_id"], r["name"], r["service"]) for r in records}
         # Everything the rings hold reaches the exporter (batched every 100 ms).
         assert receiver.wait_for(
@@ -66,10 +71,7 @@ def test_the_demo_story_is_one_trace_over_otlp_and_trace_draws_the_same_tree(
         # Asked by the task instead: the same trace, the request's root included.
         task = next(r["attributes"]["porter.task.context"] for r in records
                     if r["name"] == "invoke_agent worker-1")
-        by_task = cli("trace", task.rsplit(":", 1)[-1], "--mesh", mesh, "--json",
-                      "--wait", "2")
-        assert by_task.returncode == 0, by_task.stderr
-        assert {orjson.loads(line)["span_id"] for line in by_task.stdout.splitlines()} == {
+        assert {r["span_id"] for r in trace_records(task.rsplit(":", 1)[-1], mesh)} == {
             r["span_id"] for r in records}
     finally:
         demo.stop()
@@ -169,9 +171,7 @@ def test_trace_says_what_is_missing_when_an_agent_is_gone(
     mesh = f"tm{os.getpid()}"
     demo, trace_id = start_stayed_demo(tmp_path, mesh)
     try:
-        whole = cli("trace", trace_id, "--mesh", mesh, "--json", "--wait", "2")
-        assert whole.returncode == 0, whole.stderr
-        records = [orjson.loads(line) for line in whole.stdout.splitlines()]
+        records = trace_records(trace_id, mesh)
         assert {r["service"] for r in records} >= {"porter-ui", "architect", "worker-1",
                                                    "reviewer"}
         os.kill(_pid_of(demo, "worker-1"), signal.SIGKILL)  # its ring is gone with it
