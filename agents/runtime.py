@@ -245,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
     node.node.view_sections["agent"] = _metrics_of(brain)
     tracing = start_tracing(args.name)
     traces = TaskTracer(args.name, tracing.tracer if tracing is not None else None)
+    node.node.view_sections["service"] = traces.metrics.snapshot
     if args.traceparent:
         traces.adopt(TraceContext(args.traceparent))
     if tracing is not None:

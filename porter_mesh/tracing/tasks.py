@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
@@ -56,6 +57,7 @@ from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.tasks import attempt_of
 from porter_mesh.core.tracecontext import TraceContext, valid_traceparent, valid_tracestate
+from porter_mesh.tracing.metrics import ServiceMetrics
 
 __all__ = ["INSTRUMENTATION", "TaskTracer", "context_of", "span_context_of", "trace_of_span"]
 
@@ -130,6 +132,8 @@ class TaskTracer:
         self.agent = agent
         self.tracer = tracer if tracer is not None else trace.get_tracer(INSTRUMENTATION)
         self._tasks: dict[str, Span] = {}
+        self._started: dict[str, float] = {}  # task -> monotonic start of its span
+        self.metrics = ServiceMetrics()
         self._origin: otel_context.Context | None = None
         self._lock = threading.Lock()
 
@@ -168,6 +172,7 @@ class TaskTracer:
         with self._lock:
             earlier = self._tasks.get(context)
             self._tasks[context] = span
+            self._started[context] = time.monotonic()
         if earlier is not None:
             earlier.set_attribute("porter.task.superseded", True)
             earlier.end()
@@ -176,10 +181,14 @@ class TaskTracer:
     def _finish(self, context: str, status: Status | None = None) -> None:
         with self._lock:
             span = self._tasks.pop(context, None)
+            started = self._started.pop(context, None)
         if span is not None:
             if status is not None:
                 span.set_status(status)
             span.end()
+        if started is not None:
+            failed = status is not None and status.status_code is StatusCode.ERROR
+            self.metrics.observe("task", time.monotonic() - started, error=failed)
 
     def cancelled(self, context: str, reason: str) -> None:
         """End a task's span as cancelled (its requester withdrew it)."""
@@ -325,8 +334,23 @@ class TaskTracer:
         Yields:
             The span, or ``None``.
         """
+        if tool in _UNTRACED_TOOLS:
+            yield None
+            return
+        started = time.monotonic()
+        failed = True
+        try:
+            with self._tool_span(tool, task, arguments) as span:
+                yield span
+            failed = False
+        finally:
+            self.metrics.observe(f"tool {tool}", time.monotonic() - started, error=failed)
+
+    @contextlib.contextmanager
+    def _tool_span(self, tool: str, task: str | None,
+                   arguments: Mapping[str, Any] | None) -> Iterator[Span | None]:
         span_of_task = self.task_span(task)
-        if span_of_task is None or tool in _UNTRACED_TOOLS:
+        if span_of_task is None:
             yield None
             return
         attributes: dict[str, Any] = {
@@ -356,6 +380,17 @@ class TaskTracer:
         Yields:
             The span (set the usage with :meth:`model_usage`), or ``None``.
         """
+        started = time.monotonic()
+        failed = True
+        try:
+            with self._chat_span(model, task, provider) as span:
+                yield span
+            failed = False
+        finally:
+            self.metrics.observe("chat", time.monotonic() - started, error=failed)
+
+    @contextlib.contextmanager
+    def _chat_span(self, model: str, task: str | None, provider: str) -> Iterator[Span | None]:
         span_of_task = self.task_span(task)
         if span_of_task is None:
             yield None
@@ -373,10 +408,9 @@ class TaskTracer:
                 set_status_on_exception=True) as span:
             yield span
 
-    @staticmethod
-    def model_usage(span: Span | None, *, response_model: str | None, input_tokens: int,
-                    output_tokens: int, finish_reason: str | None) -> None:
-        """Record a model call's answer on its ``chat`` span.
+    def model_usage(self, span: Span | None, *, response_model: str | None,
+                    input_tokens: int, output_tokens: int, finish_reason: str | None) -> None:
+        """Record a model call's answer on its ``chat`` span, and count its tokens.
 
         Args:
             span: what :meth:`model_call` yielded.
@@ -385,6 +419,7 @@ class TaskTracer:
             output_tokens: completion tokens.
             finish_reason: why the model stopped.
         """
+        self.metrics.add_tokens(input_tokens, output_tokens)
         if span is None:
             return
         if response_model:
@@ -398,6 +433,7 @@ class TaskTracer:
         """End every task span still open (the agent stops): marked unfinished."""
         with self._lock:
             open_spans, self._tasks = list(self._tasks.values()), {}
+            self._started.clear()
         for span in open_spans:
             span.set_attribute("porter.task.unfinished", True)
             span.end()

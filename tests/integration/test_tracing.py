@@ -73,6 +73,15 @@ def test_the_demo_story_is_one_trace_over_otlp_and_trace_draws_the_same_tree(
                     if r["name"] == "invoke_agent worker-1")
         assert {r["span_id"] for r in trace_records(task.rsplit(":", 1)[-1], mesh)} == {
             r["span_id"] for r in records}
+        # The service metrics of the same work, in stats.
+        stats = cli("stats", "worker-1", "--mesh", mesh, "--json", "--wait", "2")
+        assert stats.returncode == 0, stats.stderr
+        service = orjson.loads(stats.stdout)["service"]["kinds"]
+        assert service["task"]["count"] == 1 and service["task"]["errors"] == 0
+        assert service["tool bash"]["count"] == 2
+        assert service["tool bash"]["p99_ms"] >= service["tool bash"]["p50_ms"] > 0
+        shown_stats = cli("stats", "worker-1", "--mesh", mesh, "--wait", "2")
+        assert "  tool bash" in shown_stats.stdout, shown_stats.stdout
     finally:
         demo.stop()
     assert demo.proc.returncode == 0, demo.out[-20:]

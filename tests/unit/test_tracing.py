@@ -202,3 +202,39 @@ def test_an_mcp_requests_meta_gives_its_trace_context() -> None:
     assert _trace_of_meta({"traceparent": TP, "tracestate": 5}) == TraceContext(TP)
     for meta in (None, {}, {"traceparent": "00-zz"}, {"traceparent": 7}):
         assert _trace_of_meta(meta) is None
+
+
+def test_service_metrics_count_time_and_percentiles() -> None:
+    from porter_mesh.tracing.metrics import SAMPLES, ServiceMetrics
+
+    metrics = ServiceMetrics()
+    for ms in range(1, 101):
+        metrics.observe("tool bash", ms / 1000, error=ms % 10 == 0)
+    metrics.add_tokens(12, 5)
+    snap = metrics.snapshot()
+    bash = snap["kinds"]["tool bash"]
+    assert (bash["count"], bash["errors"]) == (100, 10)
+    assert (bash["avg_ms"], bash["p50_ms"], bash["p99_ms"]) == (50.5, 50.0, 99.0)
+    assert (snap["tokens_in"], snap["tokens_out"]) == (12, 5)
+    for _ in range(SAMPLES):
+        metrics.observe("tool bash", 1.0)
+    assert metrics.snapshot()["kinds"]["tool bash"]["p50_ms"] == 1000.0  # recent samples
+
+
+def test_the_task_tracer_feeds_the_service_metrics() -> None:
+    traces, _, _ = tracer_and_spans()
+    traces.received("task:w1", "arch", offer(1), TraceContext(TP))
+    with traces.tool_call("bash", TASK):
+        pass
+    with pytest.raises(RuntimeError), traces.tool_call("write_file", None):
+        raise RuntimeError("disk")
+    with traces.tool_call("read_messages", TASK):
+        pass
+    with traces.model_call("m", TASK) as span:
+        traces.model_usage(span, response_model=None, input_tokens=3, output_tokens=4,
+                           finish_reason="stop")
+    traces.cancelled(TASK, "withdrawn")
+    kinds = traces.metrics.snapshot()["kinds"]
+    assert {k: (v["count"], v["errors"]) for k, v in kinds.items()} == {
+        "chat": (1, 0), "task": (1, 1), "tool bash": (1, 0), "tool write_file": (1, 1)}
+    assert traces.metrics.snapshot()["tokens_in"] == 3

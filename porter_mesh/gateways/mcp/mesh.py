@@ -154,6 +154,7 @@ class GatewayAgent:
         self.tracing = start_tracing(config.name)
         self.traces = TaskTracer(config.name,
                                  self.tracing.tracer if self.tracing is not None else None)
+        self.node.node.view_sections["service"] = self.traces.metrics.snapshot
         try:
             if self.tracing is not None:
                 serve_spans(self.node.node, self.tracing.ring)
