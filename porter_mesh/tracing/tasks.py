@@ -46,6 +46,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, Final
 
 from opentelemetry import context as otel_context
@@ -320,31 +321,35 @@ class TaskTracer:
     # -- work inside a task -------------------------------------------------------------
 
     @contextlib.contextmanager
-    def tool_call(self, tool: str, task: str | None,
-                  arguments: Mapping[str, Any] | None = None) -> Iterator[Span | None]:
+    def _measured(self, kind: str, spans: AbstractContextManager[Span | None]
+                  ) -> Iterator[Span | None]:
+        """Run ``spans`` and count the work in :attr:`metrics` (failed if it raised)."""
+        started = time.monotonic()
+        failed = True
+        try:
+            with spans as span:
+                yield span
+            failed = False
+        finally:
+            self.metrics.observe(kind, time.monotonic() - started, error=failed)
+
+    def tool_call(self, tool: str, task: str | None, arguments: Mapping[str, Any] | None = None
+                  ) -> AbstractContextManager[Span | None]:
         """An ``execute_tool`` span around one tool call of a traced task, current while
-        it runs (a message the tool sends is its child). Outside a traced task, or for
-        the inbox poll, no span.
+        it runs (a message the tool sends is its child), and the call counted in the
+        service metrics. Outside a traced task no span; the inbox poll neither.
 
         Args:
             tool: the tool name.
             task: the task the call acts for.
             arguments: the call's arguments (only their names are recorded).
 
-        Yields:
-            The span, or ``None``.
+        Returns:
+            A context manager giving the span, or ``None``.
         """
         if tool in _UNTRACED_TOOLS:
-            yield None
-            return
-        started = time.monotonic()
-        failed = True
-        try:
-            with self._tool_span(tool, task, arguments) as span:
-                yield span
-            failed = False
-        finally:
-            self.metrics.observe(f"tool {tool}", time.monotonic() - started, error=failed)
+            return contextlib.nullcontext()
+        return self._measured(f"tool {tool}", self._tool_span(tool, task, arguments))
 
     @contextlib.contextmanager
     def _tool_span(self, tool: str, task: str | None,
@@ -367,27 +372,21 @@ class TaskTracer:
                 record_exception=True, set_status_on_exception=True) as span:
             yield span
 
-    @contextlib.contextmanager
     def model_call(self, model: str, task: str | None, *,
-                   provider: str = "openai") -> Iterator[Span | None]:
-        """A ``chat <model>`` span around one model call of a traced task.
+                   provider: str = "openai") -> AbstractContextManager[Span | None]:
+        """A ``chat <model>`` span around one model call of a traced task, the call
+        counted in the service metrics.
 
         Args:
             model: the requested model (``gen_ai.request.model``).
             task: the task the agent works on.
             provider: ``gen_ai.provider.name``.
 
-        Yields:
-            The span (set the usage with :meth:`model_usage`), or ``None``.
+        Returns:
+            A context manager giving the span (set the usage with :meth:`model_usage`),
+            or ``None``.
         """
-        started = time.monotonic()
-        failed = True
-        try:
-            with self._chat_span(model, task, provider) as span:
-                yield span
-            failed = False
-        finally:
-            self.metrics.observe("chat", time.monotonic() - started, error=failed)
+        return self._measured("chat", self._chat_span(model, task, provider))
 
     @contextlib.contextmanager
     def _chat_span(self, model: str, task: str | None, provider: str) -> Iterator[Span | None]:
