@@ -18,6 +18,7 @@ import pytest
 from agents.demo import DEMO_TEAM, run_demo
 from tests.integration.cli_proc import Running, cli
 from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.integration.test_llm_brain import team  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
 
@@ -263,3 +264,58 @@ def test_an_mcp_requests_meta_trace_context_is_continued(
     (send,) = [s for s in receiver.spans if s.name == "send task"]
     assert (send.trace_id, send.parent_id) == (invoke.trace_id, invoke.span_id)
     assert send.attributes["porter.activity.type"] == "Offer"
+
+
+def test_an_llm_brains_model_calls_are_chat_spans_of_its_task(team: Any) -> None:  # noqa: F811
+    """The LLM brain against the fake chat endpoint, on real nodes; spans through the SDK
+    into an in-memory exporter."""
+    import threading
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agents.context import AgentContext, TappedPort
+    from agents.llm import EXIT_DONE
+    from porter_mesh.core import as2
+    from porter_mesh.core.tracecontext import TraceContext
+    from porter_mesh.node.port import NodePort
+    from porter_mesh.tools.toolbox import Toolbox
+    from porter_mesh.tracing.tasks import TaskTracer
+    from tests.integration.fake_llm import FakeLLM, completion, reply, tool_call
+    from tests.integration.test_llm_brain import TASK, brain, run_brain
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    traces = TaskTracer("w1", provider.get_tracer("test"))
+    parent = TraceContext("00-1f3c4e5d6a7b8c9d0e1f2a3b4c5d6e7f-0123456789abcdef-01")
+    script = [
+        completion(reply(None, tool_call("write_file", {"path": "a.txt", "content": "a"},
+                                         "c1")), usage=(30, 7)),
+        reply("Done."),
+    ]
+    team.boss.send_to_channel("task:w1", as2.offer("boss", "Write a.txt", "Put a in it.",
+                                                   target="w1", context=TASK), trace=parent)
+    port = TappedPort(NodePort(team.agent, traces=traces))
+    box = Toolbox(port, team.workspace, role="worker", traces=traces)
+    ctx = AgentContext("w1", "worker", box, port, threading.Event(), {})
+    with FakeLLM(script) as fake:
+        status, _ = run_brain(brain(fake), ctx)
+    assert status == EXIT_DONE
+    traces.close()  # the task stays open in this brain: its span ends here
+    spans = exporter.get_finished_spans()
+    (invoke,) = [s for s in spans if s.name == "invoke_agent w1"]
+    assert f"{invoke.context.trace_id:032x}" == parent.trace_id
+    chats = [s for s in spans if s.name == "chat fake-model"]
+    assert len(chats) == 2
+    assert all(s.parent is not None and s.parent.span_id == invoke.context.span_id
+               for s in chats)
+    first = dict(chats[0].attributes or {})
+    assert first["gen_ai.request.model"] == "fake-model"
+    assert first["gen_ai.operation.name"] == "chat"
+    assert (first["gen_ai.usage.input_tokens"], first["gen_ai.usage.output_tokens"]) == (30, 7)
+    assert first["gen_ai.response.finish_reasons"] == ("tool_calls",)
+    (tool,) = [s for s in spans if s.name == "execute_tool write_file"]
+    assert tool.parent is not None and tool.parent.span_id == invoke.context.span_id
+    assert traces.metrics.snapshot()["tokens_in"] >= 30
