@@ -3,8 +3,7 @@
 Needs the ``[otel]`` extra (``pip install 'porter-mesh[otel]'``). :func:`start_tracing`
 builds a tracer provider for one agent process:
 
-* resource ``service.name``: ``OTEL_SERVICE_NAME``, else the team file's
-  ``[otel] service_name``, else the agent's name;
+* resource ``service.name``: ``OTEL_SERVICE_NAME``, else the agent's name;
 * sampler: the SDK reads ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` (default
   ``parentbased_always_on``, so a sampled request stays sampled across the mesh);
 * always a :class:`RingProcessor` into the node's :class:`~.ring.SpanRing` (what
@@ -125,8 +124,9 @@ def start_tracing(agent: str, *, settings: Mapping[str, Any] | None = None,
 
     Args:
         agent: the agent name (the default service name).
-        settings: a team file's ``[otel]`` table: ``endpoint``, ``service_name``,
-            ``ring_spans``, ``ring_bytes``; ``OTEL_*`` variables win over it.
+        settings: a team file's ``[otel]`` table; its ``endpoint`` is used when no
+            ``OTEL_*`` variable names one (agents get the table as variables instead,
+            see :func:`agents.team.otel_env`).
         ring: the ring to fill (a new one by default).
 
     Returns:
@@ -136,11 +136,9 @@ def start_tracing(agent: str, *, settings: Mapping[str, Any] | None = None,
     if not HAVE_SDK or _truthy(os.environ.get("OTEL_SDK_DISABLED")):
         return None
     settings = settings or {}
-    service = (os.environ.get("OTEL_SERVICE_NAME") or str(settings.get("service_name") or "")
-               or agent)
+    service = os.environ.get("OTEL_SERVICE_NAME") or agent
     if ring is None:
-        ring = SpanRing(int(settings.get("ring_spans", 4096)),
-                        int(settings.get("ring_bytes", 4 * 1024 * 1024)))
+        ring = SpanRing()
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service}))
     provider.add_span_processor(RingProcessor(ring))
     exporting = False
