@@ -319,3 +319,45 @@ def test_an_llm_brains_model_calls_are_chat_spans_of_its_task(team: Any) -> None
     (tool,) = [s for s in spans if s.name == "execute_tool write_file"]
     assert tool.parent is not None and tool.parent.span_id == invoke.context.span_id
     assert traces.metrics.snapshot()["tokens_in"] >= 30
+
+
+def test_the_dashboards_metrics_are_prometheus_text_behind_the_token(tmp_path: Path) -> None:
+    import aiohttp
+
+    from tests.integration.test_ui_api import UI, LineProcess, run, until
+    from tests.integration.test_ui_api import cli as command
+
+    mesh = f"tp{os.getpid()}"
+    ui = UI(mesh, tmp_path / "ui")
+    worker = LineProcess(command("agent", "worker", "--name", "w1", "--mesh", mesh,
+                                 "--workspace", str(tmp_path / "ws"), "--data-dir",
+                                 str(tmp_path / "w1")), "w1")
+    try:
+        done = cli("request", "task:w1", "do X", "--type", "Offer", "--mesh", mesh,
+                   "--timeout", "60", "--wait", "20")
+        assert done.returncode == 0, done.stderr
+
+        async def scrape(session: aiohttp.ClientSession) -> tuple[int, str]:
+            async with session.get(ui.base + "/metrics") as resp:
+                refused = resp.status
+
+            async def task_counted() -> str | None:
+                async with session.get(ui.base + "/metrics", headers=ui.auth) as resp:
+                    assert resp.status == 200
+                    assert resp.headers["Content-Type"].startswith("text/plain")
+                    text = await resp.text()
+                # The worker ran the task's command (it holds the task itself open).
+                return text if 'porter_mesh_requests_total{agent="w1",kind="tool bash"} 1' \
+                    in text else None
+
+            return refused, await until(task_counted, 60, "w1's bash call in /metrics")
+
+        refused, text = run(scrape)
+    finally:
+        worker.stop()
+        ui.stop()
+    assert refused == 401
+    assert "# TYPE porter_mesh_processing_seconds summary" in text
+    assert 'porter_mesh_errors_total{agent="w1",kind="tool bash"} 0' in text
+    assert 'porter_mesh_processing_seconds_count{agent="w1",kind="tool bash"} 1' in text
+    assert 'porter_mesh_model_tokens_total{agent="w1",direction="in"} 0' in text

@@ -238,3 +238,35 @@ def test_the_task_tracer_feeds_the_service_metrics() -> None:
     assert {k: (v["count"], v["errors"]) for k, v in kinds.items()} == {
         "chat": (1, 0), "task": (1, 1), "tool bash": (1, 0), "tool write_file": (1, 1)}
     assert traces.metrics.snapshot()["tokens_in"] == 3
+
+
+def test_prometheus_text_of_the_service_metrics() -> None:
+    from porter_mesh.tracing.metrics import prometheus_text
+
+    text = prometheus_text({
+        'w"1': {"kinds": {"task": {"count": 2, "errors": 1, "avg_ms": 1500.0,
+                                   "p50_ms": 1000.0, "p99_ms": 2000.0}},
+                "tokens_in": 5, "tokens_out": 7},
+        "broken": {"kinds": 3}})
+    assert 'porter_mesh_requests_total{agent="w\\"1",kind="task"} 2' in text
+    assert 'porter_mesh_errors_total{agent="w\\"1",kind="task"} 1' in text
+    assert 'porter_mesh_processing_seconds{agent="w\\"1",kind="task",quantile="0.99"} 2.000000' \
+        in text
+    assert 'porter_mesh_processing_seconds_sum{agent="w\\"1",kind="task"} 3.000000' in text
+    assert 'porter_mesh_model_tokens_total{agent="w\\"1",direction="out"} 7' in text
+    assert "broken" not in text and text.endswith("\n")
+
+
+def test_a_peers_reported_service_metrics_are_checked() -> None:
+    from porter_mesh.tracing.metrics import MAX_KINDS, service_record
+
+    good = {"count": 1, "errors": 0, "avg_ms": 1.5, "p50_ms": 1.0, "p99_ms": 2.0}
+    got = service_record({"kinds": {"task": good, "bad": {**good, "count": "x"},
+                                    "neg": {**good, "errors": -1}, "b": {**good, "p50_ms": True},
+                                    5: good, "x" * 81: good},
+                          "tokens_in": 3, "tokens_out": "many"})
+    assert got == {"kinds": {"task": good}, "tokens_in": 3, "tokens_out": 0}
+    many = service_record({"kinds": {f"k{i}": good for i in range(MAX_KINDS + 10)}})
+    assert many is not None and len(many["kinds"]) == MAX_KINDS
+    for bad in (None, [], {"kinds": []}, "text"):
+        assert service_record(bad) is None
