@@ -576,12 +576,12 @@ msgpack_values = st.recursive(
 @given(st.dictionaries(st.text(max_size=8), msgpack_values, max_size=6))
 def test_unknown_keys_of_any_kind_decode(extra: dict[str, Any]) -> None:
     known = raw_map()
-    optional = {"i", "t", "r", "n", "k"}
+    optional = {"i", "t", "r", "n", "k", "p", "q"}
     m = {**{k: v for k, v in extra.items() if k not in optional}, **known}
     assert decode_envelope(msgpack.packb(m)) == envelope()
 
 
-WIRE_KEYS = ["v", "i", "f", "c", "s", "e", "h", "t", "r", "n", "k", "x"]
+WIRE_KEYS = ["v", "i", "f", "c", "s", "e", "h", "t", "r", "n", "k", "p", "q", "x"]
 
 
 @given(st.dictionaries(st.sampled_from(WIRE_KEYS), msgpack_values))
