@@ -41,12 +41,16 @@ from pathlib import Path
 from typing import IO, Any
 
 import orjson
+from opentelemetry import trace
 
 from agents.scripted import LEARNED_HEADING
-from agents.team import Team, TeamError, agent_argv, load_team
+from agents.team import Team, TeamError, agent_argv, load_team, otel_env
 from porter_mesh.core import constants as C
 from porter_mesh.node.node import Message, Node
 from porter_mesh.node.transcript import message_json
+from porter_mesh.tracing.export import start_tracing
+from porter_mesh.tracing.tasks import INSTRUMENTATION, trace_of_span
+from porter_mesh.tracing.views import serve_spans
 
 #: The demo's team file.
 DEMO_TEAM = Path(__file__).resolve().parent.parent / "examples" / "demo-team.toml"
@@ -259,7 +263,7 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
                    = None, stream: IO[str] = sys.stdout, secure: bool = False,
                    ui: bool = False, ui_port: int = 0, team_file: Path | None = None,
                    on_start: Callable[[dict[str, int]], None] | None = None,
-                   mesh: str | None = None) -> int:
+                   mesh: str | None = None, stay: bool = False) -> int:
     """Run the demo; returns the exit status.
 
     Args:
@@ -277,6 +281,8 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
             pause or kill one).
         mesh: the mesh name (default: the team file's, with this process's pid, so that
             every run has a mesh of its own).
+        stay: keep the whole team (the architect too) on the mesh after the story until
+            SIGINT or SIGTERM, so that ``porter-mesh trace`` and ``stats`` can ask it.
     """
     started = time.monotonic()
     try:
@@ -309,11 +315,18 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
                 heartbeat_interval=0.25, evasive_after=2.0, expire_after=6.0, inbox_size=0,
                 **keys)
     node.add_handler(timeline)
+    # The human's request (the go) is the root of the story's trace: it starts when the
+    # team is connected, and the go carries its context.
+    tracing = start_tracing(seat_name, settings=team.otel)
+    tracer = tracing.tracer if tracing is not None else trace.get_tracer(INSTRUMENTATION)
+    request: trace.Span = trace.INVALID_SPAN
+    go_body: dict[str, Any] = {}
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     dashboard: Agent | None = None
     url = ""
     stopped_by: list[signal.Signals] = []
+    keep = ui or stay  # the mesh outlives the story
 
     def on_signal(sig: signal.Signals) -> None:
         stopped_by.append(sig)
@@ -323,12 +336,14 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
         """Ctrl-C is 130, as for every command; SIGTERM, a request to stop, is 0."""
         return 130 if stopped_by[:1] == [signal.SIGINT] else 0
 
-    if ui:
+    if keep:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
     try:
         await node.astart()
         node.observe_direct()
+        if tracing is not None:
+            serve_spans(node, tracing.ring)  # the request's span, for porter-mesh trace
         if ui:
             dashboard = _start("human", C.HUMAN_AGENT, [
                 "ui", "--mesh", mesh, "--port", str(ui_port),
@@ -343,10 +358,10 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
                        "--heartbeat", "0.25", "--evasive-after", "2", "--expire-after", "6",
                        "--offer-timeout", "10", "--task-timeout", str(timeout)]
             if spec.role == "architect":
-                options += ["--wait-go"]
+                options += ["--wait-go", *(["--linger"] if keep else [])]
             options += (extra or {}).get(spec.name, [])
             agents.append(_start(spec.role, spec.name, options, out=out,
-                                 env_extra=envs.get(spec.name)))
+                                 env_extra={**otel_env(team), **envs.get(spec.name, {})}))
         if on_start is not None:
             on_start({agent.name: agent.proc.pid for agent in agents})
         await _wait_connected(node, timeline, names, agents, timeout=max(5.0, timeout / 2),
@@ -355,10 +370,18 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
             await _wait_ui_hears(dashboard, url, names, timeout=max(5.0, timeout / 2))
         print(f"{time.monotonic() - timeline.start:6.2f}s  team connected: "
               f"{', '.join(names)}; the architect begins", file=stream, flush=True)
-        node.async_control(GO, target=architect_name)
+        request = tracer.start_span(f"request {architect_name}", kind=trace.SpanKind.CLIENT,
+                                    attributes={"gen_ai.agent.name": architect_name,
+                                                "messaging.destination.name": C.CHANNEL_CONTROL})
+        request_trace = trace_of_span(request)
+        if request_trace is not None:
+            go_body["traceparent"] = request_trace.traceparent
+            print(f"trace: {request_trace.trace_id} (porter-mesh trace "
+                  f"{request_trace.trace_id})", file=stream, flush=True)
+        node.async_control(GO, target=architect_name, body=go_body)
         last_go = time.monotonic()
         architect = next(agent for agent in agents if agent.name == architect_name)
-        while architect.proc.poll() is None:
+        while architect.proc.poll() is None and not (keep and timeline.learned is not None):
             if stop.is_set():
                 print("\ninterrupted: stopping every process the demo started", file=stream)
                 return interrupted()
@@ -370,21 +393,29 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
             if secure and not timeline.offered and time.monotonic() - last_go > 1.0:
                 # Without its "online" announcement the architect may not have been
                 # listening yet; "go" is idempotent, so say it again until it offers.
-                node.async_control(GO, target=architect_name)
+                node.async_control(GO, target=architect_name, body=go_body)
                 last_go = time.monotonic()
             await asyncio.sleep(0.05)
-        if architect.proc.returncode != 0:
+        request.end()  # the story is told: the architect recalled what was learned
+        if architect.proc.poll() not in (None, 0):
             raise DemoError(f"the architect failed (status {architect.proc.returncode}); "
                             f"its log:\n{_tail(architect.log_path)}")
-        if dashboard is not None:
+        if keep:
             print(f"\nThe team learned:\n{timeline.learned or '(nothing recalled)'}",
                   file=stream)
-            print(f"\nThe story is over; the mesh keeps running. On the dashboard ({url}),"
-                  " send a task to @worker-1 from Compose (type Offer) and approve its "
-                  "review on its task card. Ctrl-C stops every process.",
-                  file=stream, flush=True)
+            if dashboard is not None:
+                print(f"\nThe story is over; the mesh keeps running. On the dashboard "
+                      f"({url}), send a task to @worker-1 from Compose (type Offer) and "
+                      "approve its review on its task card. Ctrl-C stops every process.",
+                      file=stream, flush=True)
+            else:
+                print(f"\nThe story is over; the team stays on mesh {mesh!r} (try "
+                      f"porter-mesh trace or stats --mesh {mesh}). Ctrl-C stops every "
+                      "process.", file=stream, flush=True)
             while not stop.is_set():
-                _check_running([dashboard])
+                # An agent may end after the story (a crash is its own to report); only
+                # the dashboard is the demo's to watch.
+                _check_running([dashboard] if dashboard is not None else [])
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.2)
             print("\nstopping every process the demo started", file=stream, flush=True)
@@ -395,15 +426,20 @@ async def run_demo(out: Path, *, timeout: float = 30.0, extra: dict[str, list[st
             while agent.proc.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
     except DemoError as exc:
+        request.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)[:200]))
         print(f"\nporter-mesh demo FAILED: {exc}", file=stream, flush=True)
         return 1
     finally:
-        if ui:
+        if request.is_recording():  # not yet ended: the story failed
+            request.end()
+        if keep:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
         _stop_all(agents)
         await node.aclose()
         timeline.close()
+        if tracing is not None:
+            tracing.close()
     elapsed = time.monotonic() - started
     print(f"\nThe team learned:\n{timeline.learned or '(nothing recalled)'}", file=stream)
     print(f"\ndemo complete in {elapsed:.1f}s: {timeline.count} activities", file=stream)

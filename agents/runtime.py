@@ -31,11 +31,13 @@ from typing import Any
 from agents.context import AgentContext, Brain, TappedPort
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
+from porter_mesh.core.tracecontext import TraceContext, valid_traceparent
 from porter_mesh.entrypoint import (
     EXIT_INTERRUPTED,
     add_data_options,
     data_dir_of,
     report_error,
+    traceparent_arg,
 )
 from porter_mesh.errors import ConfigError, OperationTimeout, PorterError
 from porter_mesh.node.cancel import LEDGER_FILE, watch_tasks
@@ -46,6 +48,9 @@ from porter_mesh.node.sync import SyncNode
 from porter_mesh.tools.external import ExternalTools
 from porter_mesh.tools.ledger import TaskLedger
 from porter_mesh.tools.toolbox import Toolbox
+from porter_mesh.tracing.export import start_tracing
+from porter_mesh.tracing.tasks import TaskTracer
+from porter_mesh.tracing.views import serve_spans
 
 ROLES = ("architect", "worker", "reviewer")
 #: Channels an agent may subscribe to (``--subscribe``); ``control`` and its own inbox
@@ -104,6 +109,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default", help="model name for --brain llm")
     parser.add_argument("--goal", help="for --brain llm: the first instruction (e.g. the "
                         "architect's task)")
+    parser.add_argument("--linger", action="store_true",
+                        help="when the brain is done, stay on the mesh (answering stats and "
+                        "trace requests) until halted or SIGTERM")
+    parser.add_argument("--traceparent", type=traceparent_arg, metavar="TRACEPARENT",
+                        help="W3C trace context to continue: the task this agent creates "
+                        "first joins that trace (default: a new trace per task)")
     parser.add_argument("--api-key-env", default=DEFAULT_API_KEY_ENV, metavar="VAR",
                         help="for --brain llm: the environment variable holding the API "
                         "key (default %(default)s; unset: no key is sent)")
@@ -230,6 +241,13 @@ def run(args: argparse.Namespace) -> int:
     )
     # At once: the dashboard asks a newcomer for its view as soon as it joins.
     node.node.view_sections["agent"] = _metrics_of(brain)
+    tracing = start_tracing(args.name)
+    traces = TaskTracer(args.name, tracing.tracer if tracing is not None else None)
+    node.node.view_sections["service"] = traces.metrics.snapshot
+    if args.traceparent:
+        traces.adopt(TraceContext(args.traceparent))
+    if tracing is not None:
+        serve_spans(node.node, tracing.ring)
     stop = threading.Event()
     go = threading.Event() if args.wait_go else None
     toolbox_ref: list[Toolbox] = []
@@ -239,6 +257,10 @@ def run(args: argparse.Namespace) -> int:
         # Registered before anything else, so no control message is missed while the
         # agent starts up.
         if kind == "go" and go is not None:
+            # The go may carry the human's request's trace context: the task continues it.
+            traceparent = body.get("traceparent")
+            if isinstance(traceparent, str) and valid_traceparent(traceparent):
+                traces.adopt(TraceContext(traceparent))
             go.set()
         elif kind == "drain":
             print(f"[{args.name}] drain requested by {sender}", file=sys.stderr, flush=True)
@@ -255,13 +277,14 @@ def run(args: argparse.Namespace) -> int:
     external: ExternalTools | None = None
     try:
         knowledge = _knowledge(node, None if args.no_knowledge else data_dir)
-        port = NodePort(node, knowledge)
+        port = NodePort(node, knowledge, traces=traces)
         tapped = TappedPort(port)
         if args.mcp_servers:
             external = ExternalTools.start(args.mcp_servers)
         toolbox = Toolbox(tapped, workspace if args.role != "architect" else None,
                           role=args.role, tools=args.tools, external=external,
-                          ledger=TaskLedger(args.name, path=data_dir / LEDGER_FILE))
+                          ledger=TaskLedger(args.name, path=data_dir / LEDGER_FILE),
+                          traces=traces)
         toolbox_ref.append(toolbox)
         if stop.is_set():
             toolbox.halt("halted while starting")
@@ -294,15 +317,21 @@ def run(args: argparse.Namespace) -> int:
             "type": "Announce", "actor": args.name,
             "summary": f"{args.name} online as {args.role}{slots}"}))
         status = brain.run(ctx)
+        if args.linger and not stop.is_set():
+            ctx.say("done; staying on the mesh until halted")
+            stop.wait()
         # Ctrl-C is 130, as for every porter-mesh command; SIGTERM (a supervisor's way
         # of asking) is the brain's own status.
         return EXIT_INTERRUPTED if stopped_by[:1] == [signal.SIGINT] else status
     finally:
+        traces.close()
         if external is not None:
             external.close()
         if knowledge is not None:
             knowledge.close()
         node.close()
+        if tracing is not None:
+            tracing.close()  # after the node: the last spans are exported
 
 
 def _metrics_of(brain: Brain) -> Callable[[], dict[str, Any]]:

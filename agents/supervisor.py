@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from agents.team import AgentSpec, Team, TeamError
+from agents.team import AgentSpec, Team, TeamError, otel_env
 from porter_mesh.adapters.dirlock import lock_holder
 from porter_mesh.core.peers import PeerState
 from porter_mesh.entrypoint import EXIT_INTERRUPTED, EXIT_SETTINGS
@@ -214,7 +214,7 @@ class Supervisor:
             self.agents.append(Running(
                 spec, agent_argv(self.team, spec,
                                  workspace=None if spec.workspace else self.workspace),
-                {**base_env, **envs.get(spec.name, {})},
+                {**base_env, **otel_env(self.team), **envs.get(spec.name, {})},
                 self.logs / f"{spec.name}.log"))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -25,6 +25,12 @@ The file
     max_backoff = 8.0            # the delay's cap
     stop_grace = 5.0             # seconds between SIGTERM and SIGKILL when stopping
 
+    [otel]                       # optional: spans out to an OTLP/HTTP backend
+    endpoint = "http://127.0.0.1:4318"  # OTEL_EXPORTER_OTLP_ENDPOINT for every agent
+    headers = "api-key=..."      # OTEL_EXPORTER_OTLP_HEADERS
+    sampler = "parentbased_always_on"   # OTEL_TRACES_SAMPLER
+    sampler_arg = 0.25           # OTEL_TRACES_SAMPLER_ARG (ratio samplers)
+
     [[agents]]                   # one table per agent, at least one
     name = "worker-1"            # unique on the mesh
     role = "worker"              # "architect", "worker" or "reviewer"
@@ -59,6 +65,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -80,6 +87,7 @@ __all__ = [
     "TeamError",
     "agent_argv",
     "load_team",
+    "otel_env",
     "parse_team",
 ]
 
@@ -173,6 +181,7 @@ class Team:
     mesh: MeshSpec
     agents: tuple[AgentSpec, ...]
     up: RestartPolicy = field(default_factory=RestartPolicy)
+    otel: Mapping[str, Any] = field(default_factory=dict)
 
     def agent(self, name: str) -> AgentSpec:
         """The entry named ``name``.
@@ -304,6 +313,7 @@ def _not_blank(value: str) -> str | None:
 TOP_KEYS: Final[Mapping[str, Key]] = {
     "mesh": Key("table", required=True),
     "up": Key("table"),
+    "otel": Key("table"),
     "agents": Key("tables", required=True),
 }
 MESH_KEYS: Final[Mapping[str, Key]] = {
@@ -320,6 +330,48 @@ UP_KEYS: Final[Mapping[str, Key]] = {
     "max_backoff": Key("float", check=_at_least(0)),
     "stop_grace": Key("float", check=_more_than(0)),
 }
+#: The samplers the OpenTelemetry SDK knows by name (OTEL_TRACES_SAMPLER).
+SAMPLERS: Final = ("always_on", "always_off", "traceidratio", "parentbased_always_on",
+                   "parentbased_always_off", "parentbased_traceidratio")
+
+
+def _otlp_url(value: str) -> str | None:
+    if value.startswith(("http://", "https://")) and len(value) > len("https://"):
+        return None
+    return f"expected an http:// or https:// URL (the OTLP/HTTP endpoint), got {value!r}"
+
+
+OTEL_KEYS: Final[Mapping[str, Key]] = {
+    "endpoint": Key("str", check=_otlp_url),
+    "headers": Key("str", check=_not_blank),
+    "sampler": Key("str", choices=SAMPLERS),
+    "sampler_arg": Key("float", check=_at_least(0)),
+}
+#: The variable each [otel] key sets for the agents (unless the environment sets it).
+OTEL_ENV: Final[Mapping[str, str]] = {
+    "endpoint": "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "headers": "OTEL_EXPORTER_OTLP_HEADERS",
+    "sampler": "OTEL_TRACES_SAMPLER",
+    "sampler_arg": "OTEL_TRACES_SAMPLER_ARG",
+}
+
+
+def otel_env(team: Team, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``OTEL_*`` variables the team's ``[otel]`` table gives its agents.
+
+    Args:
+        team: the team.
+        environ: the environment the agents inherit (default ``os.environ``): a variable
+            set there wins over the file, as OpenTelemetry's own settings should.
+
+    Returns:
+        The variables to add to each agent's environment.
+    """
+    environ = os.environ if environ is None else environ
+    return {OTEL_ENV[key]: str(value) for key, value in team.otel.items()
+            if OTEL_ENV[key] not in environ}
+
+
 AGENT_KEYS: Final[Mapping[str, Key]] = {
     "name": Key("str", required=True, check=_config(check_agent_name)),
     "role": Key("str", required=True, choices=ROLES),
@@ -468,6 +520,7 @@ def parse_team(text: str, *, path: Path, shown: str | None = None) -> Team:
     top = reader.table("", data, TOP_KEYS)
     mesh = reader.table("mesh", top["mesh"], MESH_KEYS)
     up = reader.table("up", top.get("up", {}), UP_KEYS)
+    otel = reader.table("otel", top.get("otel", {}), OTEL_KEYS)
     if not top["agents"]:
         raise reader.fail("agents", "expected at least one [[agents]] table")
     agents: list[AgentSpec] = []
@@ -496,7 +549,8 @@ def parse_team(text: str, *, path: Path, shown: str | None = None) -> Team:
     if policy.max_backoff < policy.backoff:
         raise reader.fail("up.max_backoff", f"expected a number >= backoff "
                           f"({policy.backoff:g}), got {policy.max_backoff:g}")
-    return Team(path=path, mesh=MeshSpec(**mesh), agents=tuple(agents), up=policy)
+    return Team(path=path, mesh=MeshSpec(**mesh), agents=tuple(agents), up=policy,
+                otel=otel)
 
 
 def load_team(path: Path | str) -> Team:

@@ -12,6 +12,7 @@ import argparse
 import pathlib
 import sys
 
+from porter_mesh.core.tracecontext import valid_traceparent
 from porter_mesh.errors import ConfigError, PorterError, SecurityError
 from porter_mesh.node.config import default_data_dir
 
@@ -74,3 +75,16 @@ def report_error(command: str | None, exc: BaseException) -> int:
     print(f"{prog}: internal error: {type(exc).__name__}: {exc} (please report it; "
           "-vv shows where it happened)", file=sys.stderr)
     return 1
+
+
+def traceparent_arg(text: str) -> str:
+    """An argparse type for ``--traceparent``: a W3C traceparent string.
+
+    Raises:
+        argparse.ArgumentTypeError: it is not one; the message shows the form.
+    """
+    if not valid_traceparent(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a W3C traceparent; expected 00-<32 hex trace id>-<16 hex "
+            "span id>-<2 hex flags>")
+    return text

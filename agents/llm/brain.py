@@ -520,8 +520,18 @@ class LLMBrain:
         self.stats["model_calls"] += 1
         stop = self._call_stop
         while True:
+            traces = ctx.toolbox.traces
             try:
-                completion = self.endpoint.post(body, stop=stop)
+                if traces is None:
+                    completion = self.endpoint.post(body, stop=stop)
+                else:
+                    # One chat span per call to the model, retries included.
+                    with traces.model_call(self.endpoint.model, ctx.toolbox.context) as span:
+                        completion = self.endpoint.post(body, stop=stop)
+                        traces.model_usage(span, response_model=None,
+                                           input_tokens=completion.tokens_in,
+                                           output_tokens=completion.tokens_out,
+                                           finish_reason=completion.finish_reason)
             except CallAbandoned:
                 raise
             except ModelError as exc:

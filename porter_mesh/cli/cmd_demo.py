@@ -26,6 +26,9 @@ def register(sub: Any) -> None:
     parser.add_argument("--ui", action="store_true",
                         help="also run the dashboard (porter-mesh ui), print its address, "
                         "and keep the mesh running after the story until Ctrl-C")
+    parser.add_argument("--stay", action="store_true",
+                        help="keep the whole team on the mesh after the story until Ctrl-C "
+                        "(for porter-mesh trace and stats)")
     parser.add_argument("--ui-port", type=int, default=0, metavar="PORT",
                         help="the dashboard's HTTP port with --ui (default: a free one)")
     parser.add_argument("--team", type=pathlib.Path, metavar="TEAM.toml",
@@ -48,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
         return asyncio.run(run_demo(args.out.resolve(), timeout=args.timeout,
                                     secure=args.secure, ui=args.ui,
                                     ui_port=args.ui_port, team_file=args.team,
-                                    mesh=args.mesh))
+                                    mesh=args.mesh, stay=args.stay))
     except KeyboardInterrupt:
         return 130
     except PorterError as exc:

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from porter_mesh.cli.cmd_send import add_message_arguments, prepare
+from porter_mesh.cli.cmd_send import add_message_arguments, prepare, trace_of
 from porter_mesh.cli.common import count, run, seat_config, seconds
 from porter_mesh.cli.seat import deliver
 from porter_mesh.core import constants as C
@@ -81,6 +81,7 @@ def task_end(task: TaskRecord) -> str | None:
 
 def main(args: argparse.Namespace) -> int:
     request = prepare(args)
+    trace = trace_of(args)
     context = request.context
     if context is None:
         print("porter-mesh request: replies are matched by context: give --context ID "
@@ -91,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
     async def body() -> int:
         async with Node(config) as node:
             outcome = await deliver(node, args.channel, request, wait=args.wait,
-                                    timeout=args.timeout)
+                                    timeout=args.timeout, trace=trace)
             if outcome.problem is not None:
                 print(f"porter-mesh request: {outcome.problem}", file=sys.stderr)
                 return 1

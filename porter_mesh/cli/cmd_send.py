@@ -29,6 +29,8 @@ from porter_mesh.core import constants as C
 from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.taskid import new_task_id
+from porter_mesh.core.tracecontext import TraceContext, valid_tracestate
+from porter_mesh.entrypoint import traceparent_arg
 from porter_mesh.errors import ActivityError, ConfigError
 from porter_mesh.node.node import Node
 
@@ -49,6 +51,11 @@ def add_message_arguments(parser: argparse.ArgumentParser) -> None:
                         "gets a new one, printed)")
     parser.add_argument("--wait", type=seconds, default=5.0, metavar="SECONDS",
                         help="how long to look for the recipients (default %(default)s)")
+    parser.add_argument("--traceparent", type=traceparent_arg, metavar="TRACEPARENT",
+                        help="W3C trace context to continue (00-<trace id>-<span id>-<flags>):"
+                        " the task's spans on the mesh join that trace")
+    parser.add_argument("--tracestate", type=tracestate, metavar="TRACESTATE",
+                        help="W3C tracestate to carry with --traceparent")
     add_any_channel_option(parser)
     add_mesh_options(parser)
 
@@ -73,6 +80,27 @@ def register(sub: Any) -> None:
                         help="report format: a line on stderr, or one JSON object per "
                         "message on stdout")
     parser.set_defaults(func=main)
+
+
+def tracestate(text: str) -> str:
+    """``--tracestate``: printable ASCII, at most 512 characters."""
+    if not valid_tracestate(text):
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a W3C tracestate: 1-512 printable ASCII characters")
+    return text
+
+
+def trace_of(args: argparse.Namespace) -> TraceContext | None:
+    """The trace context ``--traceparent``/``--tracestate`` hand in, if any.
+
+    Raises:
+        ConfigError: ``--tracestate`` without ``--traceparent``.
+    """
+    if args.traceparent is None:
+        if args.tracestate is not None:
+            raise ConfigError("--tracestate travels only with --traceparent; give both")
+        return None
+    return TraceContext(args.traceparent, args.tracestate)
 
 
 def build_activity(channel: str, text: str, kind: str | None, context: str | None) -> Activity:
@@ -158,6 +186,7 @@ def prepare(args: argparse.Namespace) -> Activity:
 
 def main(args: argparse.Namespace) -> int:
     activity = prepare(args)
+    trace = trace_of(args)
     config = seat_config(args)
 
     async def body() -> int:
@@ -165,7 +194,7 @@ def main(args: argparse.Namespace) -> int:
         async with Node(config) as node:
             for _ in range(args.count):
                 outcome = await deliver(node, args.channel, activity, wait=args.wait,
-                                        timeout=args.timeout)
+                                        timeout=args.timeout, trace=trace)
                 if args.output == "json":
                     print(orjson.dumps(outcome.as_dict(activity)).decode(), flush=True)
                 else:

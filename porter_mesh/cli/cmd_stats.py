@@ -49,9 +49,10 @@ def register(sub: Any) -> None:
     parser.set_defaults(func=main)
 
 
-def add_asking_options(parser: argparse.ArgumentParser, *, wait: float) -> None:
-    """``--wait``, ``--timeout`` and the mesh options of a command that asks every agent
-    for its view (``stats``, ``tasks``)."""
+def add_asking_options(parser: argparse.ArgumentParser, *, wait: float = DEFAULT_WAIT,
+                       ) -> None:
+    """``--wait``, ``--timeout`` and the mesh options of a command that asks the agents
+    over the mesh (``stats``, ``tasks``, ``trace``)."""
     parser.add_argument("--wait", type=float, default=wait, metavar="SECONDS",
                         help="how long to look for agents (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
@@ -100,6 +101,21 @@ def format_brain(brain: dict[str, Any]) -> str:
             f"{brain.get('abandoned_calls', 0)} abandoned (task stopped)")
 
 
+def format_service(service: dict[str, Any]) -> list[str]:
+    """The ``service`` section of a view (tasks, tool and model calls) as lines."""
+    kinds = service.get("kinds") or {}
+    if not isinstance(kinds, dict) or not kinds:
+        return ["service    nothing handled yet"]
+    lines = [f"service    tokens {service.get('tokens_in', 0)} in / "
+             f"{service.get('tokens_out', 0)} out"]
+    for name, k in kinds.items():
+        if isinstance(k, dict):
+            lines.append(f"  {name:22} {k.get('count', 0):>6} done {k.get('errors', 0):>4} "
+                         f"failed  avg {k.get('avg_ms', 0):>9.1f}ms  p50 "
+                         f"{k.get('p50_ms', 0):>9.1f}ms  p99 {k.get('p99_ms', 0):>9.1f}ms")
+    return lines
+
+
 def format_storage(storage: dict[str, Any]) -> str:
     """The ``storage`` section of a view (the delivery journal) as one line."""
     refused = storage.get("refused", 0)
@@ -136,6 +152,9 @@ def format_view(view: dict[str, Any]) -> str:
     brain = view.get("agent")
     if isinstance(brain, dict):
         lines.append(format_brain(brain))
+    service = view.get("service")
+    if isinstance(service, dict):
+        lines += format_service(service)
     peers = view.get("peers") or []
     if not peers:
         lines.append("peers      none")

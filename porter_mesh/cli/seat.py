@@ -25,6 +25,7 @@ from typing import Any
 from porter_mesh.cli.common import names
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
+from porter_mesh.core.tracecontext import TraceContext
 from porter_mesh.errors import DeliveryError, PeerRefusedError
 from porter_mesh.node.node import Node
 
@@ -103,12 +104,14 @@ class Outcome:
 
 
 async def deliver(node: Node, channel: str, activity: Activity, *, wait: float,
-                  timeout: float) -> Outcome:
+                  timeout: float, trace: TraceContext | None = None) -> Outcome:
     """Send ``activity`` on ``channel`` from ``node``, waiting for its recipients first.
 
     Args:
         wait: seconds to look for the recipient(s) and for their subscriptions.
         timeout: seconds for a direct message's acknowledgement.
+        trace: W3C trace context to continue (``--traceparent``): the recipients' spans
+            become its children.
     """
     outcome = Outcome(channel)
     mesh = node.config.mesh
@@ -123,7 +126,7 @@ async def deliver(node: Node, channel: str, activity: Activity, *, wait: float,
                                f"{wait:g}s (seen: {seen}); check the name and mesh")
             return outcome
         try:
-            await node.send(recipient, activity, timeout=timeout)
+            await node.send(recipient, activity, timeout=timeout, trace=trace)
         except PeerRefusedError:
             raise
         except DeliveryError as exc:
@@ -148,7 +151,7 @@ async def deliver(node: Node, channel: str, activity: Activity, *, wait: float,
         if not missing or time.monotonic() >= deadline:
             break
         await asyncio.sleep(_POLL)
-    await node.publish(channel, activity)
+    await node.publish(channel, activity, trace=trace)
     outcome.reached = set(node.subscribers(channel))
     outcome.missed = missing
     outcome.elsewhere = set(node.subscribers(C.CHANNEL_CONTROL)) - outcome.reached

@@ -75,6 +75,8 @@ __all__ = [
     "KIND_HALT",
     "KIND_HEARTBEAT",
     "KIND_HELLO",
+    "KIND_SPANS",
+    "KIND_SPANS_REPLY",
     "KIND_STATS",
     "KIND_STATS_REPLY",
     "KIND_SYNC",
@@ -92,6 +94,7 @@ __all__ = [
     "KindSpec",
     "ObserverHello",
     "Route",
+    "SpansRequest",
     "StatsReply",
     "StatsRequest",
     "Unsupported",
@@ -101,6 +104,8 @@ __all__ = [
     "decode_control",
     "decode_heartbeat",
     "decode_hello",
+    "decode_spans_reply",
+    "decode_spans_request",
     "decode_stats_reply",
     "decode_stats_request",
     "decode_unsupported",
@@ -111,6 +116,8 @@ __all__ = [
     "encode_control",
     "encode_heartbeat",
     "encode_hello",
+    "encode_spans_reply",
+    "encode_spans_request",
     "encode_stats_reply",
     "encode_stats_request",
     "encode_unsupported",
@@ -147,6 +154,10 @@ KIND_STATS: Final = "stats"
 KIND_STATS_REPLY: Final = "stats-reply"
 #: Knowledge-graph synchronisation (records, range pulls, catch-up chunks, digests).
 KIND_SYNC: Final = "sync"
+#: A request for the recent spans of some traces (``porter-mesh trace``).
+KIND_SPANS: Final = "spans"
+#: The answer to ``spans``: the span records found, and the ring's counters.
+KIND_SPANS_REPLY: Final = "spans-reply"
 
 
 class Route(enum.Enum):
@@ -517,15 +528,84 @@ def decode_stats_reply(data: bytes) -> StatsReply:
         FrameError: ``reason="too-large"`` past :data:`MAX_CONTROL_BYTES`;
             ``reason="bad-json"`` when it is not one JSON object.
     """
+    return StatsReply(_json_object(data, "stats reply"))
+
+
+# -- spans / spans-reply ------------------------------------------------------------------
+
+#: Most trace ids one ``spans`` request may name.
+MAX_SPAN_QUERY_IDS: Final = 64
+
+
+@dataclass(frozen=True, slots=True)
+class SpansRequest:
+    """The body of ``spans``: which traces to return.
+
+    Attributes:
+        trace_ids: 32-hex trace ids.
+        context: a task context; every trace with a span about it is returned too.
+    """
+
+    trace_ids: tuple[str, ...] = ()
+    context: str | None = None
+
+
+def encode_spans_request(request: SpansRequest) -> bytes:
+    """Encode a ``spans`` body as a JSON object."""
+    body: dict[str, Any] = {"trace_ids": list(request.trace_ids)}
+    if request.context is not None:
+        body["context"] = request.context
+    data: bytes = orjson.dumps(body)
+    return data
+
+
+def _json_object(data: bytes, what: str) -> dict[str, Any]:
     if len(data) > MAX_CONTROL_BYTES:
         raise _too_large(len(data))
     try:
-        view = orjson.loads(data)
+        value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise _bad("bad-json", f"stats reply is not JSON ({exc})") from None
-    if not isinstance(view, dict):
-        raise _bad("bad-json", f"stats reply must be a JSON object, not {type(view).__name__}")
-    return StatsReply(view)
+        raise _bad("bad-json", f"{what} is not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise _bad("bad-json", f"{what} must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def decode_spans_request(data: bytes) -> SpansRequest:
+    """Decode a ``spans`` body.
+
+    Raises:
+        FrameError: ``reason="bad-json"`` for anything but an object with a list of at
+            most :data:`MAX_SPAN_QUERY_IDS` 32-hex ids and an optional context string.
+    """
+    body = _json_object(data, "spans request")
+    ids = body.get("trace_ids", [])
+    context = body.get("context")
+    if (not isinstance(ids, list) or len(ids) > MAX_SPAN_QUERY_IDS
+            or not all(isinstance(t, str) and len(t) == 32 for t in ids)
+            or not (context is None or (isinstance(context, str) and 0 < len(context) <= 512))):
+        raise _bad("bad-json", "spans request must hold trace_ids (up to "
+                   f"{MAX_SPAN_QUERY_IDS} ids of 32 hex digits) and an optional context")
+    return SpansRequest(tuple(t.lower() for t in ids), context)
+
+
+def encode_spans_reply(reply: Mapping[str, Any]) -> bytes:
+    """Encode a ``spans-reply`` body: ``{"spans": [...], "ring": {...}}`` as JSON."""
+    data: bytes = orjson.dumps(reply)
+    return data
+
+
+def decode_spans_reply(data: bytes) -> dict[str, Any]:
+    """Decode a ``spans-reply`` body.
+
+    Raises:
+        FrameError: ``reason="too-large"`` or ``"bad-json"`` (not an object with a
+            ``spans`` list).
+    """
+    body = _json_object(data, "spans reply")
+    if not isinstance(body.get("spans"), list):
+        raise _bad("bad-json", "spans reply must hold a list 'spans'")
+    return body
 
 
 # -- the table --------------------------------------------------------------------------
@@ -579,6 +659,9 @@ KINDS: Final[Mapping[str, KindSpec]] = MappingProxyType({spec.kind: spec for spe
     _spec(KIND_STATS, [_D], "send me your view", encode_stats_request, decode_stats_request),
     _spec(KIND_STATS_REPLY, [_R], "my view", encode_stats_reply, decode_stats_reply),
     _spec(KIND_SYNC, [_B, _D, _R], "knowledge-graph replication", encode_sync, decode_sync),
+    _spec(KIND_SPANS, [_D], "send me your recent spans of these traces",
+          encode_spans_request, decode_spans_request),
+    _spec(KIND_SPANS_REPLY, [_R], "my recent spans", encode_spans_reply, decode_spans_reply),
 )})
 
 #: The kinds the node handles itself (a protocol on top may not take them).

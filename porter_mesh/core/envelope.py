@@ -30,7 +30,13 @@ key    field            required  value
                                   has sequence ``seq + i``
 ``k``  ``kind``         no        absent for AS2 payloads; a short tag for the mesh's own
                                   control payloads (:mod:`.control`)
+``p``  ``traceparent``  no        W3C ``traceparent`` of the span that sent the message, when
+                                  it belongs to a traced task (:mod:`.tracecontext`)
+``q``  ``tracestate``   no        W3C ``tracestate`` travelling with it (only with ``p``)
 =====  ===============  ========  ===========================================================
+
+Trace context travels as the exact strings received, so it crosses any number of hops
+byte for byte; a node of an earlier version ignores ``p`` and ``q`` like any unknown key.
 
 Keys are one character because CPython shares one-character strings, so decoding builds
 no key objects.
@@ -126,6 +132,11 @@ from porter_mesh.core.control import (
     decode_control,
     encode_control,
 )
+from porter_mesh.core.tracecontext import (
+    MAX_TRACESTATE_CHARS,
+    valid_traceparent,
+    valid_tracestate,
+)
 from porter_mesh.errors import FrameError
 
 # The control kinds and their body codec live in porter_mesh.core.control; they are
@@ -202,6 +213,9 @@ class Envelope(NamedTuple):
         count: number of activities in the payload (1..MAX_BATCH); activity ``i`` has
             sequence ``seq + i``.
         kind: ``None`` for AS2 payloads; a short tag (``KIND_*``) for control payloads.
+        traceparent: the W3C ``traceparent`` of the sending span, for a traced task.
+        tracestate: the W3C ``tracestate`` that travels with it (only with a
+            ``traceparent``).
     """
 
     version: int
@@ -217,6 +231,8 @@ class Envelope(NamedTuple):
     # workaround, and nothing here needs tuple.count.
     count: int = 1  # type: ignore[assignment]
     kind: str | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 def make_msg_id(incarnation: int, channel: str, seq: int) -> str:
@@ -257,7 +273,7 @@ def _valid(env: Envelope) -> bool:
     One boolean expression, cheapest tests first. Exact ``type() is`` tests keep
     ``bool`` (an ``int`` subclass) out.
     """
-    version, msg_id, sender, channel, seq, inc, hlc, recipient, ref, count, kind = env
+    version, msg_id, sender, channel, seq, inc, hlc, recipient, ref, count, kind, tp, ts = env
     return (
         version == PROTOCOL_VERSION
         and type(version) is int
@@ -279,6 +295,8 @@ def _valid(env: Envelope) -> bool:
         and (recipient is None or (type(recipient) is str and recipient != ""))
         and (ref is None or (type(ref) is str and ref != ""))
         and ((kind is None and seq != 0) or (type(kind) is str and 0 < len(kind) <= MAX_KIND_CHARS))
+        and (tp is None or valid_traceparent(tp))
+        and (ts is None or (tp is not None and valid_tracestate(ts)))
     )
 
 
@@ -318,6 +336,18 @@ _FIELD_RULES: Final[tuple[tuple[str, str, Any, str], ...]] = (
         lambda v: v is None or (_text(v) and len(v) <= MAX_KIND_CHARS),
         f"absent or a non-empty string of at most {MAX_KIND_CHARS} characters",
     ),
+    (
+        "traceparent",
+        "p",
+        lambda v: v is None or valid_traceparent(v),
+        "absent or a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)",
+    ),
+    (
+        "tracestate",
+        "q",
+        lambda v: v is None or valid_tracestate(v),
+        f"absent or printable ASCII of at most {MAX_TRACESTATE_CHARS} characters",
+    ),
 )
 
 
@@ -338,6 +368,11 @@ def _invalid(env: Envelope, doing: str) -> FrameError:
                 f"got {type(value).__name__} {_show(value)}",
                 reason="bad-field",
             )
+    if env.tracestate is not None and env.traceparent is None:
+        return FrameError(
+            f"{doing}: tracestate (key 'q') travels only with a traceparent (key 'p')",
+            reason="bad-field",
+        )
     if env.kind is None and env.seq == 0:
         return FrameError(
             f"{doing}: seq 0 (not sequenced) is allowed only for control messages (kind "
@@ -373,7 +408,7 @@ def _pack_entries(entries: dict[str, Any]) -> bytes:
 
 # An encoding template per stream: (conventional id prefix; the whole envelope up to
 # _SEQ_KEY when no optional per-message field is present, and a struct's pack writing it
-# followed by the tail; the prefix without _SEQ_KEY with a map header for 0..4 optional
+# followed by the tail; the prefix without _SEQ_KEY with a map header for 0..6 optional
 # per-message fields).
 _Template = tuple[str, bytes, Callable[..., bytes], tuple[bytes, ...]]
 _templates: dict[tuple[Any, ...], _Template] = {}
@@ -381,7 +416,7 @@ _templates: dict[tuple[Any, ...], _Template] = {}
 
 def _template(env: Envelope) -> _Template:
     """Check the per-stream fields of ``env`` and build (and cache) their encoding."""
-    version, _, sender, channel, _, inc, _, recipient, _, _, _ = env
+    version, _, sender, channel, _, inc, _, recipient, _, _, _, _, _ = env
     if not (
         version == PROTOCOL_VERSION
         and type(version) is int
@@ -401,7 +436,7 @@ def _template(env: Envelope) -> _Template:
     if size > MAX_ENVELOPE_BYTES:
         raise _too_large_envelope(size)
     # Header byte: fixmap (0x80) with the constant entries, "s", "h" and the extras.
-    heads = tuple(bytes((0x80 | (len(entries) + 2 + extra),)) + body for extra in range(5))
+    heads = tuple(bytes((0x80 | (len(entries) + 2 + extra),)) + body for extra in range(7))
     plain = heads[0] + _SEQ_KEY
     # One struct writing the prefix and the tail saves a concatenation per message.
     pack_plain = struct.Struct(f">{len(plain)}s{_TAIL.format[1:]}").pack
@@ -431,7 +466,7 @@ def encode_envelope(env: Envelope) -> bytes:
             f"cannot encode {type(env).__name__} as an envelope; build an Envelope",
             reason="bad-field",
         )
-    version, msg_id, sender, channel, seq, inc, hlc, recipient, ref, count, kind = env
+    version, msg_id, sender, channel, seq, inc, hlc, recipient, ref, count, kind, tp, ts = env
     template = _templates.get((sender, channel, inc, recipient))
     # A cache hit means sender, channel, incarnation and recipient equal values already
     # checked; the identity and type tests keep True from passing for 1.
@@ -445,6 +480,8 @@ def encode_envelope(env: Envelope) -> bytes:
         and kind is None
         and ref is None
         and count == 1
+        and tp is None
+        and ts is None
         and msg_id == f"{id_prefix}{seq}"
     ):
         # The usual message: the cached prefix and the two numbers. The struct checks
@@ -464,6 +501,10 @@ def encode_envelope(env: Envelope) -> bytes:
         extras["n"] = count
     if msg_id != f"{id_prefix}{seq}":
         extras["i"] = msg_id
+    if tp is not None:
+        extras["p"] = tp
+    if ts is not None:
+        extras["q"] = ts
     data = heads[len(extras)] + _pack_entries(extras) + _SEQ_KEY + _TAIL.pack(seq, _HLC_KEY, hlc)
     if len(data) > MAX_ENVELOPE_BYTES:
         raise _too_large_envelope(len(data))
@@ -502,7 +543,7 @@ def decode_envelope(data: bytes) -> Envelope:
             env: Envelope = _tuple_new(
                 Envelope,
                 (version, f"{id_prefix}{seq}", sender, channel, seq, inc, hlc,
-                 recipient, None, count, kind),
+                 recipient, None, count, kind, None, None),
             )  # fmt: skip
             return env
     return _decode_full(data)
@@ -547,6 +588,8 @@ def _decode_full(data: bytes) -> Envelope:
                 get("r"),
                 get("n", 1),
                 get("k"),
+                get("p"),
+                get("q"),
             ),
         )
     except KeyError as exc:
@@ -558,13 +601,15 @@ def _decode_full(data: bytes) -> Envelope:
         raise _invalid(env, "refused envelope")
     if msg_id is not None:
         return env
-    version, _, sender, channel, seq, inc, hlc, recipient, ref, count, kind = env
+    version, _, sender, channel, seq, inc, hlc, recipient, ref, count, kind, tp, ts = env
     env = _tuple_new(
         Envelope,
         (version, f"{inc:x}.{channel}.{seq}", sender, channel, seq, inc, hlc,
-         recipient, ref, count, kind),
+         recipient, ref, count, kind, tp, ts),
     )  # fmt: skip
-    if ref is None and type(data) is bytes and size <= _CACHED_ENVELOPE_MAX:
+    # A traced envelope's prefix holds its trace context, which changes per message:
+    # caching it would only churn the cache.
+    if ref is None and tp is None and type(data) is bytes and size <= _CACHED_ENVELOPE_MAX:
         _remember_prefix(env, data)
     return env
 
@@ -580,7 +625,7 @@ def _remember_prefix(env: Envelope, data: bytes) -> None:
             return
     except FrameError:
         return
-    version, _, sender, channel, _, inc, _, recipient, _, count, kind = env
+    version, _, sender, channel, _, inc, _, recipient, _, count, kind, _, _ = env
     if len(_prefixes) >= _CACHE_MAX:
         _prefixes.clear()
     _prefixes[data[:-_TAIL_SIZE]] = (

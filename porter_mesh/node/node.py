@@ -168,6 +168,7 @@ from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, PeerTable
 from porter_mesh.core.sequence import SequenceTracker, SeqVerdict
 from porter_mesh.core.session.keys import KEY_PREFIX, MAX_KEY_CHARS
 from porter_mesh.core.session.receiving import DirectReceiver, Verdict
+from porter_mesh.core.tracecontext import TraceContext
 from porter_mesh.errors import (
     ConfigError,
     DeliveryError,
@@ -250,6 +251,14 @@ class Message(NamedTuple):
     direct: bool
     offset: int = -1
     redelivered: bool = False
+
+    @property
+    def trace(self) -> TraceContext | None:
+        """The W3C trace context the message carried (its sender's span), if any."""
+        traceparent = self.envelope.traceparent
+        if traceparent is None:
+            return None
+        return TraceContext(traceparent, self.envelope.tracestate)
 
 
 _T = TypeVar("_T")
@@ -527,6 +536,8 @@ class Node:
         self._handed = 0
         # Keys of queued direct sends: recipient -> {index in its queue: key}.
         self._pending_keys: dict[str, dict[int, str]] = {}
+        # Trace context of queued direct sends: recipient -> queue index -> context.
+        self._pending_traces: dict[str, dict[int, TraceContext]] = {}
         self._discovery: Any = None
         # The one timer of the node, armed at the earliest deadline of everything that
         # waits on time (see _rearm), and when it is due (monotonic; inf: not armed).
@@ -1339,13 +1350,22 @@ class Node:
             assert self._loop is not None
             self._loop.call_soon(self._flush)
 
-    def async_publish(self, channel: str, activity: Activity) -> None:
+    def async_publish(self, channel: str, activity: Activity, *,
+                      trace: TraceContext | None = None) -> None:
         """Queue ``activity`` for broadcast on ``channel`` (loop thread only).
+
+        Args:
+            channel: the channel.
+            activity: the activity.
+            trace: W3C trace context for the envelope (a traced message travels alone).
 
         Raises:
             NodeClosedError: the node is not running.
             ConfigError: ``channel`` is a direct inbox (use ``send``).
         """
+        if trace is not None:
+            self._publish_traced(channel, activity, trace)
+            return
         queue = self._pending_bcast.get(channel)
         if queue is not None:
             # Checked when the queue began; it lives until the flush already scheduled
@@ -1358,9 +1378,21 @@ class Node:
         self._pending_bcast[channel] = [activity]
         self._schedule_flush()
 
-    async def publish(self, channel: str, activity: Activity) -> None:
+    async def publish(self, channel: str, activity: Activity, *,
+                      trace: TraceContext | None = None) -> None:
         """Broadcast ``activity`` on ``channel`` (best effort, ordered per sender)."""
-        self.async_publish(channel, activity)
+        self.async_publish(channel, activity, trace=trace)
+
+    def _publish_traced(self, channel: str, activity: Activity, trace: TraceContext) -> None:
+        """Send a traced broadcast now, in its own message, after what is queued before
+        it on the channel (so that the channel's order holds)."""
+        self._check_open()
+        if channel.startswith(C.DIRECT_PREFIX):
+            raise ConfigError(f"{channel!r} is a direct inbox; use send() to reach one agent")
+        queued = self._pending_bcast.pop(channel, None)
+        if queued:
+            self._flush_broadcast(channel, queued)
+        self._flush_broadcast(channel, [activity], trace=trace)
 
     def _direct_queue(
         self, recipient: str, timeout: float | None
@@ -1390,7 +1422,7 @@ class Node:
 
     def async_send_nowait(
         self, recipient: str, activity: Activity, *, timeout: float | None = None,
-        key: str | None = None,
+        key: str | None = None, trace: TraceContext | None = None,
     ) -> asyncio.Future[None]:
         """Queue a direct message; the future completes when the recipient acknowledges.
 
@@ -1398,6 +1430,7 @@ class Node:
             recipient: agent name (or ``task:<name>``).
             timeout: seconds until the send fails (default ``send_timeout``).
             key: an idempotency key (see :meth:`send`).
+            trace: W3C trace context for the envelope (a traced message travels alone).
 
         Raises:
             UnknownPeerError: the recipient is not on the mesh.
@@ -1410,6 +1443,9 @@ class Node:
                                   f"characters, got {len(key)}")
             name = recipient.removeprefix(C.DIRECT_PREFIX)
             self._pending_keys.setdefault(name, {})[len(queue)] = key
+        if trace is not None:
+            name = recipient.removeprefix(C.DIRECT_PREFIX)
+            self._pending_traces.setdefault(name, {})[len(queue)] = trace
         queue.append((activity, fut, deadline))
         return fut
 
@@ -1436,7 +1472,8 @@ class Node:
         return fut
 
     async def send(self, recipient: str, activity: Activity, *,
-                   timeout: float | None = None, key: str | None = None) -> None:
+                   timeout: float | None = None, key: str | None = None,
+                   trace: TraceContext | None = None) -> None:
         """Deliver ``activity`` to one agent and wait for its acknowledgement.
 
         A :class:`DeliveryTimeout` means no acknowledgement came back in time, not that
@@ -1452,15 +1489,17 @@ class Node:
             DeliveryTimeout: not acknowledged before the deadline.
             DeliveryError: too many messages to this agent are in flight.
         """
-        await self.async_send_nowait(recipient, activity, timeout=timeout, key=key)
+        await self.async_send_nowait(recipient, activity, timeout=timeout, key=key,
+                                     trace=trace)
 
     async def send_to_channel(self, channel: str, activity: Activity, *,
-                              timeout: float | None = None, key: str | None = None) -> None:
+                              timeout: float | None = None, key: str | None = None,
+                              trace: TraceContext | None = None) -> None:
         """``task:<agent>`` goes direct (acknowledged); any other channel is broadcast."""
         if channel.startswith(C.DIRECT_PREFIX):
-            await self.send(channel, activity, timeout=timeout, key=key)
+            await self.send(channel, activity, timeout=timeout, key=key, trace=trace)
         else:
-            self.async_publish(channel, activity)
+            self.async_publish(channel, activity, trace=trace)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -1480,11 +1519,11 @@ class Node:
 
     def _envelope(self, channel: str, seq: int, count: int, *, recipient: str | None = None,
                   kind: str | None = None, ref: str | None = None,
-                  msg_id: str | None = None) -> Envelope:
+                  msg_id: str | None = None, trace: TraceContext | None = None) -> Envelope:
         return Envelope(
             C.PROTOCOL_VERSION, msg_id or make_msg_id(self.incarnation, channel, seq),
             self.name, channel, seq, self.incarnation, self._clock.now(_wall_ms()), recipient,
-            ref, count, kind,
+            ref, count, kind, *(trace or (None, None)),
         )
 
     def _batches(self, items: list[_T], activity: Callable[[_T], Activity] | None, *,
@@ -1515,12 +1554,13 @@ class Node:
             size = -(-len(chunk) // min(parts, len(chunk)))
             pending += [chunk[i:i + size] for i in range(0, len(chunk), size)][::-1]
 
-    def _flush_broadcast(self, channel: str, activities: list[Activity]) -> None:
+    def _flush_broadcast(self, channel: str, activities: list[Activity], *,
+                         trace: TraceContext | None = None) -> None:
         assert self._pub is not None
         last = self._bseq.get(channel, 0)
         for chunk, payload in self._batches(activities, None,
                                             max_bytes=self.config.broadcast_message_bytes):
-            env = self._envelope(channel, last + 1, len(chunk))
+            env = self._envelope(channel, last + 1, len(chunk), trace=trace)
             last += len(chunk)
             frames = encode_broadcast(env, payload)
             try:
@@ -1534,25 +1574,29 @@ class Node:
     def _flush_direct(
         self, recipient: str, items: list[tuple[Activity, Completion, float]]
     ) -> None:
-        keys = self._pending_keys.pop(recipient, None)
-        if not keys:
+        keys = self._pending_keys.pop(recipient, None) or {}
+        traces = self._pending_traces.pop(recipient, None) or {}
+        if not keys and not traces:
             self._flush_direct_run(recipient, items)
             return
         # A keyed send travels alone, its key as the message id ("k:" and the key, which
-        # no conventional id starts with), so that the receiver can recognise it.
+        # no conventional id starts with), so that the receiver can recognise it; a
+        # traced send travels alone with its trace context.
         start = 0
-        for index in sorted(keys):
+        for index in sorted(keys.keys() | traces.keys()):
             if index > start:
                 self._flush_direct_run(recipient, items[start:index])
+            key = keys.get(index)
             self._flush_direct_run(recipient, items[index:index + 1],
-                                   msg_id=KEY_PREFIX + keys[index])
+                                   msg_id=None if key is None else KEY_PREFIX + key,
+                                   trace=traces.get(index))
             start = index + 1
         if start < len(items):
             self._flush_direct_run(recipient, items[start:])
 
     def _flush_direct_run(
         self, recipient: str, items: list[tuple[Activity, Completion, float]],
-        msg_id: str | None = None,
+        msg_id: str | None = None, trace: TraceContext | None = None,
     ) -> None:
         link = self._links.get(recipient)
         now = time.monotonic()
@@ -1568,7 +1612,7 @@ class Node:
                     recipient=recipient))
                 continue
             env = self._envelope(C.DIRECT_PREFIX + recipient, first, len(chunk),
-                                 recipient=recipient, msg_id=msg_id)
+                                 recipient=recipient, msg_id=msg_id, trace=trace)
             frames = encode_direct(env, payload)
             deadline = min(d for _, _, d in chunk)
             self._outbox.add(recipient, first, len(chunk), frames, deadline=deadline, now=now,

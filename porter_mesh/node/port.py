@@ -14,6 +14,7 @@ from porter_mesh.errors import KnowledgeError
 from porter_mesh.node.node import Message
 from porter_mesh.node.sync import SyncNode
 from porter_mesh.tools.port import InboxItem, QueryResult, RosterEntry
+from porter_mesh.tracing.tasks import TaskTracer
 
 __all__ = ["KnowledgePort", "NodePort"]
 
@@ -37,11 +38,15 @@ class NodePort:
         node: the node (already started).
         knowledge: the knowledge replica, or ``None`` when the agent has none (memory
             tools then say so).
+        traces: the agent's task spans: messages about a traced task carry their
+            context, and what is read is accounted (see :mod:`porter_mesh.tracing`).
     """
 
-    def __init__(self, node: SyncNode, knowledge: KnowledgePort | None = None) -> None:
+    def __init__(self, node: SyncNode, knowledge: KnowledgePort | None = None, *,
+                 traces: TaskTracer | None = None) -> None:
         self.node = node
         self.knowledge = knowledge
+        self.traces = traces
         self._held: collections.deque[Message] = collections.deque()
         # The newest journaled message handed to the tools with none older still held:
         # taken (Node.ack) when the tools next ask, as receive() would.
@@ -54,7 +59,16 @@ class NodePort:
 
     def send(self, channel: str, activity: Activity) -> None:
         """Direct (acknowledged) for ``task:<agent>``, broadcast otherwise."""
-        self.node.send_to_channel(channel, activity)
+        if self.traces is None:
+            self.node.send_to_channel(channel, activity)
+            return
+        trace, span = self.traces.sending(channel, activity)
+        try:
+            self.node.send_to_channel(channel, activity, trace=trace)
+        except BaseException as exc:
+            self.traces.sent(channel, activity, span, exc)
+            raise
+        self.traces.sent(channel, activity, span)
 
     def wait_for_messages(self, timeout: float) -> bool:
         """Block until a message is waiting (True) or ``timeout`` passes (False)."""
@@ -83,8 +97,13 @@ class NodePort:
         for msg in taken:
             if msg.offset >= 0 and (oldest_held is None or msg.offset < oldest_held):
                 self._given = msg
+        if self.traces is not None:
+            for m in taken:
+                self.traces.received(m.channel, m.sender, m.activity, m.trace,
+                                     msg_id=m.envelope.msg_id)
         return [
-            InboxItem(m.channel, m.sender, m.activity, hlc_physical_ms(m.envelope.hlc) / 1000)
+            InboxItem(m.channel, m.sender, m.activity, hlc_physical_ms(m.envelope.hlc) / 1000,
+                      m.trace)
             for m in taken
         ]
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.peers import PeerEvent, PeerInfo
+from porter_mesh.core.tracecontext import TraceContext
 from porter_mesh.errors import NodeClosedError, OperationTimeout
 from porter_mesh.node.config import NodeConfig
 from porter_mesh.node.node import Message, Node
@@ -120,20 +121,22 @@ class SyncNode:
         """The agent name."""
         return self.node.name
 
-    def publish(self, channel: str, activity: Activity) -> None:
-        """Broadcast ``activity`` on ``channel``."""
-        self._in_loop(lambda: self.node.async_publish(channel, activity))
+    def publish(self, channel: str, activity: Activity, *,
+                trace: TraceContext | None = None) -> None:
+        """Broadcast ``activity`` on ``channel`` (``trace``: W3C trace context)."""
+        self._in_loop(lambda: self.node.async_publish(channel, activity, trace=trace))
 
     def send(self, recipient: str, activity: Activity, *, timeout: float | None = None,
-             key: str | None = None) -> None:
+             key: str | None = None, trace: TraceContext | None = None) -> None:
         """Deliver to one agent and wait for the acknowledgement (``key``: an idempotency
-        key, see :meth:`Node.send`).
+        key, see :meth:`Node.send`; ``trace``: W3C trace context).
 
         Raises:
             UnknownPeerError, DeliveryTimeout, DeliveryError: as :meth:`Node.send`.
         """
         wait = (timeout if timeout is not None else self.node.config.send_timeout) + 5.0
-        self._call(self.node.send(recipient, activity, timeout=timeout, key=key), wait)
+        self._call(self.node.send(recipient, activity, timeout=timeout, key=key, trace=trace),
+                   wait)
 
     def send_nowait(self, recipient: str, activity: Activity, *,
                     timeout: float | None = None,
@@ -160,10 +163,12 @@ class SyncNode:
         self._in_loop(queue)
 
     def send_to_channel(self, channel: str, activity: Activity, *,
-                        timeout: float | None = None) -> None:
+                        timeout: float | None = None,
+                        trace: TraceContext | None = None) -> None:
         """``task:<agent>`` goes direct (acknowledged); other channels are broadcast."""
         wait = (timeout if timeout is not None else self.node.config.send_timeout) + 5.0
-        self._call(self.node.send_to_channel(channel, activity, timeout=timeout), wait)
+        self._call(self.node.send_to_channel(channel, activity, timeout=timeout, trace=trace),
+                   wait)
 
     def receive(self, timeout: float, *, ack: bool = True) -> Message:
         """The next message, waiting up to ``timeout`` seconds (see :meth:`Node.receive`

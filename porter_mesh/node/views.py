@@ -32,14 +32,17 @@ class ViewClient:
 
     Registers the node's ``stats-reply`` kind and its ``unsupported`` answers to
     ``stats`` (other protocols keep their own ``unsupported`` answers). Use it on the
-    node's loop.
+    node's loop. Another request whose answer is one JSON object (``spans``) uses the
+    same client with its own ``kind`` and ``reply_kind``.
     """
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, *, kind: str = KIND_STATS,
+                 reply_kind: str = KIND_STATS_REPLY) -> None:
         self.node = node
+        self.kind = kind
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        node.register_kind(KIND_STATS_REPLY, self._on_reply)
-        node.register_unsupported(KIND_STATS, self._on_unsupported)
+        node.register_kind(reply_kind, self._on_reply)
+        node.register_unsupported(kind, self._on_unsupported)
 
     def _on_reply(self, env: Envelope, payload: bytes, reply: Reply) -> None:
         fut = self._waiting.get(env.sender)
@@ -48,28 +51,29 @@ class ViewClient:
         try:
             view = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            fut.set_exception(PorterError(f"{env.sender} answered stats with something that "
-                                          "is not JSON"))
+            fut.set_exception(PorterError(f"{env.sender} answered {self.kind} with something "
+                                          "that is not JSON"))
             return
         if isinstance(view, dict):
             fut.set_result(view)
         else:
-            fut.set_exception(PorterError(f"{env.sender} answered stats with a "
+            fut.set_exception(PorterError(f"{env.sender} answered {self.kind} with a "
                                           f"{type(view).__name__}, not an object"))
 
     def _on_unsupported(self, env: Envelope, payload: bytes, reply: Reply) -> None:
         fut = self._waiting.get(env.sender)
         if fut is not None and not fut.done():
-            fut.set_exception(ViewUnsupported(f"{env.sender} does not answer stats (it runs "
-                                              "an older porter-mesh)"))
+            fut.set_exception(ViewUnsupported(f"{env.sender} does not answer {self.kind} (it "
+                                              "runs an older porter-mesh)"))
 
     def in_flight(self, peer: str) -> bool:
         """Whether a request to ``peer`` is waiting for its answer."""
         return peer in self._waiting
 
-    async def ask(self, peer: str, timeout: float) -> dict[str, Any]:
-        """The view of ``peer``. While a request to it is in flight, a second ``ask``
-        waits for that request's answer (or its deadline) instead of sending another.
+    async def ask(self, peer: str, timeout: float, payload: bytes = b"") -> dict[str, Any]:
+        """The view of ``peer`` (``payload``: the request's body, empty for ``stats``).
+        While a request to it is in flight, a second ``ask`` waits for that request's
+        answer (or its deadline) instead of sending another.
 
         Raises:
             TimeoutError: no answer within ``timeout`` seconds.
@@ -79,18 +83,18 @@ class ViewClient:
         fut = self._waiting.get(peer)
         if fut is None:
             loop = asyncio.get_running_loop()
-            self.node.async_send_kind(peer, KIND_STATS, b"")
+            self.node.async_send_kind(peer, self.kind, payload)
             fut = loop.create_future()
             self._waiting[peer] = fut
             timer = loop.call_later(timeout, _expire, fut,
-                                    f"{peer}: no answer to stats within {timeout}s")
+                                    f"{peer}: no answer to {self.kind} within {timeout}s")
             fut.add_done_callback(lambda done: self._settled(peer, done, timer))
         return await asyncio.shield(fut)
 
-    async def ask_all(self, peers: list[str], timeout: float
+    async def ask_all(self, peers: list[str], timeout: float, payload: bytes = b""
                       ) -> dict[str, dict[str, Any] | BaseException]:
         """The view of each of ``peers``, or why there is none, asked all at once."""
-        answers = await asyncio.gather(*(self.ask(p, timeout) for p in peers),
+        answers = await asyncio.gather(*(self.ask(p, timeout, payload) for p in peers),
                                        return_exceptions=True)
         return dict(zip(peers, answers, strict=True))
 

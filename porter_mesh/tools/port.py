@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from porter_mesh.core.as2 import Activity
+from porter_mesh.core.tracecontext import TraceContext
 
 __all__ = ["InboxItem", "MeshPort", "QueryResult", "RosterEntry"]
 
@@ -70,12 +71,14 @@ class InboxItem:
         sender: the authenticated sending agent (from the envelope).
         activity: the activity (the plain-text fallback Note for non-JSON payloads).
         received_at: wall-clock arrival time, Unix seconds.
+        trace: the W3C trace context the message carried (its sender's span), if any.
     """
 
     channel: str
     sender: str
     activity: Activity
     received_at: float
+    trace: TraceContext | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,6 +127,7 @@ from porter_mesh.tools.shell import (
     run_command,
 )
 from porter_mesh.tools.workspace import Workspace
+from porter_mesh.tracing.tasks import TaskTracer
 
 __all__ = ["CancelOutcome", "Toolbox"]
 
@@ -190,6 +191,8 @@ class Toolbox:
         external: tools of external MCP servers to add (the caller owns and closes it).
         ledger: the agent's task ledger (one kept in its data directory survives a
             restart); a new one in memory by default.
+        traces: the agent's task spans; each call of a traced task gets an
+            ``execute_tool`` span (see :mod:`porter_mesh.tracing`).
 
     Raises:
         ConfigError: unknown role or tool, a file/shell/git tool without a workspace,
@@ -210,8 +213,10 @@ class Toolbox:
         inbox_limit: int = DEFAULT_INBOX_LIMIT,
         external: ExternalTools | None = None,
         ledger: TaskLedger | None = None,
+        traces: TaskTracer | None = None,
     ) -> None:
         self.port = port
+        self.traces = traces
         self.role = role
         self._specs = {s.name: s for s in specs_for(role, tools)}
         self.external = external
@@ -312,6 +317,12 @@ class Toolbox:
             ToolError: unknown tool, bad arguments, or the tool failed; the message says
                 what to do.
         """
+        if self.traces is None:
+            return self._call(name, arguments)
+        with self.traces.tool_call(name, self.context, arguments):
+            return self._call(name, arguments)
+
+    def _call(self, name: str, arguments: Mapping[str, Any] | None) -> str:
         if self._halted is not None:
             raise ToolError(
                 f"this agent was halted ({self._halted}); stop working and end your turn"

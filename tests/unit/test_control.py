@@ -169,7 +169,8 @@ def _node_kind_tags() -> set[str]:
 def test_the_table_holds_every_kind_the_node_speaks() -> None:
     tags = _node_kind_tags()
     assert {"hb", "ack", "hello", "welcome", "bye", "stats"} <= tags  # the parse works
-    assert tags | {K.KIND_SYNC} == set(K.KINDS)
+    # Registered on top of the node: knowledge sync, and the spans of porter-mesh trace.
+    assert tags | {K.KIND_SYNC, K.KIND_SPANS, K.KIND_SPANS_REPLY} == set(K.KINDS)
 
 
 def test_every_kind_constant_is_in_the_table_once() -> None:
@@ -199,6 +200,21 @@ def test_every_kind_round_trips_through_its_table_entry(tag: str) -> None:
         "bye": K.Bye(), "drain": K.Command("worker-1"), "halt": K.Command(),
         "unsupported": K.Unsupported("sync"), "stats": K.StatsRequest(),
         "stats-reply": K.StatsReply({"name": "a"}), "sync": PullRequest("a", 1, 2),
+        "spans": K.SpansRequest(("ab" * 16,), "urn:porter:task:t1"),
+        "spans-reply": {"agent": "a", "spans": [{"name": "x"}], "ring": {"spans": 1}},
     }
     spec = K.KINDS[tag]
     assert spec.decode(spec.encode(samples[tag])) == samples[tag]
+
+
+def test_spans_requests_are_checked() -> None:
+    for bad in (b"[]", b'{"trace_ids": "x"}', b'{"trace_ids": ["short"]}',
+                b'{"trace_ids": [], "context": 5}',
+                orjson.dumps({"trace_ids": ["a" * 32] * (K.MAX_SPAN_QUERY_IDS + 1)}), b"{"):
+        with pytest.raises(FrameError) as info:
+            K.decode_spans_request(bad)
+        assert info.value.reason == "bad-json", bad
+    with pytest.raises(FrameError):
+        K.decode_spans_reply(b'{"spans": 3}')
+    assert K.decode_spans_request(b'{"trace_ids": ["' + b"AB" * 16 + b'"]}').trace_ids == (
+        "ab" * 16,)

@@ -73,6 +73,8 @@ def reason(exc_info: pytest.ExceptionInfo[FrameError]) -> str:
 
 # -- envelope ------------------------------------------------------------------------
 
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
 
 def test_round_trip_minimal_envelope_uses_short_keys_and_omits_defaults() -> None:
     env = envelope()
@@ -169,6 +171,13 @@ def test_unknown_version(version: object) -> None:
         ("n", None, "count"),
         ("k", "", "kind"),
         ("k", "x" * (MAX_KIND_CHARS + 1), "kind"),
+        ("p", "", "traceparent"),
+        ("p", TRACEPARENT.upper(), "traceparent"),
+        ("p", "00-" + "0" * 32 + TRACEPARENT[35:], "traceparent"),
+        ("p", TRACEPARENT[:36] + "0" * 16 + "-01", "traceparent"),
+        ("p", TRACEPARENT + "-extra", "traceparent"),
+        ("p", "ff" + TRACEPARENT[2:], "traceparent"),
+        ("p", 5, "traceparent"),
     ],
 )
 def test_bad_field_values(key: str, value: object, field: str) -> None:
@@ -223,7 +232,8 @@ def wire_fields(env: Envelope) -> dict[str, Any]:
         "e": env.incarnation,
         "h": env.hlc,
     }
-    optional = {"t": env.recipient, "r": env.ref, "k": env.kind}
+    optional = {"t": env.recipient, "r": env.ref, "k": env.kind,
+                "p": env.traceparent, "q": env.tracestate}
     m.update({key: value for key, value in optional.items() if value is not None})
     if env.count != 1:
         m["n"] = env.count
@@ -478,6 +488,19 @@ envelopes = st.builds(
     ref=st.none() | names,
     count=st.integers(1, MAX_BATCH),
     kind=st.none() | st.text(min_size=1, max_size=MAX_KIND_CHARS),
+    traceparent=st.none(),
+    tracestate=st.none(),
+)
+traceparents = st.builds(
+    lambda t, s, f: f"00-{t:032x}-{s:016x}-{f:02x}",
+    st.integers(1, 2**128 - 1), st.integers(1, 2**64 - 1), st.integers(0, 255),
+)
+tracestates = st.none() | st.text(
+    st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1, max_size=512
+)
+traced = st.builds(
+    lambda env, tp, ts: env._replace(traceparent=tp, tracestate=ts),
+    envelopes, traceparents, tracestates,
 )
 
 
@@ -486,7 +509,7 @@ conventional = envelopes.map(
 )
 
 
-@given(envelopes | conventional)
+@given(envelopes | conventional | traced)
 def test_any_valid_envelope_round_trips(env: Envelope) -> None:
     data = encode_envelope(env)
     assert msgpack.unpackb(data) == wire_fields(env)
@@ -553,12 +576,12 @@ msgpack_values = st.recursive(
 @given(st.dictionaries(st.text(max_size=8), msgpack_values, max_size=6))
 def test_unknown_keys_of_any_kind_decode(extra: dict[str, Any]) -> None:
     known = raw_map()
-    optional = {"i", "t", "r", "n", "k"}
+    optional = {"i", "t", "r", "n", "k", "p", "q"}
     m = {**{k: v for k, v in extra.items() if k not in optional}, **known}
     assert decode_envelope(msgpack.packb(m)) == envelope()
 
 
-WIRE_KEYS = ["v", "i", "f", "c", "s", "e", "h", "t", "r", "n", "k", "x"]
+WIRE_KEYS = ["v", "i", "f", "c", "s", "e", "h", "t", "r", "n", "k", "p", "q", "x"]
 
 
 @given(st.dictionaries(st.sampled_from(WIRE_KEYS), msgpack_values))
@@ -581,3 +604,90 @@ def test_decoded_payload_is_an_activity() -> None:
     assert activity == parse_activity(orjson.dumps(ANNOUNCE))
     assert activity.to_dict() == ANNOUNCE
     assert KIND_ACK == "ack"
+
+
+# -- trace context ---------------------------------------------------------------------
+
+
+def test_trace_context_round_trips_byte_for_byte() -> None:
+    for channel, recipient in (("log", None), ("task:reviewer", "reviewer")):
+        env = envelope(channel=channel, recipient=recipient,
+                       msg_id=make_msg_id(INC, channel, 7),
+                       traceparent=TRACEPARENT, tracestate="rojo=00f067aa0ba902b7,congo=t61")
+        data = encode_envelope(env)
+        wire = msgpack.unpackb(data)
+        assert wire["p"] == TRACEPARENT
+        assert wire["q"] == "rojo=00f067aa0ba902b7,congo=t61"
+        for _ in range(2):  # a traced stream is never read through the prefix cache
+            decoded = decode_envelope(data)
+            assert decoded == env
+            assert encode_envelope(decoded) == data
+    # A later traceparent version may append fields; they travel as received.
+    later = "cc" + TRACEPARENT[2:] + "-what-the-future-holds"
+    env = envelope(traceparent=later)
+    assert decode_envelope(encode_envelope(env)).traceparent == later
+
+
+def test_untraced_envelopes_keep_their_size() -> None:
+    # The fixed layout of the usual message is unchanged: no trace key, no extra byte.
+    assert "p" not in msgpack.unpackb(encode_envelope(envelope()))
+    traced_size = len(encode_envelope(envelope(traceparent=TRACEPARENT)))
+    assert len(encode_envelope(envelope())) + 59 == traced_size  # "p" and a str 8
+
+
+def test_tracestate_needs_a_traceparent() -> None:
+    with pytest.raises(FrameError) as info:
+        decode_envelope(msgpack.packb(raw_map(q="a=b")))
+    assert reason(info) == "bad-field"
+    assert "traceparent" in str(info.value)
+    with pytest.raises(FrameError):
+        encode_envelope(envelope(tracestate="a=b"))
+    with pytest.raises(FrameError) as info:
+        decode_envelope(msgpack.packb(raw_map(p=TRACEPARENT, q="x" * 513)))
+    assert "'tracestate'" in str(info.value)
+
+
+def _previous_codec() -> Any:
+    """The envelope codec as it was before trace context (the last commit without it),
+    loaded from git: what a node of the previous version runs."""
+    import importlib.util
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    try:
+        source = subprocess.run(
+            ["git", "-C", str(root), "show", f"{_BEFORE_TRACING}:porter_mesh/core/envelope.py"],
+            capture_output=True, check=True, timeout=30,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"skipped: no git history with the previous codec here ({exc})", file=sys.stderr)
+        pytest.skip("the previous envelope codec is not in this checkout's git history")
+    spec = importlib.util.spec_from_loader("previous_envelope", loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    exec(compile(source, "previous_envelope.py", "exec"), module.__dict__)
+    return module
+
+
+#: The last commit whose envelope codec knows nothing of trace context.
+_BEFORE_TRACING = "852cd80"
+
+
+def test_a_node_of_the_previous_version_reads_traced_envelopes() -> None:
+    old = _previous_codec()
+    assert "traceparent" not in old.Envelope._fields
+    for env in (
+        envelope(traceparent=TRACEPARENT, tracestate="rojo=1"),
+        envelope(channel="task:r", recipient="r", msg_id=make_msg_id(INC, "task:r", 7),
+                 traceparent=TRACEPARENT, ref="abc.task.1"),
+    ):
+        data = encode_envelope(env)
+        got = old.decode_envelope(data)
+        assert tuple(got) == tuple(env)[:len(old.Envelope._fields)]
+        # ...twice, so that a cached prefix would show too.
+        assert tuple(old.decode_envelope(data)) == tuple(got)
+        # And what it sends (no trace context) this version reads.
+        assert decode_envelope(old.encode_envelope(got)) == env._replace(
+            traceparent=None, tracestate=None)

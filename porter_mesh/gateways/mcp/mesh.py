@@ -46,6 +46,9 @@ from porter_mesh.tools.ledger import TaskLedger
 from porter_mesh.tools.messaging import render_item
 from porter_mesh.tools.port import InboxItem
 from porter_mesh.tools.toolbox import Toolbox
+from porter_mesh.tracing.export import start_tracing
+from porter_mesh.tracing.tasks import TaskTracer
+from porter_mesh.tracing.views import serve_spans
 
 __all__ = ["DEFAULT_RECENT", "DEFAULT_SETTLE", "GatewayAgent", "SettlingPort"]
 
@@ -72,8 +75,8 @@ class SettlingPort(NodePort):
     """
 
     def __init__(self, node: SyncNode, knowledge: SyncKnowledge | None, *,
-                 settle: float) -> None:
-        super().__init__(node, knowledge)
+                 settle: float, traces: TaskTracer | None = None) -> None:
+        super().__init__(node, knowledge, traces=traces)
         self._until = time.monotonic() + settle
         self._lock = threading.Lock()
         self._settled = settle <= 0
@@ -148,14 +151,23 @@ class GatewayAgent:
         self.external = external
         self.node = SyncNode(config)
         self.knowledge: SyncKnowledge | None = None
+        # Spans of the tasks the host works on; an MCP request's _meta trace context is
+        # handed to traces.adopt() by the server.
+        self.tracing = start_tracing(config.name)
+        self.traces = TaskTracer(config.name,
+                                 self.tracing.tracer if self.tracing is not None else None)
+        self.node.node.view_sections["service"] = self.traces.metrics.snapshot
         try:
+            if self.tracing is not None:
+                serve_spans(self.node.node, self.tracing.ring)
             if knowledge and config.data_dir is not None:
                 self.knowledge = attach_knowledge(self.node, knowledge_dir(config.data_dir))
-            self.port = SettlingPort(self.node, self.knowledge, settle=settle)
+            self.port = SettlingPort(self.node, self.knowledge, settle=settle,
+                                     traces=self.traces)
             ledger = TaskLedger(config.name, path=None if config.data_dir is None
                                 else config.data_dir / LEDGER_FILE)
             self.toolbox = Toolbox(self.port, workspace, role=config.role, external=external,
-                                   ledger=ledger)
+                                   ledger=ledger, traces=self.traces)
             # Withdrawals and cancels take effect as they arrive, even during a long call.
             watch_tasks(self.node, self.toolbox, config.name)
             self.node.call_in_loop(lambda: self.node.node.add_handler(self._on_message))
@@ -201,12 +213,16 @@ class GatewayAgent:
 
     def close(self) -> None:
         """Leave the mesh and stop the external servers. Idempotent."""
+        self.traces.close()
         if self.knowledge is not None:
             self.knowledge.close()
             self.knowledge = None
         self.node.close()
         if self.external is not None:
             self.external.close()
+        if self.tracing is not None:
+            self.tracing.close()
+            self.tracing = None
 
     # -- node callbacks (on the node's thread) ---------------------------------------------
 

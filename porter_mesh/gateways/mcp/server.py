@@ -50,6 +50,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Res
 from mcp.shared.exceptions import MCPError
 
 from porter_mesh import __version__
+from porter_mesh.core.tracecontext import TraceContext, valid_traceparent, valid_tracestate
 from porter_mesh.errors import PorterError, ToolError
 from porter_mesh.gateways.mcp.mesh import MESSAGES, ROSTER, GatewayAgent
 from porter_mesh.tools.prompt import MESSAGING_SECTION
@@ -167,6 +168,13 @@ class McpGateway:
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams
                          ) -> types.CallToolResult:
+        # W3C trace context in the request's _meta (as OpenTelemetry's MCP conventions
+        # carry it): a task the host creates with this call joins the host's trace. The
+        # MCP SDK's own instrumentation may also make it the current context; this does
+        # not depend on that.
+        trace = _trace_of_meta(params.meta)
+        if trace is not None:
+            self.agent.traces.adopt(trace)
         try:
             text = await anyio.to_thread.run_sync(self._run_tool, params.name,
                                                   params.arguments, abandon_on_cancel=True)
@@ -254,6 +262,19 @@ class McpGateway:
                         await session.send_resource_updated(uri)
                     except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                         self._subscribed[uri].discard(session)
+
+
+def _trace_of_meta(meta: Any) -> TraceContext | None:
+    """The ``traceparent``/``tracestate`` of an MCP request's ``_meta``, if valid."""
+    if meta is None:
+        return None
+    fields = meta.model_dump() if hasattr(meta, "model_dump") else dict(meta)
+    traceparent = fields.get("traceparent")
+    if not valid_traceparent(traceparent):
+        return None
+    tracestate = fields.get("tracestate")
+    return TraceContext(str(traceparent),
+                        str(tracestate) if valid_tracestate(tracestate) else None)
 
 
 def _text_result(text: str, *, error: bool) -> types.CallToolResult:

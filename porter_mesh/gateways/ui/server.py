@@ -89,6 +89,7 @@ from porter_mesh.gateways.ui.stats import StatsPoller
 from porter_mesh.node.knowledge import FIRST_WRITE_WAIT, Knowledge
 from porter_mesh.node.node import Message, Node
 from porter_mesh.tools.messaging import check_channel, compose, default_type, normalise_context
+from porter_mesh.tracing.metrics import prometheus_text
 
 __all__ = ["BATCH_INTERVAL", "COOKIE", "MAX_BODY", "PROFILE_QUERY", "Dashboard", "new_token",
            "peer_record"]
@@ -562,6 +563,7 @@ class Dashboard:
         for method, path, handler in api:
             app.router.add_route(method, path, handler)
         app.router.add_get("/", self._index)
+        app.router.add_get("/metrics", self._metrics)
         if _STATIC.is_dir():
             app.router.add_static("/static/", _STATIC)
         return app
@@ -581,7 +583,8 @@ class Dashboard:
             self.counters["refused.host"] += 1
             return _error(403, "host", f"Host {request.host[:100]!r} is not this dashboard; "
                           f"open http://127.0.0.1:{self.port}/ (DNS rebinding is refused)")
-        api = request.path.startswith("/api/")
+        # /metrics (Prometheus text) holds the agents' numbers: it needs the token too.
+        api = request.path.startswith("/api/") or request.path == "/metrics"
         if request.method == "POST":
             site = request.headers.get("Sec-Fetch-Site", "same-origin")
             origin = request.headers.get("Origin")
@@ -630,6 +633,17 @@ class Dashboard:
     async def _peers(self, request: web.Request) -> web.StreamResponse:
         return _json({"self": self.me, "mesh": self.node.config.mesh, "peers": self.peers(),
                       "log": self.log.status()})
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        """The agents' service metrics (from their last views) as Prometheus text."""
+        services = {}
+        for peer in self.node.peers():
+            view = self.stats.stats(peer.name)
+            if view is not None and isinstance(view.get("service"), dict):
+                services[peer.name] = view["service"]
+        return web.Response(text=prometheus_text(services),
+                            content_type="text/plain", charset="utf-8",
+                            headers={"Cache-Control": "no-store"})
 
     async def _tasks(self, request: web.Request) -> web.StreamResponse:
         return _json({"tasks": self.tracker.tasks()})

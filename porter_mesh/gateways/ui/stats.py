@@ -34,6 +34,7 @@ from typing import Any, Final
 from porter_mesh.errors import PorterError
 from porter_mesh.node.node import Node
 from porter_mesh.node.views import ViewClient, ViewUnsupported
+from porter_mesh.tracing.metrics import service_record
 
 __all__ = ["AGENT_METRICS", "INTERVAL", "MAX_BACKOFF", "MAX_IN_FLIGHT", "TIMEOUT",
            "StatsPoller", "StatsSchedule", "stats_record"]
@@ -72,7 +73,9 @@ def stats_record(view: Mapping[str, Any]) -> dict[str, Any]:
         ``subscribers``), ``knowledge`` (``observations`` and ``retractions``, or
         ``None`` without a replica) and, when the view has an ``agent`` section,
         ``agent``: its ``brain`` and ``model`` and those of :data:`AGENT_METRICS` it
-        reports. A value of the wrong type is ``None``.
+        reports; ``service``: its service metrics, checked
+        (:func:`~porter_mesh.tracing.metrics.service_record`), when it reports them. A
+        value of the wrong type is ``None``.
     """
     queues = view.get("queues")
     queues = queues if isinstance(queues, Mapping) else {}
@@ -91,6 +94,9 @@ def stats_record(view: Mapping[str, Any]) -> dict[str, Any]:
             agent["model"] = _text(brain.get("model"))
         agent.update({key: _count(brain[key]) for key in AGENT_METRICS if key in brain})
         out["agent"] = agent
+    service = service_record(view.get("service"))
+    if service is not None:
+        out["service"] = service  # tasks, tools and model calls, for /metrics
     return out
 
 

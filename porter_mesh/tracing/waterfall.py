@@ -1,0 +1,175 @@
+"""A trace as a waterfall: span records gathered from the agents, drawn as a tree with
+start offsets and durations, the slowest path marked, and what is missing said.
+
+Pure: takes records (:data:`~.ring.SpanRecord`), returns rows and text.
+
+The slowest path starts at the earliest root and, at each span, follows the child whose
+subtree (the child and everything under it, across agents) takes longest from the
+child's start to the subtree's last end: where the time went. A span whose parent is not
+among the records (its agent restarted, its ring overflowed, or it did not answer) is
+drawn as a root of its own, marked ``?``, and named in :attr:`Waterfall.missing`,
+rather than hung under a wrong parent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from porter_mesh.tracing.ring import SpanRecord
+
+__all__ = ["Row", "Waterfall", "build_waterfall", "render_waterfall"]
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One span of the waterfall.
+
+    Attributes:
+        depth: nesting level (0 for a root).
+        agent: the service that made the span.
+        name: the span name.
+        offset_ms: start, in milliseconds after the trace's first span.
+        duration_ms: duration in milliseconds.
+        status: ``unset``, ``ok`` or ``error`` (with the message after a colon).
+        slowest: on the slowest path.
+        orphan: its parent span is missing.
+        record: the span record.
+    """
+
+    depth: int
+    agent: str
+    name: str
+    offset_ms: float
+    duration_ms: float
+    status: str
+    slowest: bool
+    orphan: bool
+    record: SpanRecord
+
+
+@dataclass
+class Waterfall:
+    """A trace drawn from span records.
+
+    Attributes:
+        trace_ids: the traces shown.
+        rows: the spans in tree order.
+        missing: parent span ids referred to but not found.
+        notes: what else a reader must know (agents that did not answer, rings that
+            dropped spans).
+    """
+
+    trace_ids: list[str]
+    rows: list[Row] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """One root per trace and no missing parent."""
+        roots = sum(1 for r in self.rows if r.depth == 0)
+        return not self.missing and roots == len(self.trace_ids)
+
+
+def build_waterfall(records: Iterable[SpanRecord], notes: Sequence[str] = ()) -> Waterfall:
+    """Arrange span records as a tree.
+
+    Args:
+        records: spans of one or more traces, from any number of agents (duplicates,
+            e.g. from an agent asked twice, are dropped).
+        notes: messages to carry along (who did not answer).
+
+    Returns:
+        The waterfall.
+    """
+    spans: dict[str, SpanRecord] = {}
+    for record in records:
+        spans.setdefault(record["span_id"], record)
+    ordered = sorted(spans.values(), key=lambda r: (r["start_ns"], r["span_id"]))
+    children: dict[str, list[SpanRecord]] = {}
+    roots: list[SpanRecord] = []
+    missing: list[str] = []
+    for record in ordered:
+        parent = record.get("parent_id")
+        if parent is not None and parent in spans:
+            children.setdefault(parent, []).append(record)
+        else:
+            roots.append(record)
+            if parent is not None and parent not in missing:
+                missing.append(parent)
+    trace_ids = sorted({r["trace_id"] for r in ordered})
+    result = Waterfall(trace_ids, missing=missing, notes=list(notes))
+    if not ordered:
+        return result
+    first = ordered[0]["start_ns"]
+    subtree_end: dict[str, int] = {}
+    for record in reversed(ordered):  # children start after their parents: done first
+        ends = [subtree_end.get(c["span_id"], c["end_ns"])
+                for c in children.get(record["span_id"], [])]
+        subtree_end[record["span_id"]] = max([record["end_ns"], *ends])
+    slowest: set[str] = set()
+    if roots:
+        node: SpanRecord | None = roots[0]
+        while node is not None:
+            slowest.add(node["span_id"])
+            kids = children.get(node["span_id"], [])
+            node = max(kids, key=lambda r: subtree_end[r["span_id"]] - r["start_ns"],
+                       default=None)
+
+    def walk(record: SpanRecord, depth: int) -> None:
+        status = record.get("status", "unset")
+        if record.get("status_message"):
+            status = f"{status}: {record['status_message']}"
+        result.rows.append(Row(
+            depth=depth, agent=str(record.get("service", "")), name=record["name"],
+            offset_ms=(record["start_ns"] - first) / 1e6,
+            duration_ms=max(0, record["end_ns"] - record["start_ns"]) / 1e6,
+            status=status, slowest=record["span_id"] in slowest,
+            orphan=depth == 0 and record.get("parent_id") is not None, record=record))
+        for child in children.get(record["span_id"], []):
+            walk(child, depth + 1)
+
+    for root in roots:
+        walk(root, 0)
+    return result
+
+
+def _ms(value: float) -> str:
+    return f"{value / 1000:.2f}s" if value >= 1000 else f"{value:.1f}ms"
+
+
+def render_waterfall(waterfall: Waterfall, *, width: int = 40) -> str:
+    """The waterfall as text for a terminal.
+
+    Args:
+        waterfall: what :func:`build_waterfall` made.
+        width: columns of the bar chart.
+
+    Returns:
+        Lines: a header, one per span (``*`` on the slowest path, ``?`` where the parent
+        is missing), then what is missing.
+    """
+    if not waterfall.rows:
+        lines = ["no spans found for this trace: the agents that had them may have "
+                 "restarted, or their rings overflowed"]
+        return "\n".join(lines + [f"note: {n}" for n in waterfall.notes])
+    total = max(r.offset_ms + r.duration_ms for r in waterfall.rows) or 1.0
+    lines = [f"trace {', '.join(waterfall.trace_ids)}: {len(waterfall.rows)} span(s) in "
+             f"{_ms(total)}; * marks the slowest path",
+             f"  {'AGENT':14} {'SPAN':44} {'START':>9} {'DURATION':>9}  {'STATUS':8} TIMELINE"]
+    for row in waterfall.rows:
+        mark = "?" if row.orphan else ("*" if row.slowest else " ")
+        label = ("  " * row.depth + row.name)[:44]
+        start = int(row.offset_ms / total * width)
+        length = max(1, int(row.duration_ms / total * width))
+        bar = " " * start + "#" * min(length, width - start if start < width else 1)
+        lines.append(f"{mark} {row.agent[:14]:14} {label:44} {_ms(row.offset_ms):>9} "
+                     f"{_ms(row.duration_ms):>9}  {row.status[:8]:8} |{bar:{width}}|")
+    if waterfall.missing:
+        shown = ", ".join(waterfall.missing[:4]) + (", ..." if len(waterfall.missing) > 4 else "")
+        lines.append(f"missing: {len(waterfall.missing)} parent span(s) of the spans marked ? "
+                     f"were not found ({shown}); their agents may have restarted, dropped them "
+                     "from their rings, or not answered: the tree is partial")
+    lines += [f"note: {n}" for n in waterfall.notes]
+    return "\n".join(lines)
