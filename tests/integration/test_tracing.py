@@ -220,7 +220,8 @@ def test_the_clis_traceparent_is_continued_by_the_agent(
         out = cli("request", "task:w1", "do X", "--type", "Offer", "--mesh", mesh,
                   "--timeout", "60", "--wait", "20", "--traceparent", parent,
                   "--tracestate", "vendor=1")
-        assert out.returncode == 0, out.stderr
+        # request follows the task until it waits on the requester's review: status 1.
+        assert out.returncode == 1 and "waiting for your review" in out.stderr, out.stderr
     finally:
         worker.stop()
     assert receiver.wait_for(lambda spans: any(s.name == "invoke_agent w1" for s in spans), 20)
@@ -335,7 +336,7 @@ def test_the_dashboards_metrics_are_prometheus_text_behind_the_token(tmp_path: P
     try:
         done = cli("request", "task:w1", "do X", "--type", "Offer", "--mesh", mesh,
                    "--timeout", "60", "--wait", "20")
-        assert done.returncode == 0, done.stderr
+        assert done.returncode == 1 and "waiting for your review" in done.stderr, done.stderr
 
         async def scrape(session: aiohttp.ClientSession) -> tuple[int, str]:
             async with session.get(ui.base + "/metrics") as resp:
