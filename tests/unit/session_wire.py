@@ -86,16 +86,19 @@ class Wire:
         fault: called for every frame put on the wire; returns the delays of its
             copies (``[]`` drops it, two values duplicate it). Default: one copy after
             ``latency``.
+        roles: an endpoint's role when not ``worker``.
+        overrides: endpoint settings other than :data:`SETTINGS`.
     """
 
     def __init__(self, *names: str, latency: float = 0.01, journal: bool = True,
                  fault: Callable[[str, Frame], list[float]] | None = None,
-                 roles: dict[str, str] | None = None) -> None:
+                 roles: dict[str, str] | None = None, **overrides: float) -> None:
         self.now = 0.0
         self.latency = latency
         self.journal = journal
         self.fault = fault
         self.roles = roles or {}
+        self.settings = {**SETTINGS, **overrides}
         self.in_flight: list[InFlight] = []
         self._tie = itertools.count()
         self._tokens = itertools.count(1)
@@ -120,7 +123,7 @@ class Wire:
 
     def _endpoint(self, name: str) -> Endpoint[int]:
         return Endpoint(advert(name, next(self._incarnations), self.roles.get(name, "worker")),
-                        journal=self.journal, now=self.now, **SETTINGS)  # type: ignore[arg-type]
+                        journal=self.journal, now=self.now, **self.settings)  # type: ignore[arg-type]
 
     def _say_hello(self, name: str) -> None:
         endpoint = self.sides[name].endpoint
