@@ -144,6 +144,8 @@ def test_a_restarted_sender_is_a_new_stream_and_its_old_frames_are_refused() -> 
     assert new != old
     wire.advance(0.5)
     assert ("left", "a", "restarted") in wire.sides["b"].events
+    # The old incarnation's stream is dropped with it, before the new one sends.
+    assert wire.endpoint("b").receiver.tracker.incarnation("a") is None
     token = wire.send("a", "b", b"one again")  # seq 1 of the new incarnation
     wire.advance(31.0)
     assert wire.outcome(token) == ["settled"]
@@ -165,6 +167,25 @@ def test_a_restarted_receiver_does_not_deliver_its_journal_twice() -> None:
     assert wire.outcome(token) == ["settled"]
     assert len(wire.direct_delivered("b")) == 1
     assert wire.sides["b"].counters["duplicate.direct"] >= 1
+
+
+def test_a_restarted_receiver_gets_what_is_in_flight_at_once() -> None:
+    def lose_directs_to_the_first_b(dest: str, frame: Frame) -> list[float]:
+        if isinstance(frame, DirectFrame) and wire.sides["b"].restarts == 0:
+            return []
+        return [0.01]
+
+    wire = joined(Wire("a", "b", fault=lose_directs_to_the_first_b))
+    token = wire.send("a", "b", timeout=20.0)
+    wire.advance(6.0)
+    outbox = wire.endpoint("a").outbox
+    wire.run(outbox.next_due + 0.001)  # just after a resend: the next is far
+    assert outbox.next_due - wire.now > 1.0
+    resent = outbox.resent
+    wire.restart("b")
+    wire.advance(0.1)  # its hello: everything in flight goes to the new b now
+    assert wire.outcome(token) == ["settled"]
+    assert outbox.resent == resent + 1
 
 
 def test_a_dropped_broadcast_is_counted_as_a_gap() -> None:

@@ -19,7 +19,8 @@ and says what to do as an ordered list of :data:`Action` values instead of doing
                           HELD       --> [Count]                              (no ack)
                           no room... --> [Count]                              (no ack)
     receive(ack)    --> Outbox.acked --> [Settle(token)...]
-    receive(hello)  --> PeerTable.found --> [PeerChanged..., SendFrame(welcome)]
+    receive(hello)  --> PeerTable.found --> [PeerChanged(joined), SendFrame(hello),
+                                             SendFrame(resend)..., SendFrame(welcome)]
     receive(broadcast) --> roster? --> SequenceTracker --> [Count(lost.broadcast)?, Deliver]
     receive(bye)    --> PeerTable.left --> [PeerChanged(left), Fail(left)... for a seat]
 
@@ -394,7 +395,10 @@ class Endpoint(Generic[T]):
             actions.append(PeerChanged(event))
             name = event.peer.name
             if event.kind is PeerEventKind.JOINED:
-                # Anything still in flight to this name goes to the new connection now.
+                # A new connection starts with a hello (so the peer knows this node
+                # before anything else arrives on it); then anything still in flight
+                # to this name goes to it at once.
+                actions.append(SendFrame(HelloFrame(self.advert, name)))
                 for entry in self.outbox.retry_now(name, now):
                     actions.append(SendFrame(self._frames[(name, entry.first_seq)]))
             elif event.kind is PeerEventKind.LEFT:
