@@ -147,6 +147,15 @@ class Wire:
         side.paused = False
         self._say_hello(name)
 
+    def pause(self, name: str) -> None:
+        """Stop ``name`` (SIGSTOP): it reads nothing and its timer does not fire."""
+        self.sides[name].paused = True
+
+    def resume(self, name: str) -> None:
+        """Continue ``name``; like the node after a pause, it re-introduces itself."""
+        self.sides[name].paused = False
+        self._say_hello(name)
+
     # -- acting -----------------------------------------------------------------------
 
     def send(self, src: str, dst: str, payload: bytes = b"x", *, timeout: float = 10.0,

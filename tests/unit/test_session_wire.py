@@ -102,6 +102,19 @@ def test_an_idempotency_key_past_its_window_is_delivered_again() -> None:
     assert wire.sides["b"].counters["duplicate.key"] == 0
 
 
+def test_an_idempotency_key_outlives_the_receivers_restart() -> None:
+    wire = joined(Wire("a", "b"))
+    wire.send("a", "b", key="order-1")
+    wire.advance(0.5)
+    wire.restart("b")  # the key is in its journal, with the wall time it arrived
+    wire.advance(0.5)
+    again = wire.send("a", "b", key="order-1")
+    wire.advance(0.5)
+    assert wire.outcome(again) == ["settled"]
+    assert len(wire.direct_delivered("b")) == 1
+    assert wire.sides["b"].counters["duplicate.key"] == 1
+
+
 def test_a_duplicated_message_is_delivered_once_and_settles_once() -> None:
     def twice(dest: str, frame: Frame) -> list[float]:
         return [0.01, 0.05] if isinstance(frame, DirectFrame) else [0.01]

@@ -1,6 +1,6 @@
 """A property-based state machine over the in-memory wire: three endpoints send direct
 messages (some keyed) while the wire drops, duplicates, delays and reorders frames, disks
-fill, inboxes shrink and endpoints restart. Whatever happens:
+fill, inboxes shrink, endpoints pause and restart. Whatever happens:
 
 * each direct message is delivered at most once per sender incarnation, across the
   receiver's restarts (its journal is restored);
@@ -87,6 +87,20 @@ class WireMachine(RuleBasedStateMachine):
     def restart(self, name: str) -> None:
         self.wire.restart(name)
 
+    @rule(name=names)
+    def pause(self, name: str) -> None:
+        self.wire.pause(name)
+
+    @precondition(lambda self: any(s.paused for s in self.wire.sides.values()))
+    @rule(name=names)
+    def resume(self, name: str) -> None:
+        if self.wire.sides[name].paused:
+            self.wire.resume(name)
+
+    @rule(seconds=st.floats(2.0, 10.0))
+    def wait_long(self, seconds: float) -> None:
+        self.wire.advance(seconds)
+
     @invariant()
     def delivered_at_most_once_per_incarnation(self) -> None:
         for name in NAMES:
@@ -115,8 +129,10 @@ class WireMachine(RuleBasedStateMachine):
         wire = getattr(self, "wire", None)
         if wire is None:
             return
-        for side in wire.sides.values():
-            side.disk_full, side.room, side.paused = False, None, False
+        for name, side in wire.sides.items():
+            side.disk_full, side.room = False, None
+            if side.paused:
+                wire.resume(name)
         wire.run(wire.now + TIMEOUT + 1.0)
         resolved = Counter(wire.settled + [t for t, _ in wire.failed])
         assert set(resolved) == set(wire.tokens), set(wire.tokens) - set(resolved)
