@@ -308,3 +308,25 @@ def test_an_unknown_sender_is_not_acknowledged_until_it_has_said_hello() -> None
     wire.carry("a", wire.endpoint("a").hello("b"))  # re-contact introduces it
     wire.advance(2.0)
     assert wire.outcome(token) == ["settled"]
+
+
+def test_too_much_in_flight_fails_the_next_send_at_once() -> None:
+    wire = joined(Wire("a", "b", max_pending=2))
+    wire.pause("b")
+    waiting = [wire.send("a", "b"), wire.send("a", "b")]
+    over = wire.send("a", "b")
+    assert wire.outcome(over) == ["overflow"]
+    wire.resume("b")
+    wire.advance(3.0)
+    assert [wire.outcome(t) for t in waiting] == [["settled"]] * 2
+
+
+def test_closing_says_goodbye_and_fails_what_is_in_flight() -> None:
+    wire = joined(Wire("a", "b"))
+    wire.pause("b")
+    token = wire.send("a", "b")
+    wire.resume("b")
+    wire.carry("a", wire.endpoint("a").close())
+    assert wire.outcome(token) == ["closed"]
+    wire.advance(0.1)
+    assert ("left", "a", "goodbye") in wire.sides["b"].events

@@ -49,7 +49,7 @@ from porter_mesh.core.outbox import Outbox, Pending
 from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerTable
 from porter_mesh.core.sequence import SequenceTracker, SeqVerdict
 from porter_mesh.core.session.keys import KEY_PREFIX
-from porter_mesh.core.session.receiving import SEQUENCE_WINDOW, DirectReceiver, Verdict
+from porter_mesh.core.session.receiving import DirectReceiver, Verdict
 
 __all__ = [
     "AckFrame", "Action", "BroadcastFrame", "ByeFrame", "Count", "Deliver", "DirectFrame",
@@ -169,8 +169,9 @@ class Settle(Generic[T]):
 @dataclass(frozen=True, slots=True)
 class Fail(Generic[T]):
     """The send behind ``token`` failed: ``reason`` is ``deadline`` (not acknowledged
-    in time), ``overflow`` (too much in flight to ``recipient``) or ``left`` (the
-    recipient said goodbye)."""
+    in time), ``overflow`` (too much in flight to ``recipient``), ``left`` (the
+    recipient, a command line's seat, said goodbye) or ``closed`` (this node closed
+    first)."""
 
     token: T
     recipient: str
@@ -224,7 +225,7 @@ class Endpoint(Generic[T]):
         self.receiver = DirectReceiver(key_window=key_window)
         self.peers = PeerTable(evasive_after=evasive_after, expire_after=expire_after)
         # Broadcasts: a late joiner starts where it joins (Node's _btracker).
-        self.btracker = SequenceTracker(window=SEQUENCE_WINDOW, from_start=False)
+        self.btracker = SequenceTracker(from_start=False)
         self._bseq: dict[str, int] = {}
         # The outbox keeps the node's encoded frames; here the typed frame rides beside
         # each entry, keyed as the outbox keys it.
