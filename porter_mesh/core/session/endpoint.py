@@ -437,12 +437,26 @@ class Endpoint(Generic[T]):
     # -- time -----------------------------------------------------------------------
 
     def next_deadline(self) -> float:
-        """When :meth:`timer` next has something to do (``Node._next_deadline``)."""
+        """When :meth:`timer` next has something to do (``Node._next_deadline``).
+
+        Returns:
+            Monotonic seconds: the next heartbeat, resend or send deadline. May be
+            early, never late (a settled send's old time is found, then passed over).
+        """
         return min(self._beat_due, self.outbox.next_due)
 
     def timer(self, now: float) -> list[Action[T]]:
         """Time passed to ``now`` (``Node._tick``): resends, failed sends, and on the
-        heartbeat's cadence a heartbeat and the peers' silence check."""
+        heartbeat's cadence a heartbeat and the peers' silence check.
+
+        Args:
+            now: monotonic time now (at or after :meth:`next_deadline` to do anything).
+
+        Returns:
+            Resends (only to peers on the roster: the others get theirs when they join),
+            ``Fail(deadline)`` for each send past its deadline, then the heartbeat and
+            the roster's changes.
+        """
         actions: list[Action[T]] = []
         resend, failed = self.outbox.poll(now)
         for entry in resend:
