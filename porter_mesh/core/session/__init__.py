@@ -3,5 +3,8 @@ times and say what to do, with no socket, no event loop and no clock of their ow
 
 * :mod:`.keys`: the receiver's idempotency-key window (wall time passed in);
 * :mod:`.receiving`: the verdict on each arrival of a direct message (new, duplicate,
-  held, or refused for want of room), which the node carries out.
+  held, or refused for want of room), which the node carries out;
+* :mod:`.endpoint`: one node's end composed of those pure pieces and the outbox, the
+  sequence trackers and the roster (sending, receiving, broadcasts), returning ordered
+  actions; the unit tests drive endpoints over an in-memory wire.
 """

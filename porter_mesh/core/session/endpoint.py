@@ -1,0 +1,472 @@
+"""One node's end of the mesh protocol as a pure state machine: direct sending with
+acknowledgement, direct receiving with de-duplication, broadcasts with gap counting, and
+the roster of peers, all driven by frames, timer expiries and an explicit ``now``.
+
+Theory of operation
+-------------------
+An :class:`Endpoint` composes the core's pure pieces the way the node glues them today,
+and says what to do as an ordered list of :data:`Action` values instead of doing it:
+
+::
+
+    send()  --> Outbox.allocate/add --> [SendFrame(direct)]        (or [Fail] when full)
+    timer() --> Outbox.poll         --> [SendFrame(resend)...,  Fail(deadline)...]
+            --> PeerTable.tick      --> [PeerChanged(evasive | left expired)...]
+    receive(direct) --> roster? --no--> [Count(dropped.unknown-peer)]        (no ack)
+                    --> DirectReceiver.admit
+                          NEW        --> [Journal, Deliver, SendFrame(ack)]
+                          DUPLICATE* --> [Count, SendFrame(ack)]
+                          HELD       --> [Count]                              (no ack)
+                          no room... --> [Count]                              (no ack)
+    receive(ack)    --> Outbox.acked --> [Settle(token)...]
+    receive(hello)  --> PeerTable.found --> [PeerChanged(joined), SendFrame(hello),
+                                             SendFrame(resend)..., SendFrame(welcome)]
+    receive(broadcast) --> roster? --> SequenceTracker --> [Count(lost.broadcast)?, Deliver]
+    receive(bye)    --> PeerTable.left --> [PeerChanged(left), Fail(left)... for a seat]
+
+"Journal before deliver before acknowledge" is the order of the list the receiving side
+returns. The driver carries the actions out in order; when a :class:`Journal` cannot be
+written (a full disk) it stops there and calls :meth:`Endpoint.journal_failed`, so the
+message is neither delivered nor acknowledged and its retry is judged new again.
+
+The rules are the node's, not new ones: each method names the method of
+:class:`porter_mesh.node.node.Node` whose rule it encodes. Frames are typed values here
+(the node encodes them as envelopes and control bodies, see :mod:`..control`); a
+completion token is opaque (the node keeps futures in it).
+
+Pure: no sockets, no event loop, no clock; ``now`` is monotonic seconds and ``wall`` is
+seconds since the epoch (for idempotency keys only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from porter_mesh.core.advert import PeerAdvert
+from porter_mesh.core.constants import ROLE_SEAT
+from porter_mesh.core.outbox import Outbox, Pending
+from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerTable
+from porter_mesh.core.sequence import SequenceTracker, SeqVerdict
+from porter_mesh.core.session.keys import KEY_PREFIX
+from porter_mesh.core.session.receiving import DirectReceiver, Verdict
+
+__all__ = [
+    "AckFrame", "Action", "BroadcastFrame", "ByeFrame", "Count", "Deliver", "DirectFrame",
+    "Endpoint", "Fail", "Frame", "HeartbeatFrame", "HelloFrame", "Journal", "PeerChanged",
+    "SendFrame",
+    "Settle", "WelcomeFrame",
+]
+
+T = TypeVar("T")
+
+
+# -- frames ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DirectFrame:
+    """A direct message (``task:<recipient>``) of ``count`` activities from ``seq``."""
+
+    sender: str
+    incarnation: int
+    recipient: str
+    seq: int
+    count: int
+    msg_id: str
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AckFrame:
+    """``ack``: the direct messages of ``recipient`` received by ``sender``, each named
+    by its first sequence number."""
+
+    sender: str
+    incarnation: int
+    recipient: str
+    firsts: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BroadcastFrame:
+    """A broadcast on ``channel``, numbered per (sender, channel)."""
+
+    sender: str
+    incarnation: int
+    channel: str
+    seq: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class HelloFrame:
+    """``hello``: the sender introduces itself to ``recipient``."""
+
+    advert: PeerAdvert
+    recipient: str
+
+
+@dataclass(frozen=True, slots=True)
+class WelcomeFrame:
+    """``welcome``: the answer to a hello, the answerer's introduction."""
+
+    advert: PeerAdvert
+    recipient: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatFrame:
+    """``hb`` on the control channel: the sender is alive."""
+
+    sender: str
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class ByeFrame:
+    """``bye`` on the control channel: the sender leaves the mesh."""
+
+    sender: str
+    incarnation: int
+
+
+Frame = (DirectFrame | AckFrame | BroadcastFrame | HelloFrame | WelcomeFrame | HeartbeatFrame
+         | ByeFrame)
+
+
+# -- actions --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SendFrame:
+    """Put ``frame`` on the wire (a broadcast goes to every subscriber)."""
+
+    frame: Frame
+
+
+@dataclass(frozen=True, slots=True)
+class Journal:
+    """Write ``frame`` to the delivery journal before anything else is done with it."""
+
+    frame: DirectFrame
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Hand ``frame``'s activities to the application (inbox or handlers)."""
+
+    frame: DirectFrame | BroadcastFrame
+
+
+@dataclass(frozen=True, slots=True)
+class Settle(Generic[T]):
+    """The send behind ``token`` was acknowledged."""
+
+    token: T
+
+
+@dataclass(frozen=True, slots=True)
+class Fail(Generic[T]):
+    """The send behind ``token`` failed: ``reason`` is ``deadline`` (not acknowledged
+    in time), ``overflow`` (too much in flight to ``recipient``), ``left`` (the
+    recipient, a command line's seat, said goodbye) or ``closed`` (this node closed
+    first)."""
+
+    token: T
+    recipient: str
+    reason: str
+    attempts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """Add ``n`` to the counter ``name`` (what ``porter-mesh stats`` shows)."""
+
+    name: str
+    n: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PeerChanged:
+    """The roster changed (the node connects, disconnects and tells listeners)."""
+
+    event: PeerEvent
+
+
+Action = SendFrame | Journal | Deliver | Settle[T] | Fail[T] | Count | PeerChanged
+
+
+class Endpoint(Generic[T]):
+    """One node's protocol state.
+
+    Args:
+        advert: what this node announces (its name and incarnation are its identity).
+        retry_initial, retry_max, max_pending: the :class:`~porter_mesh.core.outbox.Outbox`
+            settings.
+        key_window: seconds (wall clock) an idempotency key is remembered.
+        evasive_after, expire_after: peer silence bounds (:class:`PeerTable`).
+        heartbeat_interval: seconds between heartbeats, which also check peer silence.
+        journal: whether received direct messages are journaled before delivery (else
+            acknowledged once the application takes them, :meth:`taken`).
+    """
+
+    def __init__(self, advert: PeerAdvert, *, retry_initial: float, retry_max: float,
+                 max_pending: int, key_window: float, evasive_after: float,
+                 expire_after: float, heartbeat_interval: float, journal: bool = True,
+                 now: float = 0.0) -> None:
+        self.advert = advert
+        self.name = advert.name
+        self.incarnation = advert.incarnation
+        self.journal = journal
+        self.heartbeat_interval = heartbeat_interval
+        self.outbox: Outbox[T] = Outbox(retry_initial=retry_initial, retry_max=retry_max,
+                                        max_pending=max_pending)
+        self.receiver = DirectReceiver(key_window=key_window)
+        self.peers = PeerTable(evasive_after=evasive_after, expire_after=expire_after)
+        # Broadcasts: a late joiner starts where it joins (Node's _btracker).
+        self.btracker = SequenceTracker(from_start=False)
+        self._bseq: dict[str, int] = {}
+        # The outbox keeps the node's encoded frames; here the typed frame rides beside
+        # each entry, keyed as the outbox keys it.
+        self._frames: dict[tuple[str, int], DirectFrame] = {}
+        self._beat_due = now + heartbeat_interval
+
+    # -- sending --------------------------------------------------------------------
+
+    def hello(self, recipient: str) -> list[Action[T]]:
+        """Introduce this node to ``recipient`` (a seed, or a peer found by discovery)."""
+        return [SendFrame(HelloFrame(self.advert, recipient))]
+
+    def send(self, recipient: str, payload: bytes, *, now: float, deadline: float,
+             token: T, count: int = 1, key: str | None = None) -> list[Action[T]]:
+        """Send one direct message (the rule of ``Node._flush_direct_run``).
+
+        Args:
+            recipient: the agent it is for.
+            payload: the encoded activities.
+            now: monotonic time now.
+            deadline: monotonic time after which the send fails.
+            token: the caller's completion handle, settled or failed exactly once.
+            count: activities in the payload.
+            key: an idempotency key; it travels as the message id (``k:`` and the key).
+
+        Returns:
+            ``[SendFrame]`` when the recipient is on the roster (else the message waits
+            in the outbox for it to join), or ``[Fail(overflow)]`` when ``max_pending``
+            messages to it already wait for acknowledgement.
+        """
+        try:
+            first = self.outbox.allocate(recipient, count)
+        except OverflowError:
+            return [Fail(token, recipient, "overflow")]
+        msg_id = KEY_PREFIX + key if key is not None else f"{self.name}-{first}"
+        frame = DirectFrame(self.name, self.incarnation, recipient, first, count, msg_id,
+                            payload)
+        self.outbox.add(recipient, first, count, [], deadline=deadline, now=now, token=token)
+        self._frames[(recipient, first)] = frame
+        return [SendFrame(frame)] if recipient in self.peers else []
+
+    def _forget_frame(self, entry: Pending[T]) -> None:
+        self._frames.pop((entry.recipient, entry.first_seq), None)
+
+    def broadcast(self, channel: str, payload: bytes) -> list[Action[T]]:
+        """Publish on ``channel``: best effort, numbered per channel so loss shows."""
+        seq = self._bseq.get(channel, 0) + 1
+        self._bseq[channel] = seq
+        return [SendFrame(BroadcastFrame(self.name, self.incarnation, channel, seq, payload))]
+
+    # -- receiving ------------------------------------------------------------------
+
+    def receive(self, frame: Frame, *, now: float, wall: float, room: int | None = None,
+                consumer: bool = True, held_full: bool = False) -> list[Action[T]]:
+        """One frame arrived.
+
+        Args:
+            frame: the decoded frame.
+            now: monotonic time now.
+            wall: wall time now (idempotency keys).
+            room, consumer, held_full: the application's state, as
+                :meth:`DirectReceiver.admit` takes them.
+
+        Returns:
+            What to do, in order.
+        """
+        if isinstance(frame, DirectFrame):
+            return self._on_direct(frame, now, wall, room, consumer, held_full)
+        if isinstance(frame, AckFrame):
+            return self._on_ack(frame, now)
+        if isinstance(frame, HelloFrame | WelcomeFrame):
+            actions = self._peer_events(self.peers.found(frame.advert, now), now)
+            if isinstance(frame, HelloFrame):
+                actions.append(SendFrame(WelcomeFrame(self.advert, frame.advert.name)))
+            return actions
+        if isinstance(frame, ByeFrame):
+            # The rule of Node._on_control for ``bye``.
+            return self._peer_events(self.peers.left(frame.sender, frame.incarnation), now)
+        return self._on_broadcast(frame, now)
+
+    def _heard(self, sender: str, incarnation: int,
+               now: float) -> tuple[bool, list[Action[T]]]:
+        """Mark ``sender`` heard (``Node._heard``): whether it is on the roster."""
+        known, events = self.peers.heard(sender, incarnation, now)
+        return known, self._peer_events(events, now)
+
+    def _on_direct(self, frame: DirectFrame, now: float, wall: float, room: int | None,
+                   consumer: bool, held_full: bool) -> list[Action[T]]:
+        """The rule of ``Node._on_direct`` and ``Node._accept``."""
+        known, actions = self._heard(frame.sender, frame.incarnation, now)
+        if not known:
+            # No ack: the sender retries, by which time its hello has introduced it.
+            actions.append(Count("dropped.unknown-peer"))
+            return actions
+        if frame.recipient != self.name:
+            actions.append(Count("dropped.misaddressed"))
+            return actions
+        verdict = self.receiver.admit(frame.sender, frame.incarnation, frame.seq,
+                                      frame.count, frame.msg_id, room=room,
+                                      consumer=consumer, held_full=held_full, wall=wall)
+        ack = SendFrame(AckFrame(self.name, self.incarnation, frame.sender, (frame.seq,)))
+        if verdict is Verdict.NEW:
+            if self.journal:
+                actions += [Journal(frame), Deliver(frame), ack]
+            else:
+                actions.append(Deliver(frame))  # acknowledged when taken
+        elif verdict.acknowledged:
+            actions += [Count(verdict.value, frame.count), ack]
+        elif verdict is Verdict.HELD:
+            actions.append(Count(verdict.value, frame.count))
+        else:
+            actions.append(Count(verdict.value))
+        return actions
+
+    def journal_failed(self, frame: DirectFrame) -> list[Action[T]]:
+        """The :class:`Journal` of ``frame`` could not be written (``Node._storage_failed``):
+        nothing after it is carried out, and its retry is judged new again."""
+        self.receiver.refused(frame.sender, frame.incarnation, frame.seq, frame.msg_id)
+        return [Count("refused.disk", frame.count)]
+
+    def taken(self, frame: DirectFrame) -> list[Action[T]]:
+        """Without a journal: the application took ``frame``, acknowledge it now."""
+        self.receiver.taken(frame.sender, frame.incarnation, frame.seq)
+        return [SendFrame(AckFrame(self.name, self.incarnation, frame.sender, (frame.seq,)))]
+
+    def declined(self, frame: DirectFrame) -> list[Action[T]]:
+        """Without a journal: a handler declined ``frame``; it stays unacknowledged."""
+        self.receiver.hold(frame.sender, frame.incarnation, frame.seq)
+        return [Count("declined.direct")]
+
+    def _on_ack(self, frame: AckFrame, now: float) -> list[Action[T]]:
+        """The rule of ``Node._on_ack``: each named message settles once."""
+        _, actions = self._heard(frame.sender, frame.incarnation, now)
+        for first in frame.firsts:
+            entry = self.outbox.acked(frame.sender, first, now)
+            if entry is not None:
+                self._forget_frame(entry)
+                actions.append(Settle(entry.token))
+        return actions
+
+    def _on_broadcast(self, frame: BroadcastFrame | HeartbeatFrame,
+                      now: float) -> list[Action[T]]:
+        """The rule of ``Node._on_broadcast`` and ``Node._count_seq``: only a peer on
+        the roster is heard; a gap is counted as loss and not waited for, a repeat is
+        counted; broadcasts are best effort, so both are delivered as they come."""
+        known, actions = self._heard(frame.sender, frame.incarnation, now)
+        if not known:
+            actions.append(Count("dropped.unknown-peer"))
+            return actions
+        if isinstance(frame, HeartbeatFrame):
+            return actions
+        result = self.btracker.observe(frame.sender, frame.channel, frame.incarnation,
+                                       frame.seq)
+        if result.verdict is SeqVerdict.GAP and result.missing is not None:
+            lo, hi = result.missing
+            actions.append(Count("lost.broadcast", hi - lo + 1))
+        elif result.verdict is SeqVerdict.DUPLICATE:
+            actions.append(Count("duplicate.broadcast"))
+        actions.append(Deliver(frame))
+        return actions
+
+    # -- the roster -----------------------------------------------------------------
+
+    def _peer_events(self, events: list[PeerEvent], now: float) -> list[Action[T]]:
+        """The rule of ``Node._apply_peer_events`` and ``Node._connect``."""
+        actions: list[Action[T]] = []
+        for event in events:
+            actions.append(PeerChanged(event))
+            name = event.peer.name
+            if event.kind is PeerEventKind.JOINED:
+                # A new connection starts with a hello (so the peer knows this node
+                # before anything else arrives on it); then anything still in flight
+                # to this name goes to it at once.
+                actions.append(SendFrame(HelloFrame(self.advert, name)))
+                for entry in self.outbox.retry_now(name, now):
+                    actions.append(SendFrame(self._frames[(name, entry.first_seq)]))
+            elif event.kind is PeerEventKind.LEFT:
+                if event.peer.advert.role == ROLE_SEAT and event.reason == "goodbye":
+                    # A command line's seat that said goodbye is not coming back for its
+                    # replies: fail them now rather than at their deadline.
+                    for entry in self.outbox.fail_for(name):
+                        self._forget_frame(entry)
+                        actions.append(Fail(entry.token, name, "left", entry.attempts))
+                if event.reason == "restarted":
+                    self.btracker.forget(name)
+                    self.receiver.forget(name)
+        return actions
+
+    # -- a life's start and end ----------------------------------------------------
+
+    def restore(self, journal: list[tuple[DirectFrame, float]]) -> None:
+        """Remember what an earlier run of this node journaled (``Node._open_journal``):
+        each message with the wall time it arrived, oldest first, so that its retries
+        are duplicates and its key stays in the window."""
+        for frame, wall in journal:
+            key = frame.msg_id[len(KEY_PREFIX):] if frame.msg_id.startswith(KEY_PREFIX) else None
+            self.receiver.restore(frame.sender, frame.incarnation, frame.seq, frame.count,
+                                  key, wall)
+
+    def close(self) -> list[Action[T]]:
+        """The node is closing (``Node.aclose``): the peers are told goodbye, and every
+        send in flight fails."""
+        actions: list[Action[T]] = [SendFrame(ByeFrame(self.name, self.incarnation))]
+        actions += [Fail(entry.token, entry.recipient, "closed", entry.attempts)
+                    for entry in self.outbox.fail_all()]
+        self._frames.clear()
+        return actions
+
+    # -- time -----------------------------------------------------------------------
+
+    def next_deadline(self) -> float:
+        """When :meth:`timer` next has something to do (``Node._next_deadline``).
+
+        Returns:
+            Monotonic seconds: the next heartbeat, resend or send deadline. May be
+            early, never late (a settled send's old time is found, then passed over).
+        """
+        return min(self._beat_due, self.outbox.next_due)
+
+    def timer(self, now: float) -> list[Action[T]]:
+        """Time passed to ``now`` (``Node._tick``): resends, failed sends, and on the
+        heartbeat's cadence a heartbeat and the peers' silence check.
+
+        Args:
+            now: monotonic time now (at or after :meth:`next_deadline` to do anything).
+
+        Returns:
+            Resends (only to peers on the roster: the others get theirs when they join),
+            ``Fail(deadline)`` for each send past its deadline, then the heartbeat and
+            the roster's changes.
+        """
+        actions: list[Action[T]] = []
+        resend, failed = self.outbox.poll(now)
+        for entry in resend:
+            if entry.recipient in self.peers:
+                actions.append(SendFrame(self._frames[(entry.recipient, entry.first_seq)]))
+        for entry in failed:
+            self._forget_frame(entry)
+            actions.append(Fail(entry.token, entry.recipient, "deadline", entry.attempts))
+        if now >= self._beat_due:
+            self._beat_due = now + self.heartbeat_interval
+            actions.append(SendFrame(HeartbeatFrame(self.name, self.incarnation)))
+            actions += self._peer_events(self.peers.tick(now), now)
+        return actions
