@@ -26,7 +26,7 @@ from porter_mesh.adapters.security import (
     load_identity,
     provision_mesh,
 )
-from porter_mesh.adapters.shard import Durability, Shard
+from porter_mesh.adapters.shard import Durability, Index, Shard
 from porter_mesh.cli.main import main as cli_main
 from porter_mesh.core.knowledge import (
     MAX_RECORDS_PER_MESSAGE,
@@ -213,19 +213,23 @@ def test_damage_inside_the_journal_is_reported(tmp_path: pathlib.Path) -> None:
         Shard(tmp_path / "c", agent="worker-1")
 
 
-def test_store_is_rebuilt_from_the_journal(tmp_path: pathlib.Path) -> None:
-    with Shard(tmp_path / "r", agent="worker-1") as s:
+@pytest.mark.parametrize("index", list(Index))
+def test_store_is_rebuilt_from_the_journal(tmp_path: pathlib.Path, index: Index) -> None:
+    with Shard(tmp_path / "r", agent="worker-1", index=index) as s:
         records = fill(s, 30)
         s.retract(records[3].body.iri)  # type: ignore[union-attr]
         before = fingerprint(s)
-    # The store lost everything (moved aside): the journal restores it.
-    (tmp_path / "r" / "oxigraph").rename(tmp_path / "lost")
-    with Shard(tmp_path / "r", agent="worker-1") as s:
+    if index is Index.DISK:
+        # The store lost everything (moved aside): the journal restores it.
+        (tmp_path / "r" / "oxigraph").rename(tmp_path / "lost")
+    else:
+        assert not (tmp_path / "r" / "oxigraph").exists()  # nothing but the journal
+    with Shard(tmp_path / "r", agent="worker-1", index=index) as s:
         assert fingerprint(s) == before
 
 
 def test_store_behind_its_watermark_is_caught_up(tmp_path: pathlib.Path) -> None:
-    with Shard(tmp_path / "w", agent="worker-1") as s:
+    with Shard(tmp_path / "w", agent="worker-1", index=Index.DISK) as s:
         fill(s, 10)
         before = fingerprint(s)
         last_frame = s.state.locator("worker-1", 10)
@@ -241,7 +245,7 @@ def test_store_behind_its_watermark_is_caught_up(tmp_path: pathlib.Path) -> None
     store.update("DELETE WHERE { ?o <https://porter.chapeaux.io/vocab#finding> 'finding f9' ;"
                  " ?p ?v }")
     del store
-    with Shard(tmp_path / "w", agent="worker-1") as s:
+    with Shard(tmp_path / "w", agent="worker-1", index=Index.DISK) as s:
         assert fingerprint(s) == before
 
 
