@@ -291,7 +291,13 @@ class ShardStats:
 
 
 class _Journal:
-    """Append-only, checksummed record log with a group-commit fsync."""
+    """Append-only, checksummed record log with a group-commit fsync.
+
+    ``append`` writes (under the shard's lock); ``sync_to`` makes the file durable up to
+    an offset and may run on any thread, outside that lock. Callers that wait for the
+    same ``fdatasync`` share it: whoever takes ``_sync_lock`` first syncs everything
+    written so far, and the others find their frames already covered when they get it.
+    """
 
     def __init__(self, path: pathlib.Path, *, fsync: bool) -> None:
         self.path = path
@@ -309,6 +315,11 @@ class _Journal:
             os.fsync(self._fd)
             _fsync_dir(path.parent)
         self.end = os.fstat(self._fd).st_size
+        #: The journal is durable up to here (== ``end`` when nothing waits for a sync).
+        self.synced = self.end
+        self._sync_lock = threading.Lock()
+        #: fdatasync calls made (the benchmark and tests count group commits with it).
+        self.syncs = 0
 
     def scan(self) -> Iterator[tuple[int, bytes]]:
         """Yield ``(offset, payload)`` of every intact frame; cut a torn tail."""
@@ -343,10 +354,19 @@ class _Journal:
                         self.path, size - pos, pos)
             os.ftruncate(self._fd, pos)
             os.fsync(self._fd)
-        self.end = pos
+        self.end = self.synced = pos
 
-    def append(self, payloads: Sequence[bytes]) -> list[int]:
-        """Append frames with one write (and one fdatasync under FSYNC); their offsets."""
+    def append(self, payloads: Sequence[bytes], *, sync: bool = True) -> list[int]:
+        """Append frames with one write; their offsets.
+
+        Args:
+            payloads: the records' encodings.
+            sync: under FSYNC, also make them durable before returning (else the caller
+                calls :meth:`sync_to` later, outside the shard's lock).
+
+        Raises:
+            StorageError: the write failed; the file is cut back to its last good frame.
+        """
         offsets = []
         parts = []
         pos = self.end
@@ -364,8 +384,6 @@ class _Journal:
             while buf:
                 written = os.write(self._fd, buf)
                 buf = buf[written:]
-            if self._fsync:
-                os.fdatasync(self._fd)
         except OSError as exc:
             raise self._failed(exc) from None
         if self._failing:
@@ -373,7 +391,38 @@ class _Journal:
             log.warning("knowledge journal %s: writing again (%s bytes free)", self.path,
                         _free_bytes(self.path))
         self.end = pos
+        if not self._fsync:
+            self.synced = pos  # OS durability: the write is all there is
+        elif sync:
+            self.sync_to(pos)
         return offsets
+
+    def sync_to(self, end: int) -> None:
+        """Return once the journal is durable up to ``end`` (one shared fdatasync).
+
+        Raises:
+            StorageError: the fdatasync failed: what it covers is not known to be on disk.
+        """
+        if self.synced >= end:
+            return
+        with self._sync_lock:
+            if self.synced >= end:
+                return  # another caller's fdatasync covered it meanwhile
+            # Everything written before the fdatasync starts is covered by it, and
+            # ``end`` moves only once a write is complete.
+            target = self.end
+            try:
+                os.fdatasync(self._fd)
+            except OSError as exc:
+                self.failures += 1
+                raise StorageError(
+                    f"could not make the knowledge journal {self.path} durable: "
+                    f"{exc.strerror or exc}; check the disk (records written since the last "
+                    "good sync are not acknowledged)",
+                    path=str(self.path), free_bytes=_free_bytes(self.path), errno_=exc.errno,
+                ) from None
+            self.syncs += 1
+            self.synced = max(self.synced, target)
 
     def _cut(self) -> None:
         """Cut the file back to the end of the last good frame."""
@@ -920,11 +969,12 @@ class Shard:
         return self._journal.failures
 
     def _write_own(self, record: Record) -> Record:
-        """Sign (when there is a signer) and store this agent's new record."""
+        """Sign (when there is a signer) and write this agent's new record (not synced:
+        the caller syncs outside the lock, see :meth:`flush`)."""
         if self._sign is not None:
             record = sign_record(record, self._link_below(record.origin, record.seq),
                                  self._sign)
-        self._commit([record])
+        self._commit([record], sync=False)
         self._last_link = (record.seq, record_link(record))  # only once it is stored
         return record
 
@@ -1008,7 +1058,8 @@ class Shard:
             ))
 
     def _commit(
-        self, records: Sequence[Record], *, after: Mapping[str, int] | None = None
+        self, records: Sequence[Record], *, after: Mapping[str, int] | None = None,
+        sync: bool = True,
     ) -> MergeReport:
         self._check_open()
         records, refused = self._verified(records)
@@ -1018,7 +1069,7 @@ class Shard:
         old_mark = self._journal.end
         # A failed write raises StorageError here, before the state changes: nothing of
         # the batch counts as held, and pulls or a catch-up bring it again later.
-        offsets = self._journal.append([encode_record(r) for r in plan.accepted])
+        offsets = self._journal.append([encode_record(r) for r in plan.accepted], sync=sync)
         self._state.apply(plan, offsets)
         self._applier.submit(_StoreTask(plan.add, plan.remove, self._journal.end, (old_mark,)))
         return MergeReport(len(plan.accepted), plan.duplicates, len(plan.add), len(plan.remove),
@@ -1038,8 +1089,12 @@ class Shard:
         severity: str | None = None,
         context: str | None = None,
         generated_at: str | None = None,
+        durable: bool = True,
     ) -> Record:
         """Store a new observation by this shard's agent; durable when this returns.
+
+        Concurrent callers (threads) share their ``fdatasync``: it runs outside the
+        shard's lock, and one covers every record written before it started.
 
         Args:
             about: what it is about (e.g. ``urn:porter:file:server.ts``).
@@ -1047,6 +1102,9 @@ class Shard:
             severity: optional short token (``info``, ``high``...).
             context: optional task id (``urn:porter:task:<id>``).
             generated_at: canonical UTC timestamp; default now.
+            durable: ``False`` returns once the record is written but not yet synced:
+                the caller must call :meth:`flush` before it reports the record as
+                stored or sends it anywhere (pulls and catch-ups serve it only then).
 
         Returns:
             The record (to broadcast as ``Records((record,))``), signed when the shard
@@ -1061,7 +1119,29 @@ class Shard:
         obs = Observation(about, finding, agent, generated_at or format_timestamp(time.time()),
                           context, severity)
         with self._lock:
-            return self._write_own(Record(agent, self._state.next_seq(agent), obs))
+            self._check_open()
+            record = self._write_own(Record(agent, self._state.next_seq(agent), obs))
+            end = self._journal.end
+        if durable:
+            self._journal.sync_to(end)
+        return record
+
+    def flush(self) -> None:
+        """Make every record written so far durable (under ``Durability.FSYNC``).
+
+        Safe to call from any thread and outside the shard's lock: callers that wait at
+        the same time share one ``fdatasync`` (group commit).
+
+        Raises:
+            StorageError: the ``fdatasync`` failed.
+        """
+        self._check_open()
+        self._journal.sync_to(self._journal.end)
+
+    @property
+    def journal_syncs(self) -> int:
+        """``fdatasync`` calls made on the journal since the shard was opened."""
+        return self._journal.syncs
 
     def retract(self, observation: str | bytes) -> Record:
         """Withdraw an observation everywhere, permanently.
@@ -1092,8 +1172,12 @@ class Shard:
                     f"no observation {observation_iri(target)} in this shard; find its id "
                     "with a query such as SELECT ?obs WHERE {{ ?obs porter:about ?a }}"
                 )
-            return self._write_own(Record(agent, self._state.next_seq(agent),
-                                          Retraction(target, agent, format_timestamp(time.time()))))
+            record = self._write_own(Record(agent, self._state.next_seq(agent),
+                                            Retraction(target, agent,
+                                                       format_timestamp(time.time()))))
+            end = self._journal.end
+        self._journal.sync_to(end)
+        return record
 
     def merge(
         self, records: Sequence[Record], *, after: Mapping[str, int] | None = None
@@ -1204,7 +1288,10 @@ class Shard:
     def _read_records(self, locators: Sequence[int]) -> list[Record]:
         out: list[Record] = []
         size = 0
+        synced = self._journal.synced
         for loc in locators:
+            if loc >= synced:
+                break  # written but not yet durable: not sent anywhere before it is
             payload = self._journal.read(loc)
             size += len(payload)
             if size > _REPLY_BUDGET or len(out) == MAX_RECORDS_PER_MESSAGE:

@@ -118,6 +118,25 @@ MAX_REFUSED_ORIGINS: Final = 1000
 #: Seconds an agent's first write waits for a first catch-up (see SyncKnowledge.remember).
 FIRST_WRITE_WAIT: Final = 10.0
 _TICK: Final = 0.1
+#: Seconds a synchronous Remember may take (a write and one shared fdatasync).
+REMEMBER_TIMEOUT: Final = 60.0
+
+
+def _remembered(activity: Activity) -> tuple[str, str, str | None]:
+    """``(about, finding, severity)`` of a ``Remember`` activity's Note.
+
+    Raises:
+        KnowledgeError: the activity is not a Remember of a Note with both fields.
+    """
+    obj = activity.object
+    if activity.type != "Remember" or obj is None or isinstance(obj, str):
+        raise KnowledgeError("remember needs a Remember activity whose object is a Note "
+                             "with 'about' and 'content'")
+    about, finding = obj.about, obj.content
+    if not about or not finding:
+        raise KnowledgeError("the Remember's object needs both 'about' and 'content'")
+    severity = obj.extra.get("severity")
+    return about, finding, severity if isinstance(severity, str) else None
 
 
 def _asked_key(message: SyncMessage) -> tuple[Any, ...] | None:
@@ -255,18 +274,40 @@ class Knowledge:
         Raises:
             KnowledgeError: the activity is not such a Remember, or the shard refused it.
         """
-        obj = activity.object
-        if activity.type != "Remember" or obj is None or isinstance(obj, str):
-            raise KnowledgeError("remember needs a Remember activity whose object is a Note "
-                                 "with 'about' and 'content'")
-        about, finding = obj.about, obj.content
-        if not about or not finding:
-            raise KnowledgeError("the Remember's object needs both 'about' and 'content'")
-        severity = obj.extra.get("severity")
-        record = self.async_observe(
-            about, finding, context=activity.context,
-            severity=severity if isinstance(severity, str) else None,
-        )
+        about, finding, severity = _remembered(activity)
+        record = self.async_observe(about, finding, context=activity.context,
+                                    severity=severity)
+        with contextlib.suppress(KnowledgeError, ActivityError):
+            self.node.async_publish(C.CHANNEL_LOG, activity)
+        return record
+
+    async def aremember(self, activity: Activity) -> Record:
+        """Like :meth:`async_remember`, but concurrent calls share their ``fdatasync``.
+
+        The record is written on the loop thread; the sync runs on a worker thread, where
+        every Remember written before it started is covered by the same one (group
+        commit). The record is broadcast, and this returns, only once it is durable.
+
+        Args:
+            activity: a ``Remember`` (see :meth:`async_remember`).
+
+        Returns:
+            The stored record.
+
+        Raises:
+            KnowledgeError: the activity is not such a Remember.
+            StorageError: the shard could not write or sync it; nothing was broadcast.
+        """
+        about, finding, severity = _remembered(activity)
+        self._ready_to_write()
+        try:
+            record = self.shard.remember(about, finding, context=activity.context,
+                                         severity=severity, durable=False)
+            await asyncio.to_thread(self.shard.flush)
+        except StorageError:
+            self.counters["storage.write-failed"] += 1
+            raise
+        self.async_broadcast(record)
         with contextlib.suppress(KnowledgeError, ActivityError):
             self.node.async_publish(C.CHANNEL_LOG, activity)
         return record
@@ -875,7 +916,8 @@ class SyncKnowledge:
         self._first_write_done = False
 
     def remember(self, activity: Activity) -> None:
-        """Store durably and replicate (returns once stored).
+        """Store durably and replicate (returns once stored). Threads that call it at
+        once share their ``fdatasync`` (see :meth:`Knowledge.aremember`).
 
         The first write waits (up to :data:`FIRST_WRITE_WAIT` seconds) for a first
         catch-up when peers are known: a node whose data directory was lost learns its
@@ -891,7 +933,7 @@ class SyncKnowledge:
                 with contextlib.suppress(TimeoutError):
                     self._node.run_coroutine(self.knowledge.wait_caught_up(1, FIRST_WRITE_WAIT),
                                              FIRST_WRITE_WAIT + 5.0)
-        self._node.call_in_loop(lambda: self.knowledge.async_remember(activity))
+        self._node.run_coroutine(self.knowledge.aremember(activity), REMEMBER_TIMEOUT)
 
     def recall(self, sparql: str) -> QueryResult:
         """Run a read-only query on the local shard (on the caller's thread, so the node

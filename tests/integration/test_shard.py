@@ -686,3 +686,44 @@ def test_an_author_chains_its_records_across_a_restart_and_a_catch_up_checks_onc
             catch_up(alice, bob)
             assert bob.digest() == alice.digest()
             assert checked == ["alice", "alice"]  # the run below 2 and the run above 4
+
+
+def test_concurrent_remembers_share_one_fdatasync(tmp_path: pathlib.Path) -> None:
+    import threading
+
+    with Shard(tmp_path / "g", agent="worker-1") as s:
+        gate = threading.Barrier(8)
+        errors: list[BaseException] = []
+
+        def writer(k: int) -> None:
+            try:
+                gate.wait(10)
+                for i in range(50):
+                    record = s.remember("urn:porter:file:g", f"w{k}-{i}")
+                    # Acknowledged only once a sync covers its frame.
+                    loc = s.state.locator("worker-1", record.seq)
+                    assert loc is not None and loc < s._journal.synced
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert s.state.top_seq("worker-1") == 400
+        # Without group commit every Remember pays its own fdatasync (400).
+        assert s.journal_syncs < 400, f"{s.journal_syncs} fdatasyncs for 400 Remembers"
+
+
+def test_a_record_not_yet_synced_is_served_to_nobody(tmp_path: pathlib.Path) -> None:
+    with Shard(tmp_path / "u", agent="worker-1") as s:
+        s.remember("urn:porter:file:u", "synced")
+        pending = s.remember("urn:porter:file:u", "written, not synced", durable=False)
+        ask = PullRequest("worker-1", 1, 2)
+        assert [r.seq for r in s.answer_pull(ask).records] == [1]
+        chunk = s.answer_catchup(CatchupRequest({}, None, 0, 100))
+        assert [r.seq for r in chunk.records] == [1] and chunk.cursor is not None
+        s.flush()
+        assert [r.seq for r in s.answer_pull(ask).records] == [1, pending.seq]
