@@ -1180,13 +1180,16 @@ class Shard:
         return record
 
     def merge(
-        self, records: Sequence[Record], *, after: Mapping[str, int] | None = None
+        self, records: Sequence[Record], *, after: Mapping[str, int] | None = None,
+        durable: bool = True,
     ) -> MergeReport:
         """Merge records from peers as one batch (one journal write, one fsync).
 
         Args:
             records: decoded records (their content hashes were checked by decoding).
             after: for a catch-up chunk, the version vector sent in the request.
+            durable: ``False`` returns before the fsync; the caller calls :meth:`flush`
+                (the records are served to no one before it).
 
         Returns:
             What changed, and which records were left out for their signatures.
@@ -1199,7 +1202,7 @@ class Shard:
         if len(records) > MAX_RECORDS_PER_MESSAGE * 16:
             raise SyncError(f"a merge batch of {len(records)} records is too large; split it")
         with self._lock:
-            return self._commit(records, after=after)
+            return self._commit(records, after=after, sync=durable)
 
     # -- sync --
 

@@ -139,6 +139,12 @@ def _remembered(activity: Activity) -> tuple[str, str, str | None]:
     return about, finding, severity if isinstance(severity, str) else None
 
 
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """Mark a shared sync's outcome as seen (its failure is counted where it happens)."""
+    if not future.cancelled():
+        future.exception()
+
+
 def _asked_key(message: SyncMessage) -> tuple[Any, ...] | None:
     """The key matching a request with its reply."""
     if isinstance(message, PullRequest | PullReply):
@@ -221,6 +227,8 @@ class Knowledge:
         self.refused_by_origin: collections.Counter[str] = collections.Counter()
         self._keys_in_use = False
         self._signer_error: SecurityError | None = None
+        self._next_sync: asyncio.Future[None] | None = None
+        self._syncing: asyncio.Future[None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -249,6 +257,9 @@ class Knowledge:
                 self._remove_listener()
             self._remove_listener = None
         self._merge_inbound()
+        while self._syncing is not None:  # what was merged is durable before the shard closes
+            with contextlib.suppress(BaseException):
+                await self._syncing
         self.node.view_sections.pop("knowledge", None)
         self._closed = True
         for _, fut in self._waiters:
@@ -303,7 +314,8 @@ class Knowledge:
         try:
             record = self.shard.remember(about, finding, context=activity.context,
                                          severity=severity, durable=False)
-            await asyncio.to_thread(self.shard.flush)
+            # Shielded: a caller that gives up must not cancel the sync others share.
+            await asyncio.shield(self._sync_journal())
         except StorageError:
             self.counters["storage.write-failed"] += 1
             raise
@@ -554,7 +566,11 @@ class Knowledge:
         if not inbound or self._closed:
             return
         try:
-            report = self.shard.merge([r for _, m in inbound for r in m.records])
+            # Synced behind, off the loop (see _flush_behind): broadcast records are
+            # acknowledged to no one, and the shard serves none before its sync.
+            report = self.shard.merge([r for _, m in inbound for r in m.records],
+                                      durable=False)
+            self._flush_soon()
         except StorageError:
             # Nothing of the batch is held: gap pulls and digests bring it again later.
             self.counters["storage.write-failed"] += 1
@@ -571,6 +587,45 @@ class Knowledge:
                     self.counters["storage.write-failed"] += 1
         if report is not None:
             self._merged(report, inbound[-1][0], broadcast=True)
+
+    def _sync_journal(self) -> asyncio.Future[None]:
+        """A future done once a journal sync that starts after this call has ended.
+
+        Group commit on the loop: one sync runs at a time on a worker thread; whoever
+        asks while it runs waits for the next one, which covers them all, so a burst of
+        Remembers costs one thread hop and one ``fdatasync`` per group, not per record.
+        """
+        waiting = self._next_sync
+        if waiting is None:
+            waiting = self._next_sync = asyncio.get_running_loop().create_future()
+            if self._syncing is None:
+                self._start_sync()
+        return waiting
+
+    def _start_sync(self) -> None:
+        waiting, self._next_sync = self._next_sync, None
+        assert waiting is not None
+        self._syncing = asyncio.ensure_future(self._run_sync(waiting))
+
+    async def _run_sync(self, done: asyncio.Future[None]) -> None:
+        try:
+            await asyncio.to_thread(self.shard.flush)
+        except (StorageError, KnowledgeError) as exc:  # a failed sync, or a closed shard
+            if isinstance(exc, StorageError):
+                self.counters["storage.sync-failed"] += 1
+            if not done.done():
+                done.set_exception(exc)
+        else:
+            if not done.done():
+                done.set_result(None)
+        finally:
+            self._syncing = None
+            if self._next_sync is not None:
+                self._start_sync()
+
+    def _flush_soon(self) -> None:
+        """Have merged records synced behind, without waiting (nobody is answered)."""
+        self._sync_journal().add_done_callback(_retrieved)
 
     def _merged(self, report: MergeReport, peer: str, *, broadcast: bool = False) -> None:
         if report.refused:
