@@ -40,12 +40,17 @@ again. Applying is idempotent (adding a quad twice or deleting an absent one cha
 nothing), so a crash at any point between the journal write and the watermark only
 means some work is redone.
 
-**Durability policy.** ``Durability.FSYNC`` (the default): ``fdatasync`` the journal once
-per call -- one per ``remember``, one per merged batch however large (group commit) --
-before the call returns, so a record the node reported as stored survives ``kill -9``
-and power loss. ``Durability.OS``: the ``write`` alone, which survives the death of the
-process (the data is in the kernel) but not of the machine. The benchmark measures both.
-The store itself is never synced: it is rebuilt from the journal.
+**Durability policy.** ``Durability.FSYNC`` (the default): ``fdatasync`` the journal
+before the call returns -- one per merged batch however large -- so a record the node
+reported as stored survives ``kill -9`` and power loss. A ``remember`` writes its frame
+under the shard's lock and syncs outside it, so concurrent Remembers share one
+``fdatasync`` (group commit: whoever syncs first covers every frame written before it
+started); ``remember(durable=False)`` and ``merge(durable=False)`` leave the sync to a
+later :meth:`Shard.flush`. A frame written but not yet synced is served to no one
+(pulls and catch-ups stop before it). ``Durability.OS``: the ``write`` alone, which
+survives the death of the process (the data is in the kernel) but not of the machine.
+The benchmark measures both. The store itself is never synced: it is rebuilt from the
+journal.
 
 **Signatures.** On a secured mesh the node gives its shard a signer and a verifier
 (:meth:`Shard.use_signatures`). The shard signs each record its agent writes, chained to
