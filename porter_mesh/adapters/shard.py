@@ -326,10 +326,15 @@ class _Journal:
         #: fdatasync calls made (the benchmark and tests count group commits with it).
         self.syncs = 0
 
-    def scan(self) -> Iterator[tuple[int, bytes]]:
-        """Yield ``(offset, payload)`` of every intact frame; cut a torn tail."""
+    def scan(self, until: int | None = None) -> Iterator[tuple[int, bytes]]:
+        """Yield ``(offset, payload)`` of every intact frame; cut a torn tail.
+
+        Args:
+            until: read only the frames before this offset (one this journal reached),
+                and change nothing: safe while other threads append.
+        """
         with open(self.path, "rb") as fh:
-            data = fh.read()
+            data = fh.read() if until is None else fh.read(until)
         if not data.startswith(_MAGIC):
             raise KnowledgeError(
                 f"{self.path} is not a porter-mesh knowledge journal; move it aside or "
@@ -354,6 +359,8 @@ class _Journal:
                 )
             yield pos, payload
             pos = stop
+        if until is not None:
+            return
         if pos < size:
             log.warning("knowledge journal %s: cutting a torn tail of %d bytes at %d",
                         self.path, size - pos, pos)
@@ -639,7 +646,9 @@ class _Applier:
                 # Join what else is waiting: Oxigraph's bulk load costs about 25 ms per
                 # call on top of its per-triple cost, so fewer, larger writes keep up
                 # better when batches arrive faster than the store takes them.
-                while self._queue and task.weight + self._queue[0].weight <= self._max_join:
+                while (self._queue and not task.rebuild_until
+                       and not self._queue[0].rebuild_until
+                       and task.weight + self._queue[0].weight <= self._max_join):
                     more = self._queue.popleft()
                     self._pending -= more.weight
                     task = _StoreTask([*task.add, *more.add], [*task.remove, *more.remove],
@@ -716,6 +725,8 @@ class _StoreTask:
     text: bytes = b""
     #: How many observations ``text`` holds.
     rendered: int = 0
+    #: Rebuild the in-memory index from the journal's frames before this offset.
+    rebuild_until: int = 0
 
     @property
     def weight(self) -> int:
@@ -785,10 +796,15 @@ class Shard:
             self._last_link: tuple[int, bytes] | None = None  # (seq, link) of our last
             self._applier = _Applier(self._write_store, recover=self._reopen_store)
             try:
-                for task in self._load_journal(rebuild=self.index is Index.MEMORY):
-                    self._applier.submit(task)
+                for _ in self._load_journal(rebuild=False):
+                    pass  # the replica state only: the shard can serve the mesh now
                 if self.index is Index.DISK:
                     self._replay()
+                elif self._journal.end > len(_MAGIC):
+                    # The index is rebuilt by the store thread, reading the journal up
+                    # to here again; queries wait for it (they drain the store thread).
+                    self._applier.submit(_StoreTask((), (), 0, (),
+                                                    rebuild_until=self._journal.end))
             except BaseException:
                 self._applier.close()
                 raise
@@ -834,8 +850,8 @@ class Shard:
         os.replace(tmp, meta_path)
         _fsync_dir(self.data_dir)
 
-    def _load_journal(self, *, rebuild: bool, load_state: bool = True
-                      ) -> Iterator[_StoreTask]:
+    def _load_journal(self, *, rebuild: bool, load_state: bool = True,
+                      until: int | None = None) -> Iterator[_StoreTask]:
         """Read the journal: rebuild the replica state, and with ``rebuild`` the store.
 
         The in-memory store is rebuilt in the same pass: each observation's N-Triples are
@@ -847,13 +863,14 @@ class Shard:
         Args:
             rebuild: yield store tasks that write every observation of the journal.
             load_state: rebuild the replica state too (only at opening).
+            until: read only the frames before this offset (see ``_Journal.scan``).
         """
         load, unpack = self._state.load, msgpack.unpackb
         obs_kind, ret_kind = RecordKind.OBSERVATION, RecordKind.RETRACTION
         parts: list[bytes] = []
         rendered = 0
         targets: list[bytes] = []
-        for offset, payload in self._journal.scan():
+        for offset, payload in self._journal.scan(until):
             item = unpack(payload, raw=False)
             if item[0] == obs_kind:
                 if load_state:
@@ -942,7 +959,8 @@ class Shard:
             if self.index is Index.DISK:
                 self._replay()
             else:  # on this (the store's) thread: write the whole journal again
-                for task in self._load_journal(rebuild=True, load_state=False):
+                for task in self._load_journal(rebuild=True, load_state=False,
+                                               until=self._journal.end):
                     self._write_store(task)
         finally:
             self._lock.release()
@@ -1030,6 +1048,11 @@ class Shard:
         """
         store, add, remove = self._store, task.add, task.remove
         try:
+            if task.rebuild_until:
+                for part in self._load_journal(rebuild=True, load_state=False,
+                                               until=task.rebuild_until):
+                    self._write_store(part)
+                return
             if self.index is Index.MEMORY:
                 # A transactional load is the fast path in memory (the bulk loader's
                 # sorting pays off only for RocksDB's files), and nothing is watermarked:

@@ -727,3 +727,23 @@ def test_a_record_not_yet_synced_is_served_to_nobody(tmp_path: pathlib.Path) -> 
         assert [r.seq for r in chunk.records] == [1] and chunk.cursor is not None
         s.flush()
         assert [r.seq for r in s.answer_pull(ask).records] == [1, pending.seq]
+
+
+def test_writes_while_the_in_memory_index_is_rebuilt_land_in_order(
+        tmp_path: pathlib.Path) -> None:
+    with Shard(tmp_path / "m", agent="worker-1") as s:
+        records = fill(s, 3000)
+    # Reopened: the index is rebuilt by the store thread; writes queue behind it.
+    with Shard(tmp_path / "m", agent="worker-1") as s:
+        s.retract(records[5].body.iri)  # type: ignore[union-attr]
+        newer = s.remember("urn:porter:file:new.ts", "written during the rebuild")
+        s.retract(newer.body.iri)  # type: ignore[union-attr]
+        last = s.remember("urn:porter:file:new.ts", "kept")
+        assert s.stats().observations == 3000 - 1 + 1
+        findings = {r["f"] for r in s.query(
+            "SELECT ?f WHERE { ?o porter:about 'urn:porter:file:new.ts' ; porter:finding ?f }"
+        ).items()}
+        assert findings == {"kept"} and last.seq == 3004
+        before = fingerprint(s)
+    with Shard(tmp_path / "m", agent="worker-1") as s:
+        assert fingerprint(s) == before
