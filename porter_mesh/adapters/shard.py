@@ -13,7 +13,8 @@ A shard lives in a data directory::
 **The store is an index.** The Oxigraph store answers queries; it holds nothing the
 journal does not, so it can be chosen for speed. ``Index.MEMORY`` (the default) keeps it
 in memory and rebuilds it from the journal at every start: no RocksDB write path, about
-1 KB of memory per observation, a profile query several times faster than on disk.
+2.3 KB of memory per observation (the replica state included), a profile query several
+times faster than on disk, a rebuild of the index after each start (see docs/knowledge.md).
 ``Index.DISK`` keeps it in RocksDB under ``oxigraph/`` with a watermark, for a shard
 larger than memory; at start it applies only what the journal holds past the watermark.
 
@@ -202,7 +203,7 @@ class Durability(enum.Enum):
 class Index(enum.Enum):
     """Where the shard keeps its Oxigraph store, the index over the journal."""
 
-    #: In memory, rebuilt from the journal at start (fast; about 1 KB per observation).
+    #: In memory, rebuilt from the journal at start (fast; about 2.3 KB per observation).
     MEMORY = "memory"
     #: RocksDB under ``oxigraph/`` (for shards larger than memory; slower to write and
     #: to query).
