@@ -7,7 +7,9 @@ shard) on 127.0.0.1, found by zeroconf on loopback under a mesh name of this run
   once (every Remember is fsynced before it counts as stored, then broadcast); the clock
   runs from the commands until every node holds every record. Reported: observations/s
   over the whole mesh, each node's own store rate, and how long replication trails the
-  last local store.
+  last local store. Run twice in the same run: one Remember at a time per node (one
+  fdatasync each, as before group commit), and ``--concurrency`` Remembers in flight per
+  node, which share their fdatasyncs (target: >= 5x the per-node rate of the first).
 * **Late joiner's catch-up.** One node holds ``--catchup`` observations (written into its
   data directory beforehand, by three origins); a fresh node joins and catches up by
   chunked catch-up. Reported: from the moment the joiner finds the loaded node to its
@@ -62,8 +64,10 @@ def holds(node: KgProcess, wanted: dict[str, int]) -> dict[str, Any] | None:
     return None
 
 
-def replicated_rate(root: pathlib.Path, mesh: str, per_node: int) -> dict[str, Any]:
-    """Three nodes remember ``per_node`` each, at once; time until all hold all."""
+def replicated_rate(root: pathlib.Path, mesh: str, per_node: int,
+                    concurrency: int = 1) -> dict[str, Any]:
+    """Three nodes remember ``per_node`` each, at once (``concurrency`` in flight per
+    node); time until all hold all."""
     nodes: list[KgProcess] = []
     try:
         # Names carry the run's mesh name: runs in parallel never announce the same one.
@@ -75,10 +79,12 @@ def replicated_rate(root: pathlib.Path, mesh: str, per_node: int) -> dict[str, A
                             30, f"{node.name} finds the others")
         for node in nodes:
             node.ask("wait-subscribers", "subscribers", n=2, timeout=20)
-        progress(f"replicated rate: 3 nodes x {per_node} Remembers")
+        progress(f"replicated rate: 3 nodes x {per_node} Remembers, {concurrency} in "
+                 "flight per node")
         start = time.monotonic()
         for node in nodes:
-            node.command(op="remember", n=per_node, prefix=f"{node.name}-", quiet=True)
+            node.command(op="remember", n=per_node, prefix=f"{node.name}-", quiet=True,
+                         concurrency=concurrency)
         batches = [node.wait_for(lambda e: e["ev"] == "stored-batch", 300, "local stores")
                    for node in nodes]
         local_done = time.monotonic()
@@ -90,6 +96,8 @@ def replicated_rate(root: pathlib.Path, mesh: str, per_node: int) -> dict[str, A
         return {
             "nodes": 3, "per_node": per_node, "total": 3 * per_node,
             "seconds": elapsed, "rate": 3 * per_node / elapsed,
+            "per_node_rate": per_node / elapsed, "concurrency": concurrency,
+            "fdatasyncs": [b.get("fsyncs") for b in batches],
             "local_rates": [b["n"] / b["seconds"] for b in batches],
             "replication_lag_s": time.monotonic() - local_done,
             "equal_digests": len(digests) == 1,
@@ -179,11 +187,16 @@ def plot(results: dict[str, Any], out: pathlib.Path) -> pathlib.Path:
     labels = ["mesh\n(until all hold all)"] + [f"r{i} local" for i in
                                                range(len(rate["local_rates"]))]
     values = [rate["rate"], *rate["local_rates"]]
-    bars = left.barh(labels, values, color=["#2e86c1"] + ["#85c1e9"] * len(rate["local_rates"]))
+    colours = ["#2e86c1"] + ["#85c1e9"] * len(rate["local_rates"])
+    if "replicated_serial" in results:
+        labels.append("mesh, one at a\ntime per node")
+        values.append(results["replicated_serial"]["rate"])
+        colours.append("#aaaaaa")
+    bars = left.barh(labels, values, color=colours)
     left.bar_label(bars, fmt="%.0f")
     left.set_xlabel("observations / s")
-    left.set_title(f"Replicated Remember, 3 nodes x {rate['per_node']} (fsync each)",
-                   fontsize=10)
+    left.set_title(f"Replicated Remember, 3 nodes x {rate['per_node']}, "
+                   f"{rate.get('concurrency', 1)} in flight (fsync, shared)", fontsize=10)
     left.invert_yaxis()
     left.margins(x=0.15)
     parts = ["catch-up proper", "spawn to durable", "spawn to queryable", "joiner start-up",
@@ -212,7 +225,19 @@ def plot(results: dict[str, Any], out: pathlib.Path) -> pathlib.Path:
 def table(results: dict[str, Any]) -> None:
     rate, cu = results["replicated"], results["catchup"]
     graded = cu["observations"] >= TARGET_AT  # the target is for 100k observations
-    rows: list[Sequence[object]] = [
+    serial = results.get("replicated_serial")
+    rows: list[Sequence[object]] = []
+    if serial is not None:
+        ratio = rate["per_node_rate"] / serial["per_node_rate"]
+        rows += [
+            ("replicated Remember per node, one at a time (obs/s, the baseline)",
+             serial["per_node_rate"], "", ""),
+            (f"replicated Remember per node, {rate['concurrency']} in flight (obs/s)",
+             rate["per_node_rate"], f">= 5x: {ratio:.2f}x", "yes" if ratio >= 5 else "NO"),
+            ("  fdatasyncs per node: one at a time / in flight",
+             f"{serial['fdatasyncs']} / {rate['fdatasyncs']}", "", ""),
+        ]
+    rows += [
         ("replicated Remember, 3 nodes (obs/s, until all hold all)", rate["rate"], "", ""),
         ("  local Remember per node (obs/s, fsync each)",
          min(rate["local_rates"]), "", ""),
@@ -245,6 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "300 with --quick)")
     parser.add_argument("--catchup", type=int, help="observations the joiner catches up "
                         "(default 100000; 10000 with --quick)")
+    parser.add_argument("--concurrency", type=int, default=32,
+                        help="Remembers in flight per node (default %(default)s)")
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR,
                         help="directory for the JSON and PNG (default %(default)s)")
     args = parser.parse_args(argv)
@@ -256,7 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="porter-kg-bench-") as tmp:
         root = pathlib.Path(tmp)
         results: dict[str, Any] = {
-            "replicated": replicated_rate(root / "rate", mesh + "-r", per_node),
+            "replicated_serial": replicated_rate(root / "serial", mesh + "-s", per_node),
+            "replicated": replicated_rate(root / "rate", mesh + "-r", per_node,
+                                          args.concurrency),
             "catchup": catchup(root / "catchup", mesh + "-c", count),
             "fsync": "every Remember and every merged batch is fdatasync'ed before it "
                      "counts as stored (Durability.FSYNC)",

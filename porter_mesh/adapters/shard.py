@@ -7,8 +7,16 @@ A shard lives in a data directory::
     shard.json           format version and the agent that owns it
     shard.lock           held (flock) while a process has the shard open
     knowledge.journal    every record ever accepted, append-only: the truth
-    oxigraph/            the Oxigraph store (RocksDB): an index rebuilt from the journal
-    checkpoints/         hard-linked copies of the store for isolated queries
+    oxigraph/            with ``Index.DISK`` only: the Oxigraph store (RocksDB)
+    checkpoints/         on-disk copies of the store for isolated queries
+
+**The store is an index.** The Oxigraph store answers queries; it holds nothing the
+journal does not, so it can be chosen for speed. ``Index.MEMORY`` (the default) keeps it
+in memory and rebuilds it from the journal at every start: no RocksDB write path, about
+2.3 KB of memory per observation (the replica state included), a profile query several
+times faster than on disk, a rebuild of the index after each start (see docs/knowledge.md).
+``Index.DISK`` keeps it in RocksDB under ``oxigraph/`` with a watermark, for a shard
+larger than memory; at start it applies only what the journal holds past the watermark.
 
 **The journal is the source of truth.** Each accepted record is appended as a frame
 (4-byte length, 4-byte CRC-32, the record's msgpack encoding). The pure
@@ -33,12 +41,17 @@ again. Applying is idempotent (adding a quad twice or deleting an absent one cha
 nothing), so a crash at any point between the journal write and the watermark only
 means some work is redone.
 
-**Durability policy.** ``Durability.FSYNC`` (the default): ``fdatasync`` the journal once
-per call -- one per ``remember``, one per merged batch however large (group commit) --
-before the call returns, so a record the node reported as stored survives ``kill -9``
-and power loss. ``Durability.OS``: the ``write`` alone, which survives the death of the
-process (the data is in the kernel) but not of the machine. The benchmark measures both.
-The store itself is never synced: it is rebuilt from the journal.
+**Durability policy.** ``Durability.FSYNC`` (the default): ``fdatasync`` the journal
+before the call returns -- one per merged batch however large -- so a record the node
+reported as stored survives ``kill -9`` and power loss. A ``remember`` writes its frame
+under the shard's lock and syncs outside it, so concurrent Remembers share one
+``fdatasync`` (group commit: whoever syncs first covers every frame written before it
+started); ``remember(durable=False)`` and ``merge(durable=False)`` leave the sync to a
+later :meth:`Shard.flush`. A frame written but not yet synced is served to no one
+(pulls and catch-ups stop before it). ``Durability.OS``: the ``write`` alone, which
+survives the death of the process (the data is in the kernel) but not of the machine.
+The benchmark measures both. The store itself is never synced: it is rebuilt from the
+journal.
 
 **Signatures.** On a secured mesh the node gives its shard a signer and a verifier
 (:meth:`Shard.use_signatures`). The shard signs each record its agent writes, chained to
@@ -145,7 +158,8 @@ from porter_mesh.errors import ConfigError, KnowledgeError, StorageError, SyncEr
 if TYPE_CHECKING:
     import rdflib
 
-__all__ = ["Durability", "MergeReport", "RefusedRecord", "Shard", "ShardStats", "SyncOutcome"]
+__all__ = ["Durability", "Index", "MergeReport", "RefusedRecord", "Shard", "ShardStats",
+           "SyncOutcome"]
 
 #: Signs the bytes of a record (``record_signing_bytes``): returns 64 bytes.
 SignRecord = Callable[[bytes], bytes]
@@ -184,6 +198,21 @@ class Durability(enum.Enum):
 
     FSYNC = "fsync"
     OS = "os"
+
+
+class Index(enum.Enum):
+    """Where the shard keeps its Oxigraph store, the index over the journal."""
+
+    #: In memory, rebuilt from the journal at start (fast; about 2.3 KB per observation).
+    MEMORY = "memory"
+    #: RocksDB under ``oxigraph/`` (for shards larger than memory; slower to write and
+    #: to query).
+    DISK = "disk"
+
+
+#: Observations per store write while the in-memory index is rebuilt at start: bounds
+#: the N-Triples text held at once, however large the journal.
+_REPLAY_CHUNK: Final = 16384
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +297,13 @@ class ShardStats:
 
 
 class _Journal:
-    """Append-only, checksummed record log with a group-commit fsync."""
+    """Append-only, checksummed record log with a group-commit fsync.
+
+    ``append`` writes (under the shard's lock); ``sync_to`` makes the file durable up to
+    an offset and may run on any thread, outside that lock. Callers that wait for the
+    same ``fdatasync`` share it: whoever takes ``_sync_lock`` first syncs everything
+    written so far, and the others find their frames already covered when they get it.
+    """
 
     def __init__(self, path: pathlib.Path, *, fsync: bool) -> None:
         self.path = path
@@ -286,11 +321,21 @@ class _Journal:
             os.fsync(self._fd)
             _fsync_dir(path.parent)
         self.end = os.fstat(self._fd).st_size
+        #: The journal is durable up to here (== ``end`` when nothing waits for a sync).
+        self.synced = self.end
+        self._sync_lock = threading.Lock()
+        #: fdatasync calls made (the benchmark and tests count group commits with it).
+        self.syncs = 0
 
-    def scan(self) -> Iterator[tuple[int, bytes]]:
-        """Yield ``(offset, payload)`` of every intact frame; cut a torn tail."""
+    def scan(self, until: int | None = None) -> Iterator[tuple[int, bytes]]:
+        """Yield ``(offset, payload)`` of every intact frame; cut a torn tail.
+
+        Args:
+            until: read only the frames before this offset (one this journal reached),
+                and change nothing: safe while other threads append.
+        """
         with open(self.path, "rb") as fh:
-            data = fh.read()
+            data = fh.read() if until is None else fh.read(until)
         if not data.startswith(_MAGIC):
             raise KnowledgeError(
                 f"{self.path} is not a porter-mesh knowledge journal; move it aside or "
@@ -315,15 +360,26 @@ class _Journal:
                 )
             yield pos, payload
             pos = stop
+        if until is not None:
+            return
         if pos < size:
             log.warning("knowledge journal %s: cutting a torn tail of %d bytes at %d",
                         self.path, size - pos, pos)
             os.ftruncate(self._fd, pos)
             os.fsync(self._fd)
-        self.end = pos
+        self.end = self.synced = pos
 
-    def append(self, payloads: Sequence[bytes]) -> list[int]:
-        """Append frames with one write (and one fdatasync under FSYNC); their offsets."""
+    def append(self, payloads: Sequence[bytes], *, sync: bool = True) -> list[int]:
+        """Append frames with one write; their offsets.
+
+        Args:
+            payloads: the records' encodings.
+            sync: under FSYNC, also make them durable before returning (else the caller
+                calls :meth:`sync_to` later, outside the shard's lock).
+
+        Raises:
+            StorageError: the write failed; the file is cut back to its last good frame.
+        """
         offsets = []
         parts = []
         pos = self.end
@@ -341,8 +397,6 @@ class _Journal:
             while buf:
                 written = os.write(self._fd, buf)
                 buf = buf[written:]
-            if self._fsync:
-                os.fdatasync(self._fd)
         except OSError as exc:
             raise self._failed(exc) from None
         if self._failing:
@@ -350,7 +404,38 @@ class _Journal:
             log.warning("knowledge journal %s: writing again (%s bytes free)", self.path,
                         _free_bytes(self.path))
         self.end = pos
+        if not self._fsync:
+            self.synced = pos  # OS durability: the write is all there is
+        elif sync:
+            self.sync_to(pos)
         return offsets
+
+    def sync_to(self, end: int) -> None:
+        """Return once the journal is durable up to ``end`` (one shared fdatasync).
+
+        Raises:
+            StorageError: the fdatasync failed: what it covers is not known to be on disk.
+        """
+        if self.synced >= end:
+            return
+        with self._sync_lock:
+            if self.synced >= end:
+                return  # another caller's fdatasync covered it meanwhile
+            # Everything written before the fdatasync starts is covered by it, and
+            # ``end`` moves only once a write is complete.
+            target = self.end
+            try:
+                os.fdatasync(self._fd)
+            except OSError as exc:
+                self.failures += 1
+                raise StorageError(
+                    f"could not make the knowledge journal {self.path} durable: "
+                    f"{exc.strerror or exc}; check the disk (records written since the last "
+                    "good sync are not acknowledged)",
+                    path=str(self.path), free_bytes=_free_bytes(self.path), errno_=exc.errno,
+                ) from None
+            self.syncs += 1
+            self.synced = max(self.synced, target)
 
     def _cut(self) -> None:
         """Cut the file back to the end of the last good frame."""
@@ -431,19 +516,28 @@ def _ntriples(observations: Iterable[Observation]) -> bytes:
     """
     out: list[bytes] = []
     add = out.append
-    dumps = orjson.dumps
     for obs in observations:
-        s = b"<" + obs.iri.encode()
-        add(s + _T_TYPE)
-        add(s + _T_ABOUT + dumps(obs.about) + b" .\n")
-        add(s + _T_FINDING + dumps(obs.finding) + b" .\n")
-        add(s + _T_BY + dumps(obs.discovered_by) + b" .\n")
-        add(s + _T_AT + obs.generated_at.encode() + _T_AT_END)
-        if obs.context is not None:
-            add(s + _T_CONTEXT + dumps(obs.context) + b" .\n")
-        if obs.severity is not None:
-            add(s + _T_SEVERITY + dumps(obs.severity) + b" .\n")
+        _render(add, obs.iri, obs.about, obs.finding, obs.discovered_by, obs.generated_at,
+                obs.context, obs.severity)
     return b"".join(out)
+
+
+def _render(
+    add: Callable[[bytes], None], iri: str, about: str, finding: str, by: str, at: str,
+    context: str | None, severity: str | None,
+) -> None:
+    """Pass the N-Triples lines of one observation to ``add`` (see :func:`_ntriples`)."""
+    s = b"<" + iri.encode()
+    dumps = orjson.dumps
+    add(s + _T_TYPE)
+    add(s + _T_ABOUT + dumps(about) + b" .\n")
+    add(s + _T_FINDING + dumps(finding) + b" .\n")
+    add(s + _T_BY + dumps(by) + b" .\n")
+    add(s + _T_AT + at.encode() + _T_AT_END)
+    if context is not None:
+        add(s + _T_CONTEXT + dumps(context) + b" .\n")
+    if severity is not None:
+        add(s + _T_SEVERITY + dumps(severity) + b" .\n")
 
 
 def _find_malloc_trim() -> Callable[[int], int] | None:
@@ -509,10 +603,10 @@ class _Applier:
                 if self._recover is not None:
                     return  # the store is rebuilt from the journal, which holds this batch
                 self._raise_error()
-            while self._queue and self._pending + len(task.add) > self._max_pending:
+            while self._queue and self._pending + task.weight > self._max_pending:
                 self._cond.wait()
             self._queue.append(task)
-            self._pending += len(task.add)
+            self._pending += task.weight
             self._cond.notify_all()
 
     def drain(self, recovery_timeout: float = 0.0) -> None:
@@ -549,15 +643,18 @@ class _Applier:
                 if not self._queue:
                     return
                 task = self._queue.popleft()
-                self._pending -= len(task.add)
+                self._pending -= task.weight
                 # Join what else is waiting: Oxigraph's bulk load costs about 25 ms per
                 # call on top of its per-triple cost, so fewer, larger writes keep up
                 # better when batches arrive faster than the store takes them.
-                while self._queue and len(task.add) + len(self._queue[0].add) <= self._max_join:
+                while (self._queue and not task.rebuild_until
+                       and not self._queue[0].rebuild_until
+                       and task.weight + self._queue[0].weight <= self._max_join):
                     more = self._queue.popleft()
-                    self._pending -= len(more.add)
+                    self._pending -= more.weight
                     task = _StoreTask([*task.add, *more.add], [*task.remove, *more.remove],
-                                      more.new_mark, task.old_marks)
+                                      more.new_mark, task.old_marks, task.text + more.text,
+                                      task.rendered + more.rendered)
                 self._busy = True
                 self._cond.notify_all()
             failed = False
@@ -625,6 +722,17 @@ class _StoreTask:
     remove: Sequence[bytes]
     new_mark: int
     old_marks: Sequence[int]
+    #: N-Triples of more observations, already written (the rebuild at start).
+    text: bytes = b""
+    #: How many observations ``text`` holds.
+    rendered: int = 0
+    #: Rebuild the in-memory index from the journal's frames before this offset.
+    rebuild_until: int = 0
+
+    @property
+    def weight(self) -> int:
+        """Observations this task adds (what the applier's queue bound counts)."""
+        return len(self.add) + self.rendered
 
 
 # --- the shard ------------------------------------------------------------------------------
@@ -642,6 +750,7 @@ class Shard:
             for tools that only read and merge (``remember``/``retract`` then refuse).
         durability: when a write counts as stored (see the module docstring).
         create: create the shard if the directory holds none (else raise).
+        index: where the Oxigraph store lives (see the module docstring).
 
     Raises:
         ConfigError: the agent name is invalid, or the directory belongs to another agent.
@@ -655,8 +764,10 @@ class Shard:
         agent: str | None = None,
         durability: Durability = Durability.FSYNC,
         create: bool = True,
+        index: Index = Index.MEMORY,
     ) -> None:
         self.data_dir = pathlib.Path(data_dir)
+        self.index = index
         if agent is not None:
             check_agent_name(agent)
         self._lock = threading.RLock()
@@ -677,22 +788,27 @@ class Shard:
             self._journal = journal = _Journal(self.data_dir / "knowledge.journal",
                                                fsync=durability is Durability.FSYNC)
             self._state = ReplicaState()
-            self._load_journal()
-            try:
-                self._store = ox.Store(str(self.data_dir / "oxigraph"))
-            except OSError as exc:
-                raise KnowledgeError(
-                    f"cannot open the Oxigraph store in {self.data_dir / 'oxigraph'}: {exc}; "
-                    "it is rebuilt from the journal if you move it aside"
-                ) from None
+            self._store = self._open_store()
             self._generation = 0
             self._checkpoint_gen = -1
             self._checkpoint_dir: pathlib.Path | None = None
-            self._replay()
             self._sign: SignRecord | None = None
             self._verify: VerifyRecord | None = None
             self._last_link: tuple[int, bytes] | None = None  # (seq, link) of our last
             self._applier = _Applier(self._write_store, recover=self._reopen_store)
+            try:
+                for _ in self._load_journal(rebuild=False):
+                    pass  # the replica state only: the shard can serve the mesh now
+                if self.index is Index.DISK:
+                    self._replay()
+                elif self._journal.end > len(_MAGIC):
+                    # The index is rebuilt by the store thread, reading the journal up
+                    # to here again; queries wait for it (they drain the store thread).
+                    self._applier.submit(_StoreTask((), (), 0, (),
+                                                    rebuild_until=self._journal.end))
+            except BaseException:
+                self._applier.close()
+                raise
             self._engine = QueryEngine(self._store, checkpoint=self._checkpoint)
             self._graph: rdflib.Graph | None = None
         except BaseException:
@@ -735,13 +851,57 @@ class Shard:
         os.replace(tmp, meta_path)
         _fsync_dir(self.data_dir)
 
-    def _load_journal(self) -> None:
-        load = self._state.load
-        for offset, payload in self._journal.scan():
-            item = msgpack.unpackb(payload, raw=False)
-            kind = RecordKind(item[0])
-            target = item[4] if kind is RecordKind.RETRACTION else None
-            load(item[1], item[2], item[3][:16], kind, target, offset)
+    def _load_journal(self, *, rebuild: bool, load_state: bool = True,
+                      until: int | None = None) -> Iterator[_StoreTask]:
+        """Read the journal: rebuild the replica state, and with ``rebuild`` the store.
+
+        The in-memory store is rebuilt in the same pass: each observation's N-Triples are
+        written from the decoded frame and yielded in chunks, which the caller hands to
+        the store thread, so the store indexes one chunk (Oxigraph releases the GIL)
+        while the next is read. Retracted observations are loaded and removed at the end
+        (a retraction may come long after its observation).
+
+        Args:
+            rebuild: yield store tasks that write every observation of the journal.
+            load_state: rebuild the replica state too (only at opening).
+            until: read only the frames before this offset (see ``_Journal.scan``).
+        """
+        load, unpack = self._state.load, msgpack.unpackb
+        obs_kind, ret_kind = RecordKind.OBSERVATION, RecordKind.RETRACTION
+        parts: list[bytes] = []
+        rendered = 0
+        targets: list[bytes] = []
+        for offset, payload in self._journal.scan(until):
+            item = unpack(payload, raw=False)
+            if item[0] == obs_kind:
+                if load_state:
+                    load(item[1], item[2], item[3][:16], obs_kind, None, offset)
+                if rebuild:
+                    # [0, origin, seq, id, about, finding, generatedAt, context, severity]
+                    _render(parts.append, observation_iri(item[3]), item[4], item[5],
+                            item[1], item[6], item[7], item[8])
+                    rendered += 1
+                    if rendered == _REPLAY_CHUNK:
+                        yield _StoreTask((), (), 0, (), b"".join(parts), rendered)
+                        parts, rendered = [], 0
+            else:
+                if load_state:
+                    load(item[1], item[2], item[3][:16], ret_kind, item[4], offset)
+                targets.append(item[4])
+        if rebuild and (parts or targets):
+            yield _StoreTask((), targets, 0, (), b"".join(parts), rendered)
+
+    def _open_store(self) -> ox.Store:
+        """A store for the index kind: empty in memory, or the RocksDB one on disk."""
+        if self.index is Index.MEMORY:
+            return ox.Store()
+        try:
+            return ox.Store(str(self.data_dir / "oxigraph"))
+        except OSError as exc:
+            raise KnowledgeError(
+                f"cannot open the Oxigraph store in {self.data_dir / 'oxigraph'}: {exc}; "
+                "it is rebuilt from the journal if you move it aside"
+            ) from None
 
     def _watermarks(self) -> list[int]:
         return [int(q.object.value) for q in
@@ -749,6 +909,7 @@ class Shard:
                 if isinstance(q.object, ox.Literal)]
 
     def _replay(self) -> None:
+        """Apply what the journal holds past the on-disk store's watermark."""
         marks = self._watermarks()
         mark = max(marks, default=len(_MAGIC))
         if mark > self._journal.end:
@@ -790,13 +951,18 @@ class Shard:
                 return
             self._release_store()
             try:
-                self._store = ox.Store(str(self.data_dir / "oxigraph"))
-            except OSError:
+                self._store = self._open_store()
+            except KnowledgeError as exc:
                 self._store = ox.Store()  # empty, in memory, until the next attempt
-                raise
+                raise OSError(str(exc)) from None
             finally:
                 self._engine = QueryEngine(self._store, checkpoint=self._checkpoint)
-            self._replay()
+            if self.index is Index.DISK:
+                self._replay()
+            else:  # on this (the store's) thread: write the whole journal again
+                for task in self._load_journal(rebuild=True, load_state=False,
+                                               until=self._journal.end):
+                    self._write_store(task)
         finally:
             self._lock.release()
 
@@ -827,11 +993,12 @@ class Shard:
         return self._journal.failures
 
     def _write_own(self, record: Record) -> Record:
-        """Sign (when there is a signer) and store this agent's new record."""
+        """Sign (when there is a signer) and write this agent's new record (not synced:
+        the caller syncs outside the lock, see :meth:`flush`)."""
         if self._sign is not None:
             record = sign_record(record, self._link_below(record.origin, record.seq),
                                  self._sign)
-        self._commit([record])
+        self._commit([record], sync=False)
         self._last_link = (record.seq, record_link(record))  # only once it is stored
         return record
 
@@ -882,17 +1049,28 @@ class Shard:
         """
         store, add, remove = self._store, task.add, task.remove
         try:
+            if task.rebuild_until:
+                for part in self._load_journal(rebuild=True, load_state=False,
+                                               until=task.rebuild_until):
+                    self._write_store(part)
+                return
+            if self.index is Index.MEMORY:
+                # A transactional load is the fast path in memory (the bulk loader's
+                # sorting pays off only for RocksDB's files), and nothing is watermarked:
+                # the index is rebuilt from the whole journal at every start.
+                text = task.text + _ntriples(add) if add else task.text
+                if text:
+                    store.load(text, format=ox.RdfFormat.N_TRIPLES, lenient=True)
+                self._remove_from_store(remove)
+                self._generation += 1
+                return
             if len(add) >= BULK_THRESHOLD:
                 store.bulk_load(_ntriples(add), format=ox.RdfFormat.N_TRIPLES, lenient=True)
                 if _MALLOC_TRIM is not None:
                     _MALLOC_TRIM(0)
             elif add:
                 store.load(_ntriples(add), format=ox.RdfFormat.N_TRIPLES, lenient=True)
-            for start in range(0, len(remove), 256):
-                store.update(";\n".join(
-                    f"DELETE WHERE {{ <{observation_iri(t)}> ?p ?o }}"
-                    for t in remove[start:start + 256]
-                ))
+            self._remove_from_store(remove)
             store.add(_watermark_quad(task.new_mark))
             for old in task.old_marks:
                 if old != task.new_mark:
@@ -901,8 +1079,16 @@ class Shard:
             raise KnowledgeError(f"the Oxigraph store failed ({exc})") from None
         self._generation += 1
 
+    def _remove_from_store(self, targets: Sequence[bytes]) -> None:
+        for start in range(0, len(targets), 256):
+            self._store.update(";\n".join(
+                f"DELETE WHERE {{ <{observation_iri(t)}> ?p ?o }}"
+                for t in targets[start:start + 256]
+            ))
+
     def _commit(
-        self, records: Sequence[Record], *, after: Mapping[str, int] | None = None
+        self, records: Sequence[Record], *, after: Mapping[str, int] | None = None,
+        sync: bool = True,
     ) -> MergeReport:
         self._check_open()
         records, refused = self._verified(records)
@@ -912,7 +1098,7 @@ class Shard:
         old_mark = self._journal.end
         # A failed write raises StorageError here, before the state changes: nothing of
         # the batch counts as held, and pulls or a catch-up bring it again later.
-        offsets = self._journal.append([encode_record(r) for r in plan.accepted])
+        offsets = self._journal.append([encode_record(r) for r in plan.accepted], sync=sync)
         self._state.apply(plan, offsets)
         self._applier.submit(_StoreTask(plan.add, plan.remove, self._journal.end, (old_mark,)))
         return MergeReport(len(plan.accepted), plan.duplicates, len(plan.add), len(plan.remove),
@@ -932,8 +1118,12 @@ class Shard:
         severity: str | None = None,
         context: str | None = None,
         generated_at: str | None = None,
+        durable: bool = True,
     ) -> Record:
         """Store a new observation by this shard's agent; durable when this returns.
+
+        Concurrent callers (threads) share their ``fdatasync``: it runs outside the
+        shard's lock, and one covers every record written before it started.
 
         Args:
             about: what it is about (e.g. ``urn:porter:file:server.ts``).
@@ -941,6 +1131,9 @@ class Shard:
             severity: optional short token (``info``, ``high``...).
             context: optional task id (``urn:porter:task:<id>``).
             generated_at: canonical UTC timestamp; default now.
+            durable: ``False`` returns once the record is written but not yet synced:
+                the caller must call :meth:`flush` before it reports the record as
+                stored or sends it anywhere (pulls and catch-ups serve it only then).
 
         Returns:
             The record (to broadcast as ``Records((record,))``), signed when the shard
@@ -955,7 +1148,29 @@ class Shard:
         obs = Observation(about, finding, agent, generated_at or format_timestamp(time.time()),
                           context, severity)
         with self._lock:
-            return self._write_own(Record(agent, self._state.next_seq(agent), obs))
+            self._check_open()
+            record = self._write_own(Record(agent, self._state.next_seq(agent), obs))
+            end = self._journal.end
+        if durable:
+            self._journal.sync_to(end)
+        return record
+
+    def flush(self) -> None:
+        """Make every record written so far durable (under ``Durability.FSYNC``).
+
+        Safe to call from any thread and outside the shard's lock: callers that wait at
+        the same time share one ``fdatasync`` (group commit).
+
+        Raises:
+            StorageError: the ``fdatasync`` failed.
+        """
+        self._check_open()
+        self._journal.sync_to(self._journal.end)
+
+    @property
+    def journal_syncs(self) -> int:
+        """``fdatasync`` calls made on the journal since the shard was opened."""
+        return self._journal.syncs
 
     def retract(self, observation: str | bytes) -> Record:
         """Withdraw an observation everywhere, permanently.
@@ -986,17 +1201,24 @@ class Shard:
                     f"no observation {observation_iri(target)} in this shard; find its id "
                     "with a query such as SELECT ?obs WHERE {{ ?obs porter:about ?a }}"
                 )
-            return self._write_own(Record(agent, self._state.next_seq(agent),
-                                          Retraction(target, agent, format_timestamp(time.time()))))
+            record = self._write_own(Record(agent, self._state.next_seq(agent),
+                                            Retraction(target, agent,
+                                                       format_timestamp(time.time()))))
+            end = self._journal.end
+        self._journal.sync_to(end)
+        return record
 
     def merge(
-        self, records: Sequence[Record], *, after: Mapping[str, int] | None = None
+        self, records: Sequence[Record], *, after: Mapping[str, int] | None = None,
+        durable: bool = True,
     ) -> MergeReport:
         """Merge records from peers as one batch (one journal write, one fsync).
 
         Args:
             records: decoded records (their content hashes were checked by decoding).
             after: for a catch-up chunk, the version vector sent in the request.
+            durable: ``False`` returns before the fsync; the caller calls :meth:`flush`
+                (the records are served to no one before it).
 
         Returns:
             What changed, and which records were left out for their signatures.
@@ -1009,7 +1231,7 @@ class Shard:
         if len(records) > MAX_RECORDS_PER_MESSAGE * 16:
             raise SyncError(f"a merge batch of {len(records)} records is too large; split it")
         with self._lock:
-            return self._commit(records, after=after)
+            return self._commit(records, after=after, sync=durable)
 
     # -- sync --
 
@@ -1098,7 +1320,10 @@ class Shard:
     def _read_records(self, locators: Sequence[int]) -> list[Record]:
         out: list[Record] = []
         size = 0
+        synced = self._journal.synced
         for loc in locators:
+            if loc >= synced:
+                break  # written but not yet durable: not sent anywhere before it is
             payload = self._journal.read(loc)
             size += len(payload)
             if size > _REPLY_BUDGET or len(out) == MAX_RECORDS_PER_MESSAGE:
@@ -1218,7 +1443,17 @@ class Shard:
                     shutil.rmtree(old, ignore_errors=True)
             root.mkdir(exist_ok=True)
             target = root / f"{os.getpid()}-{self._generation}"
-            self._store.backup(str(target))
+            if self.index is Index.DISK:
+                self._store.backup(str(target))  # hard links: cheap
+            else:
+                # An in-memory store has no files to link: write a copy (a bulk load,
+                # some seconds per 100k observations; kept until the next write).
+                copy = ox.Store(str(target))
+                copy.bulk_load(self._store.dump(format=ox.RdfFormat.N_QUADS),
+                               format=ox.RdfFormat.N_QUADS)
+                copy.flush()
+                del copy
+                gc.collect()  # RocksDB's lock goes with the last reference
             self._checkpoint_dir, self._checkpoint_gen = target, self._generation
             return str(target)
 

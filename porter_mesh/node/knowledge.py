@@ -118,6 +118,31 @@ MAX_REFUSED_ORIGINS: Final = 1000
 #: Seconds an agent's first write waits for a first catch-up (see SyncKnowledge.remember).
 FIRST_WRITE_WAIT: Final = 10.0
 _TICK: Final = 0.1
+#: Seconds a synchronous Remember may take (a write and one shared fdatasync).
+REMEMBER_TIMEOUT: Final = 60.0
+
+
+def _remembered(activity: Activity) -> tuple[str, str, str | None]:
+    """``(about, finding, severity)`` of a ``Remember`` activity's Note.
+
+    Raises:
+        KnowledgeError: the activity is not a Remember of a Note with both fields.
+    """
+    obj = activity.object
+    if activity.type != "Remember" or obj is None or isinstance(obj, str):
+        raise KnowledgeError("remember needs a Remember activity whose object is a Note "
+                             "with 'about' and 'content'")
+    about, finding = obj.about, obj.content
+    if not about or not finding:
+        raise KnowledgeError("the Remember's object needs both 'about' and 'content'")
+    severity = obj.extra.get("severity")
+    return about, finding, severity if isinstance(severity, str) else None
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """Mark a shared sync's outcome as seen (its failure is counted where it happens)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _asked_key(message: SyncMessage) -> tuple[Any, ...] | None:
@@ -202,6 +227,8 @@ class Knowledge:
         self.refused_by_origin: collections.Counter[str] = collections.Counter()
         self._keys_in_use = False
         self._signer_error: SecurityError | None = None
+        self._next_sync: asyncio.Future[None] | None = None
+        self._syncing: asyncio.Future[None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -230,6 +257,9 @@ class Knowledge:
                 self._remove_listener()
             self._remove_listener = None
         self._merge_inbound()
+        while self._syncing is not None:  # what was merged is durable before the shard closes
+            with contextlib.suppress(BaseException):
+                await self._syncing
         self.node.view_sections.pop("knowledge", None)
         self._closed = True
         for _, fut in self._waiters:
@@ -255,18 +285,41 @@ class Knowledge:
         Raises:
             KnowledgeError: the activity is not such a Remember, or the shard refused it.
         """
-        obj = activity.object
-        if activity.type != "Remember" or obj is None or isinstance(obj, str):
-            raise KnowledgeError("remember needs a Remember activity whose object is a Note "
-                                 "with 'about' and 'content'")
-        about, finding = obj.about, obj.content
-        if not about or not finding:
-            raise KnowledgeError("the Remember's object needs both 'about' and 'content'")
-        severity = obj.extra.get("severity")
-        record = self.async_observe(
-            about, finding, context=activity.context,
-            severity=severity if isinstance(severity, str) else None,
-        )
+        about, finding, severity = _remembered(activity)
+        record = self.async_observe(about, finding, context=activity.context,
+                                    severity=severity)
+        with contextlib.suppress(KnowledgeError, ActivityError):
+            self.node.async_publish(C.CHANNEL_LOG, activity)
+        return record
+
+    async def aremember(self, activity: Activity) -> Record:
+        """Like :meth:`async_remember`, but concurrent calls share their ``fdatasync``.
+
+        The record is written on the loop thread; the sync runs on a worker thread, where
+        every Remember written before it started is covered by the same one (group
+        commit). The record is broadcast, and this returns, only once it is durable.
+
+        Args:
+            activity: a ``Remember`` (see :meth:`async_remember`).
+
+        Returns:
+            The stored record.
+
+        Raises:
+            KnowledgeError: the activity is not such a Remember.
+            StorageError: the shard could not write or sync it; nothing was broadcast.
+        """
+        about, finding, severity = _remembered(activity)
+        self._ready_to_write()
+        try:
+            record = self.shard.remember(about, finding, context=activity.context,
+                                         severity=severity, durable=False)
+            # Shielded: a caller that gives up must not cancel the sync others share.
+            await asyncio.shield(self._sync_journal())
+        except StorageError:
+            self.counters["storage.write-failed"] += 1
+            raise
+        self.async_broadcast(record)
         with contextlib.suppress(KnowledgeError, ActivityError):
             self.node.async_publish(C.CHANNEL_LOG, activity)
         return record
@@ -513,7 +566,11 @@ class Knowledge:
         if not inbound or self._closed:
             return
         try:
-            report = self.shard.merge([r for _, m in inbound for r in m.records])
+            # Synced behind, off the loop (see _flush_behind): broadcast records are
+            # acknowledged to no one, and the shard serves none before its sync.
+            report = self.shard.merge([r for _, m in inbound for r in m.records],
+                                      durable=False)
+            self._flush_soon()
         except StorageError:
             # Nothing of the batch is held: gap pulls and digests bring it again later.
             self.counters["storage.write-failed"] += 1
@@ -530,6 +587,45 @@ class Knowledge:
                     self.counters["storage.write-failed"] += 1
         if report is not None:
             self._merged(report, inbound[-1][0], broadcast=True)
+
+    def _sync_journal(self) -> asyncio.Future[None]:
+        """A future done once a journal sync that starts after this call has ended.
+
+        Group commit on the loop: one sync runs at a time on a worker thread; whoever
+        asks while it runs waits for the next one, which covers them all, so a burst of
+        Remembers costs one thread hop and one ``fdatasync`` per group, not per record.
+        """
+        waiting = self._next_sync
+        if waiting is None:
+            waiting = self._next_sync = asyncio.get_running_loop().create_future()
+            if self._syncing is None:
+                self._start_sync()
+        return waiting
+
+    def _start_sync(self) -> None:
+        waiting, self._next_sync = self._next_sync, None
+        assert waiting is not None
+        self._syncing = asyncio.ensure_future(self._run_sync(waiting))
+
+    async def _run_sync(self, done: asyncio.Future[None]) -> None:
+        try:
+            await asyncio.to_thread(self.shard.flush)
+        except (StorageError, KnowledgeError) as exc:  # a failed sync, or a closed shard
+            if isinstance(exc, StorageError):
+                self.counters["storage.sync-failed"] += 1
+            if not done.done():
+                done.set_exception(exc)
+        else:
+            if not done.done():
+                done.set_result(None)
+        finally:
+            self._syncing = None
+            if self._next_sync is not None:
+                self._start_sync()
+
+    def _flush_soon(self) -> None:
+        """Have merged records synced behind, without waiting (nobody is answered)."""
+        self._sync_journal().add_done_callback(_retrieved)
 
     def _merged(self, report: MergeReport, peer: str, *, broadcast: bool = False) -> None:
         if report.refused:
@@ -875,7 +971,8 @@ class SyncKnowledge:
         self._first_write_done = False
 
     def remember(self, activity: Activity) -> None:
-        """Store durably and replicate (returns once stored).
+        """Store durably and replicate (returns once stored). Threads that call it at
+        once share their ``fdatasync`` (see :meth:`Knowledge.aremember`).
 
         The first write waits (up to :data:`FIRST_WRITE_WAIT` seconds) for a first
         catch-up when peers are known: a node whose data directory was lost learns its
@@ -891,7 +988,7 @@ class SyncKnowledge:
                 with contextlib.suppress(TimeoutError):
                     self._node.run_coroutine(self.knowledge.wait_caught_up(1, FIRST_WRITE_WAIT),
                                              FIRST_WRITE_WAIT + 5.0)
-        self._node.call_in_loop(lambda: self.knowledge.async_remember(activity))
+        self._node.run_coroutine(self.knowledge.aremember(activity), REMEMBER_TIMEOUT)
 
     def recall(self, sparql: str) -> QueryResult:
         """Run a read-only query on the local shard (on the caller's thread, so the node

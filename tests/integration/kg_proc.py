@@ -12,7 +12,8 @@ is one JSON object with an ``ev`` key:
 * ``dump``: every record held (``[origin, seq, key hex]``) and every live observation
   (``[iri, discoveredBy]``); ``rows``: a query's answer.
 
-Commands (``op`` key): ``remember`` (n, prefix, about, severity, generated_at, quiet),
+Commands (``op`` key): ``remember`` (n, prefix, about, severity, generated_at, quiet,
+concurrency: Remembers in flight at once, sharing their fdatasyncs),
 ``retract`` (id), ``vv`` (version vector, record count and digest, without waiting for the
 store), ``stats``, ``dump``, ``query`` (sparql), ``wait-subscribers``
 (n, timeout), ``quit``.
@@ -159,7 +160,9 @@ async def run_command(cmd: dict[str, Any], node: Node, shard: Shard,
     def reply(**fields: Any) -> None:
         emit(tag=cmd.get("tag"), **fields)
 
-    if op == "remember":
+    if op == "remember" and cmd.get("concurrency", 1) > 1:
+        await remember_concurrently(cmd, node, shard, knowledge, reply)
+    elif op == "remember":
         quiet = cmd.get("quiet", False)
         prefix = cmd.get("prefix", "f")
         started = time.monotonic()
@@ -209,6 +212,30 @@ async def run_command(cmd: dict[str, Any], node: Node, shard: Shard,
             reply(ev="error", op=op, error=str(exc), type="TimeoutError")
     else:
         reply(ev="error", op=op, error=f"unknown op {op!r}", type="usage")
+
+
+async def remember_concurrently(cmd: dict[str, Any], node: Node, shard: Shard,
+                                knowledge: Knowledge, reply: Callable[..., None]) -> None:
+    """``n`` Remembers with up to ``concurrency`` in flight (they share fdatasyncs); each
+    ``stored`` event is emitted once its Remember is acknowledged."""
+    quiet = cmd.get("quiet", False)
+    prefix = cmd.get("prefix", "f")
+    about = cmd.get("about", "urn:porter:file:x")
+    slots = asyncio.Semaphore(cmd["concurrency"])
+    syncs = shard.journal_syncs
+    started = time.monotonic()
+
+    async def one(i: int) -> None:
+        async with slots:
+            record = await knowledge.aremember(remember_activity(
+                node.name, about, f"{prefix}{i}", cmd.get("severity")))
+        if not quiet:
+            emit(ev="stored", seq=record.seq, id=record.body.id.hex())
+
+    await asyncio.gather(*(one(i) for i in range(cmd.get("n", 1))))
+    reply(ev="stored-batch", n=cmd.get("n", 1), prefix=prefix,
+          seconds=time.monotonic() - started, top=shard.state.top_seq(node.name),
+          fsyncs=shard.journal_syncs - syncs)
 
 
 def poll(cond: Callable[[], Any], timeout: float, what: str) -> Any:

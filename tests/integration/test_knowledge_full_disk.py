@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from porter_mesh.adapters.shard import Shard
+from porter_mesh.adapters.shard import Index, Shard
 from porter_mesh.core.knowledge import Observation, Record, format_timestamp
 from porter_mesh.errors import KnowledgeError, StorageError
 from tests.integration.harness import peers_seen
@@ -116,13 +116,13 @@ def test_a_remember_on_a_full_disk_is_not_acknowledged_and_the_shard_recovers(
 
 def test_a_store_that_could_not_write_is_reopened_by_itself_when_space_returns(
         tmp_path: pathlib.Path) -> None:
-    # Only the Oxigraph store is on the tiny file system: the journal (the truth) can
-    # write, RocksDB cannot, and refuses every write after the first failure until the
+    # Only the on-disk Oxigraph store is on the tiny file system: the journal (the truth)
+    # can write, RocksDB cannot, and refuses every write after the first failure until the
     # store is opened again.
     store_dir = tmp_path / "shard" / "oxigraph"
     store_dir.mkdir(parents=True)
     with mounted_tiny(store_dir):
-        shard = Shard(tmp_path / "shard", agent="worker-1")
+        shard = Shard(tmp_path / "shard", agent="worker-1", index=Index.DISK)
         try:
             shard.remember("urn:porter:file:a", "small one")
             shard.sync()
