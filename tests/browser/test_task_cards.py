@@ -48,12 +48,16 @@ class Team:
         long_command = (f"setsid sleep 3013 & echo $! >> {self.pids}; "
                         f"echo $$ >> {self.pids}; echo up > {fifo}; wait")
         self.ui = Dashboard(self.name, root / "ui", log_dir=root / "logs")
-        self.agents: list[Proc] = [
-            agent("worker", "lead", self.name, root, "--delegate-to", "helper",
-                  "--work-command", long_command),
-            agent("worker", "helper", self.name, root, "--work-command", long_command),
-            agent("worker", "asker", self.name, root, "--ask", QUESTION),
-        ]
+        self.agents: list[Proc] = []
+        try:  # one that fails to start must not leave the others (and the page) running
+            self.agents.append(agent("worker", "lead", self.name, root, "--delegate-to",
+                                     "helper", "--work-command", long_command))
+            self.agents.append(agent("worker", "helper", self.name, root, "--work-command",
+                                     long_command))
+            self.agents.append(agent("worker", "asker", self.name, root, "--ask", QUESTION))
+        except BaseException:
+            self.close()
+            raise
 
     def api(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
