@@ -124,10 +124,13 @@ def test_usable_at_1024_by_700(browser: Any, team: tuple[str, Dashboard],
         for button in (".drain-all", ".halt-all"):
             _inside(page.get_by_test_id("roster").locator(button), roster, button)
         for name in ("worker-1", "reviewer-2"):
-            box = card(page, name).bounding_box()
             for button in (f"drain-{name}", f"halt-{name}"):
-                if card(page, name).get_by_test_id(button).bounding_box()["y"] < 700:
-                    _inside(card(page, name).get_by_test_id(button), box, button)
+                # A card is drawn again when the agent's view arrives: wait for the button.
+                shown_button = card(page, name).get_by_test_id(button)
+                expect(shown_button).to_be_visible(timeout=WAIT_MS)
+                box = card(page, name).bounding_box()
+                if shown_button.bounding_box()["y"] < 700:
+                    _inside(shown_button, box, button)
             shown = card(page, name).locator(".name")
             # The whole name is shown, not cut with an ellipsis.
             assert shown.evaluate("n => n.scrollWidth <= n.clientWidth"), name
