@@ -534,6 +534,7 @@ def holding(forager: Forager) -> list[str]:
     return [m["id"] for m in forager.received("task.assign") if m["id"] not in ended]
 
 
+@pytest.mark.slow  # a kill -9 and a restart: a long fault run
 @pytest.mark.parametrize("board_notices", [False, True], ids=["given-back", "re-offered"])
 def test_a_bridge_killed_and_restarted_takes_its_forager_back(
         mesh: str, started: list[Any], board_notices: bool) -> None:
@@ -590,6 +591,7 @@ def test_a_bridge_killed_and_restarted_takes_its_forager_back(
     assert "in-review -> done" in err, err[-3000:]
 
 
+@pytest.mark.slow  # a kill -9 and a restart: a long fault run
 def test_an_offer_in_flight_across_a_bridge_restart_reaches_the_forager_once(
         mesh: str, started: list[Any]) -> None:
     bridge = bridge_for(started, mesh)
@@ -630,6 +632,7 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
         yield disk
 
 
+@pytest.mark.slow  # a kill -9 and a restart: a long fault run
 def test_an_offer_the_bridge_cannot_record_is_declined_not_lost(
         mesh: str, tiny_disk: Path, started: list[Any],
         monkeypatch: pytest.MonkeyPatch) -> None:

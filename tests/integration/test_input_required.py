@@ -33,6 +33,7 @@ def _tasks(mesh: str) -> dict[str, dict[str, object]]:
     return {r["context"]: r for r in map(json.loads, out.stdout.splitlines())}
 
 
+@pytest.mark.slow  # a kill -9 and a restart: a long fault run
 def test_the_question_survives_a_kill_and_the_answer_completes_the_task(tmp_path: Path
                                                                        ) -> None:
     mesh = f"ir{os.getpid()}-{next(_ids)}"

@@ -137,6 +137,7 @@ def test_the_demo_story_is_one_trace_over_otlp_and_trace_draws_the_same_tree(
     assert not any(line.startswith(("missing", "note", "?")) for line in lines), lines
 
 
+@pytest.mark.slow  # a kill -9 and a restart: a long fault run
 def test_a_reoffer_after_a_killed_worker_stays_in_the_same_trace(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The exporter's endpoint comes from the team file's [otel] table this time.
@@ -175,6 +176,7 @@ def check_reoffer(status: int, console: io.StringIO, receiver: OtlpReceiver) -> 
     assert by_name(spans, "reviewer", "invoke_agent reviewer")
 
 
+@pytest.mark.slow  # a kill -9 and a restart: a long fault run
 def test_trace_says_what_is_missing_when_an_agent_is_gone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)  # rings only
