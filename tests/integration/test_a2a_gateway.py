@@ -37,6 +37,7 @@ from a2a.types.a2a_pb2 import (
 )
 
 from tests.integration.cli_proc import Running, cli
+from tests.tinyfs import fill, tiny_filesystem
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
 
@@ -301,7 +302,6 @@ def test_without_the_sdk_the_command_says_how_to_install(tmp_path: pathlib.Path)
     blocker.mkdir()
     (blocker / "__init__.py").write_text("raise ImportError('a2a is blocked here')\n")
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    import subprocess
     import sys
 
     out = subprocess.run([sys.executable, "-m", "porter_mesh.cli.main", "a2a", "--agent", "w"],
@@ -380,38 +380,8 @@ def test_several_agents_each_at_its_path_listed_by_the_root_card(
 @pytest.fixture
 def small_disk(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
     """A 4 MiB tmpfs of the test's own (root only)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    where = tmp_path / "small"
-    where.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def _fill(disk: pathlib.Path) -> pathlib.Path:
-    """Fill ``disk`` to the last byte; returns the filler file."""
-    filler = disk / "filler"
-    chunk = b"\0" * 65536
-    with filler.open("wb") as out:
-        for _ in range(4 * 1024 * 1024 // len(chunk) + 16):  # bounded: more than the disk
-            try:
-                out.write(chunk)
-                out.flush()
-            except OSError:
-                break
-    for _ in range(4096):  # the last few bytes
-        try:
-            with filler.open("ab") as out:
-                out.write(b"\0" * 64)
-        except OSError:
-            break
-    return filler
+    with tiny_filesystem(tmp_path / "small", size="4m") as disk:
+        yield disk
 
 
 def test_a_full_disk_is_a_clear_error_and_the_gateway_serves_on(
@@ -423,7 +393,7 @@ def test_a_full_disk_is_a_clear_error_and_the_gateway_serves_on(
                 before = await until_stop(client.send_message(message("Write a rhyme")))
                 assert state_of(before[-1]) == TaskState.TASK_STATE_INPUT_REQUIRED
                 kept, _ = task_of(before[0])
-                filler = _fill(small_disk)
+                filler = fill(small_disk)
                 with pytest.raises(Exception) as refused:
                     await until_stop(client.send_message(message("Write another rhyme")))
                 assert "free some space" in str(refused.value), refused.value
