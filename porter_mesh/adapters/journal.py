@@ -88,7 +88,7 @@ import msgpack
 
 from porter_mesh.errors import StorageError
 
-__all__ = ["DeliveryJournal", "JournalRecord", "read_journal"]
+__all__ = ["DeliveryJournal", "JournalRecord", "free_bytes", "read_journal"]
 
 _LEN = struct.Struct(">I")
 _SLOT = struct.Struct("<QQ")
@@ -100,6 +100,15 @@ _BASE_OFFSET = 8 + 2 * _SLOT.size
 _CHECK = 0x9E3779B97F4A7C15
 _MAX_RECORD = 64 * 1024 * 1024
 log = logging.getLogger("porter_mesh.journal")
+
+
+def free_bytes(directory: pathlib.Path) -> int | None:
+    """Bytes this user may still write on the filesystem holding ``directory`` (what a
+    full-disk message reports), or ``None`` when it cannot be read."""
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -500,10 +509,7 @@ class DeliveryJournal:
             raise self._storage_error(error) from error
 
     def _storage_error(self, error: OSError) -> StorageError:
-        try:
-            free: int | None = shutil.disk_usage(self.path.parent).free
-        except OSError:
-            free = None
+        free = free_bytes(self.path.parent)
         return StorageError(
             f"cannot write the delivery journal {self.path}: {error.strerror or error} "
             f"({'unknown' if free is None else free} bytes free); nothing was kept; free "

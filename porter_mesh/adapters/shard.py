@@ -110,6 +110,7 @@ import orjson
 import pyoxigraph as ox
 
 from porter_mesh.adapters.dirlock import DirLock
+from porter_mesh.adapters.journal import free_bytes
 from porter_mesh.adapters.sparql import (
     DEFAULT_DEADLINE,
     DEFAULT_ROW_LIMIT,
@@ -402,7 +403,7 @@ class _Journal:
         if self._failing:
             self._failing = False
             log.warning("knowledge journal %s: writing again (%s bytes free)", self.path,
-                        _free_bytes(self.path))
+                        free_bytes(self.path.parent))
         self.end = pos
         if not self._fsync:
             self.synced = pos  # OS durability: the write is all there is
@@ -432,7 +433,7 @@ class _Journal:
                     f"could not make the knowledge journal {self.path} durable: "
                     f"{exc.strerror or exc}; check the disk (records written since the last "
                     "good sync are not acknowledged)",
-                    path=str(self.path), free_bytes=_free_bytes(self.path), errno_=exc.errno,
+                    path=str(self.path), free_bytes=free_bytes(self.path.parent), errno_=exc.errno,
                 ) from None
             self.syncs += 1
             self.synced = max(self.synced, target)
@@ -448,7 +449,7 @@ class _Journal:
         self._torn = True
         with contextlib.suppress(OSError):  # if even this fails, the next append retries
             self._cut()
-        free = _free_bytes(self.path)
+        free = free_bytes(self.path.parent)
         if not self._failing:
             self._failing = True
             log.error("knowledge journal %s: write failed (%s); %s bytes free on its file "
@@ -475,15 +476,6 @@ class _Journal:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-def _free_bytes(path: pathlib.Path) -> int | None:
-    """Bytes available to this user on the file system holding ``path``."""
-    try:
-        st = os.statvfs(path.parent)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 def _fsync_dir(path: pathlib.Path) -> None:

@@ -30,6 +30,7 @@ from typing import Any, Final
 
 import orjson
 
+from porter_mesh.adapters.journal import free_bytes
 from porter_mesh.errors import StorageError
 
 __all__ = ["RECORD_FILE", "ForagerRecord", "load_record", "save_record"]
@@ -120,10 +121,7 @@ def save_record(directory: pathlib.Path, record: ForagerRecord) -> None:
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        free = None
-        with contextlib.suppress(OSError):
-            st = os.statvfs(directory)
-            free = st.f_bavail * st.f_frsize
+        free = free_bytes(directory)
         raise StorageError(
             f"cannot write {path}: {exc.strerror or exc}; free space on its filesystem "
             "(or point PORTER_MESH_DATA elsewhere) and the bridge takes the message again",

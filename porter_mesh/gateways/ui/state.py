@@ -63,6 +63,7 @@ from typing import Any, Final
 
 import orjson
 
+from porter_mesh.adapters.journal import free_bytes
 from porter_mesh.core import constants as C
 from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity
@@ -392,7 +393,7 @@ class MessageLog:
 
     def _write_failed(self, exc: OSError) -> None:
         self.failures += 1
-        free = _free_bytes(self.path.parent)
+        free = free_bytes(self.path.parent)
         if self._failure is not None:
             self._failure.update(attempts=self._failure["attempts"] + 1, error=str(exc),
                                  free_bytes=free)
@@ -474,14 +475,6 @@ class MessageLog:
             return None
         start = anchor.pos - self._entries[0].pos + 1
         return self._entries[start:]
-
-
-def _free_bytes(directory: pathlib.Path) -> int | None:
-    try:
-        st = os.statvfs(directory)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 # ---------------------------------------------------------------------------- tasks
