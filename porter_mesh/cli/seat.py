@@ -4,7 +4,9 @@
 and hand their activity to :func:`deliver`. A direct channel (``task:<agent>``) waits
 for that agent and for its acknowledgement. A broadcast waits, up to ``wait`` seconds,
 until every node the seat knows of, agents and watchers (``tail``, the dashboard) alike,
-has subscribed to the seat's PUB (:meth:`Node.subscribers`), then publishes: a
+has subscribed to the seat's PUB (:meth:`Node.subscribers`) and introduced itself
+(:meth:`Node.introduced`: its welcome names the peers it knows, who are then waited
+for in turn, so a node mDNS has not answered for yet is not missed), then publishes: a
 watcher that runs when the command runs sees the message. The outcome says who was
 reached and who was not, so that the command can exit 1 naming them.
 
@@ -146,7 +148,9 @@ async def deliver(node: Node, channel: str, activity: Activity, *, wait: float,
     # that has just left).
     while True:
         known = {p.name for p in node.peers() if p.advert.role != C.ROLE_SEAT}
-        missing = known - node.subscribers(C.CHANNEL_CONTROL)
+        # A peer's welcome brings the peers it knows: until it has come, someone that
+        # mDNS has not answered for yet may be missing from ``known``.
+        missing = known - (node.subscribers(C.CHANNEL_CONTROL) & node.introduced())
         raise_refusal(node, missing)
         if not missing or time.monotonic() >= deadline:
             break

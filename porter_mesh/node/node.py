@@ -315,9 +315,10 @@ class _OnceLog:
 
 
 class _PeerLink:
-    """Sockets and endpoints used to reach one peer (``sub``: its own SUB, secured only)."""
+    """Sockets and endpoints used to reach one peer (``sub``: its own SUB, secured only;
+    ``introduced``: its hello or welcome, and so its roster, has arrived on this link)."""
 
-    __slots__ = ("advert", "dealer", "pub_endpoint", "sub")
+    __slots__ = ("advert", "dealer", "introduced", "pub_endpoint", "sub")
 
     def __init__(self, advert: PeerAdvert, dealer: zmq.Socket[bytes], pub_endpoint: str,
                  sub: zmq.Socket[bytes] | None = None) -> None:
@@ -325,6 +326,7 @@ class _PeerLink:
         self.dealer = dealer
         self.pub_endpoint = pub_endpoint
         self.sub = sub
+        self.introduced = False
 
 
 class _Countdown:
@@ -1293,6 +1295,16 @@ class Node:
         peers it knows are hearsay."""
         for advert in (intro.advert, *intro.peers):
             self._found(advert, verified=advert.name == env.sender)
+        link = self._links.get(env.sender)
+        if link is not None:
+            link.introduced = True
+
+    def introduced(self) -> frozenset[str]:
+        """The linked peers whose hello or welcome has arrived on their current link: the
+        peers they know are on this node's roster too. A command that broadcasts once
+        waits for these (and their subscriptions) so that nobody a peer knows is missed
+        because mDNS had not answered yet."""
+        return frozenset(name for name, link in self._links.items() if link.introduced)
 
     # ------------------------------------------------------------------ subscribe
 

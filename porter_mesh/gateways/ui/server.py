@@ -518,10 +518,12 @@ class Dashboard:
         response = web.StreamResponse(headers={
             "Content-Type": "text/event-stream", "Cache-Control": "no-store",
             "X-Accel-Buffering": "no"})
-        await response.prepare(request)
+        # Joined before the headers go out: a page that sees the stream open (and only
+        # then reads history) misses nothing that arrives between the two.
         client, first = self._join(last_id)
         self.counters["streams"] += 1
         try:
+            await response.prepare(request)
             for event in first:
                 await response.write(event)
             while not client.closed:

@@ -153,10 +153,15 @@ async function loadInbox() {
   }
 }
 
+// Opens the live stream; the promise settles once it is open (the server has registered
+// this page by then) or has failed, so that history read afterwards leaves no gap.
 function openStream() {
   const stream = new EventSource("/api/stream");
   let wasOpen = false;
+  let settle;
+  const opened = new Promise((resolve) => { settle = resolve; });
   stream.addEventListener("open", () => {
+    settle();
     connection("live", "live");
     if (wasOpen) {
       // back after a break: the stream resumes from Last-Event-ID; the roster and the
@@ -167,6 +172,7 @@ function openStream() {
     wasOpen = true;
   });
   stream.addEventListener("error", () => {
+    settle();
     if (stream.readyState === EventSource.CLOSED) {
       connection("offline", "disconnected");
       // a refused stream (a new token after a restart) is not retried by the browser
@@ -191,11 +197,13 @@ function openStream() {
     timeline.reload();
     refreshTasks();
   });
+  return opened;
 }
 
 async function start() {
   connection("connecting", "connecting\u2026");
-  openStream(); // first, so that nothing falls between the history and the live stream
+  // The stream first, so that nothing falls between the history and the live stream.
+  const live = openStream();
   try {
     const info = await get("/api/info");
     $("#mesh-name").textContent = info.mesh || "";
@@ -205,6 +213,7 @@ async function start() {
   } catch (err) {
     connection("offline", "server unavailable");
   }
+  await live;
   await Promise.all([timeline.reload(), refreshPeers(), refreshTasks(), loadInbox()]);
   setInterval(() => {
     if (!document.querySelector('.tab-pane[data-pane="knowledge"]').hidden) knowledge.refresh();
