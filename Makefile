@@ -23,8 +23,12 @@ $(STAMP): $(RUNTIME)
 demo: $(RUNTIME)
 	$(PY) -m porter_mesh.cli.main demo
 
+# Three workers, one test file each at a time (a file's module fixtures stay in one
+# process): most tests wait on real processes and sockets, so three share two cores well.
+TEST_WORKERS ?= 3
+
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not browser"
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not slow and not browser"
 
 # The long fault runs and the browser suite (CI's second step). pytest's exit 5 means
 # nothing was collected, which is not a failure here.
