@@ -62,6 +62,13 @@ class Forager(NodeProcess):
         super().__init__(name, "--port", str(bridge.port), "--hb", "0.5", *extra,
                          script=FORAGER)
 
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM: a forager waiting to reconnect to a bridge that has gone reads no
+        ``quit`` from its standard input (its default SIGTERM ends it at once)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        super().stop(timeout)
+
     def catch_up(self) -> None:
         """Read the events printed so far, without waiting for more."""
         while not self._queue.empty() and self._pump(0):
