@@ -147,14 +147,14 @@ class Frames:
     """
 
     def __init__(self, data: bytes, start: int, *, max_frame: int) -> None:
-        self._data = data
+        self._bytes = data
         self._start = start
         self._max = max_frame
         self.end = start
         self.damage: Damage | None = None
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
-        data, size, crc32 = self._data, len(self._data), zlib.crc32
+        data, size, crc32 = self._bytes, len(self._bytes), zlib.crc32
         head, unpack = FRAME.size, FRAME.unpack_from
         pos = self.end = self._start
         self.damage = None
@@ -173,7 +173,7 @@ class Frames:
 
     def _corrupt(self, pos: int) -> bool:
         """Whether the bad frame at ``pos`` is damage rather than a torn tail."""
-        data = self._data
+        data = self._bytes
         if pos + FRAME.size > len(data):
             return False  # not even a whole head: a write cut short
         length, _ = FRAME.unpack_from(data, pos)

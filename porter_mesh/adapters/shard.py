@@ -19,7 +19,8 @@ times faster than on disk, a rebuild of the index after each start (see docs/kno
 larger than memory; at start it applies only what the journal holds past the watermark.
 
 **The journal is the source of truth.** Each accepted record is appended as a frame
-(4-byte length, 4-byte CRC-32, the record's msgpack encoding). The pure
+(4-byte length, 4-byte CRC-32, the record's msgpack encoding) of the framed log the
+delivery journal uses too (:mod:`~porter_mesh.adapters.framedlog`). The pure
 :class:`~porter_mesh.core.knowledge.ReplicaState` (version vector, per-origin logs,
 digest, tombstones) is rebuilt from it at start-up, using journal offsets as locators, so
 a pull or a catch-up is served by reading frames back.
