@@ -397,17 +397,18 @@ class FramedLog:
             StorageError: the write (or under ``Fsync.EVERY`` its ``fdatasync``) failed;
                 the file is cut back to where it was.
         """
-        offsets = []
-        parts = []
-        pos = self.end
+        offsets: list[int] = []
+        parts: list[bytes] = []
+        pos, largest, head = self.end, self.max_frame, FRAME.size
+        pack, crc32, add, mark = FRAME.pack, zlib.crc32, parts.append, offsets.append
         for payload in payloads:
-            if not 0 < len(payload) <= self.max_frame:
-                raise ValueError(f"a frame holds 1 to {self.max_frame} bytes, "
-                                 f"not {len(payload)}")
-            offsets.append(pos)
-            parts.append(FRAME.pack(len(payload), zlib.crc32(payload)))
-            parts.append(payload)
-            pos += FRAME.size + len(payload)
+            size = len(payload)
+            if not 0 < size <= largest:
+                raise ValueError(f"a frame holds 1 to {largest} bytes, not {size}")
+            mark(pos)
+            add(pack(size, crc32(payload)))
+            add(payload)
+            pos += head + size
         if not offsets:
             return offsets
         buf = memoryview(b"".join(parts))
