@@ -21,13 +21,13 @@ the count of activities taken, counted in journal order (activity ``i`` of a rec
 starts at position ``p`` is at ``p + i``). Each message carries its position
 (``Message.offset``) so the application can say which one it finished.
 
-File layout::
+File layout: a :mod:`~porter_mesh.adapters.framedlog` log (the framing, the cut-back
+append, the rewrite by rename and the torn-tail cut live there)::
 
-    header   64 bytes: b"PMJ2", 4 bytes of padding, then two slots of
+    header   64 bytes: b"PMJ3", 4 bytes of padding, then two slots of
              (taken: u64, check: u64), little-endian, check = taken ^ _CHECK, then
-             (base: u64, check: u64), the position of the first record (a file
-             without a valid base, as earlier versions wrote, starts at 0)
-    records  each a 4-byte big-endian length and a msgpack array
+             (base: u64, check: u64), the position of the first record
+    frames   each (length, CRC-32, payload), the payload a msgpack array
              [sender, incarnation, first_seq, count, channel, payload, envelope,
               key, wall_ms]
 
@@ -37,7 +37,10 @@ of the process (not of the machine: see the durability policy). The two slots ar
 alternately; a reader takes the highest slot whose check matches, so a store torn by
 ``kill -9`` loses at most the last mark (that message is delivered again, flagged
 ``redelivered``), never a record. A torn last record (the process died mid-write) is cut
-off on open; that message was never acknowledged, so its sender sends it again.
+off on open; that message was never acknowledged, so its sender sends it again. A record
+whose checksum fails with more of the file after it (a damaged file, not a torn write)
+ends the readable part just the same, with a warning that says so and how many bytes
+are lost.
 
 ``key`` and ``wall_ms`` are set only for messages sent with an idempotency key (``None``
 and 0 otherwise): the node keeps the keys of the last ``key_window`` seconds so that a
@@ -64,11 +67,14 @@ record sits in the middle of the file for later appends to hide behind.
 
 Durability policy: ``fsync=False`` (default) hands each batch to the OS with one ``write``
 before the ack, and the mark lives in the page cache: this survives the death of the
-process but not of the machine. ``fsync=True`` adds an ``fsync`` per appended batch (the
-mark is flushed with it).
+process but not of the machine. ``fsync=True`` adds an ``fdatasync`` per appended batch
+(the mark is flushed with it).
 
-A journal written by an earlier version (no header) is read as fully taken, which is what
-that version promised, and rewritten in this layout.
+Earlier layouts are read by their own reader and rewritten in this one when the journal
+opens: ``PMJ2`` (the same header, each record a 4-byte big-endian length and the msgpack
+array, no checksum) keeps its mark and positions; a journal with no header at all is
+read as fully taken, which is what that version promised. A journal of an earlier
+layout that cannot be rewritten (a full disk) is not opened: :class:`StorageError`.
 """
 
 from __future__ import annotations
@@ -76,39 +82,44 @@ from __future__ import annotations
 import collections
 import logging
 import mmap
-import os
 import pathlib
-import shutil
 import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgpack
 
-from porter_mesh.errors import StorageError
+from porter_mesh.adapters.framedlog import (
+    Damage,
+    FramedLog,
+    Frames,
+    Fsync,
+    discard_unfinished_rewrite,
+    free_bytes,
+    storage_error,
+    warn_damage,
+    write_log,
+)
 
 __all__ = ["DeliveryJournal", "JournalRecord", "free_bytes", "read_journal"]
 
 _LEN = struct.Struct(">I")
 _SLOT = struct.Struct("<QQ")
-_MAGIC = b"PMJ2"
+_MAGIC = b"PMJ3"
+#: The layout before this one: the same header, records without a checksum.
+_MAGIC_PMJ2 = b"PMJ2"
 _HEADER = 64
 _SLOT_OFFSETS = (8, 8 + _SLOT.size)
 #: Where the header keeps the position of the first record (and its check word).
 _BASE_OFFSET = 8 + 2 * _SLOT.size
 _CHECK = 0x9E3779B97F4A7C15
 _MAX_RECORD = 64 * 1024 * 1024
+#: What the journal is called in messages, and what a user does when it cannot be written.
+_WHAT = "delivery journal"
+_ADVICE = "free space on that filesystem (or move the data directory)"
 log = logging.getLogger("porter_mesh.journal")
-
-
-def free_bytes(directory: pathlib.Path) -> int | None:
-    """Bytes this user may still write on the filesystem holding ``directory`` (what a
-    full-disk message reports), or ``None`` when it cannot be read."""
-    try:
-        return shutil.disk_usage(directory).free
-    except OSError:
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +145,41 @@ class JournalRecord:
     wall_ms: int = 0
 
 
-def _records(data: bytes | memoryview, start: int) -> Iterator[tuple[int, JournalRecord]]:
-    """Yield ``(end_offset, record)`` from ``start``; stops at a torn or corrupt record."""
+def _decode(body: bytes) -> JournalRecord:
+    """A record from its msgpack array (raises on anything else)."""
+    item = msgpack.unpackb(body, raw=False)
+    sender, inc, first, count, channel, payload = item[:6]
+    env = bytes(item[6]) if len(item) > 6 else b""
+    key = None if len(item) <= 7 or item[7] is None else str(item[7])
+    wall = int(item[8]) if len(item) > 8 else 0
+    return JournalRecord(str(sender), int(inc), int(first), int(count), str(channel),
+                         bytes(payload), env, key, wall)
+
+
+def _encode(record: JournalRecord) -> bytes:
+    item: list[object] = [record.sender, record.incarnation, record.first_seq,
+                          record.count, record.channel, record.payload, record.envelope]
+    if record.key is not None:
+        item += [record.key, record.wall_ms]
+    return msgpack.packb(item, use_bin_type=True)
+
+
+def _framed_records(data: bytes) -> tuple[list[JournalRecord], Damage | None]:
+    """The records of a journal in this layout, and what ended them early."""
+    frames = Frames(data, _HEADER, max_frame=_MAX_RECORD)
+    records = []
+    for offset, body in frames:
+        try:
+            records.append(_decode(body))
+        except Exception:  # a sound frame that is no record: the file was damaged
+            return records, Damage(offset, len(data), corrupt=True)
+    return records, frames.damage
+
+
+def _unframed_records(data: bytes, start: int) -> Iterator[tuple[int, JournalRecord]]:
+    """Yield ``(end_offset, record)`` of a journal of an earlier layout (each record a
+    4-byte length and its msgpack array) from ``start``; stops at a torn or corrupt
+    record."""
     pos = start
     size = len(data)
     while pos + 4 <= size:
@@ -143,13 +187,7 @@ def _records(data: bytes | memoryview, start: int) -> Iterator[tuple[int, Journa
         if length > _MAX_RECORD or pos + 4 + length > size:
             return
         try:
-            item = msgpack.unpackb(data[pos + 4 : pos + 4 + length], raw=False)
-            sender, inc, first, count, channel, payload = item[:6]
-            env = bytes(item[6]) if len(item) > 6 else b""
-            key = None if len(item) <= 7 or item[7] is None else str(item[7])
-            wall = int(item[8]) if len(item) > 8 else 0
-            record = JournalRecord(str(sender), int(inc), int(first), int(count),
-                                   str(channel), bytes(payload), env, key, wall)
+            record = _decode(data[pos + 4 : pos + 4 + length])
         except Exception:  # a corrupt tail ends the readable part
             return
         pos += 4 + length
@@ -179,25 +217,44 @@ def _header(taken: int, base: int = 0) -> bytes:
     return bytes(head)
 
 
-def _parse(data: bytes) -> tuple[list[JournalRecord], int, int, bool, int]:
-    """``(records, taken, end of the intact part, legacy, base)`` of a journal file's
-    bytes (``base``: the position of the first record)."""
-    legacy = bool(data) and not data.startswith(_MAGIC)
-    start = 0 if legacy or not data else _HEADER
-    records: list[JournalRecord] = []
+class _Parsed(NamedTuple):
+    """What a journal file's bytes hold."""
+
+    records: list[JournalRecord]
+    #: Activities taken (a position).
+    taken: int
+    #: The end of the intact part (bytes).
+    end: int
+    #: Not in this layout (empty, cut inside its header, or an earlier layout): rewrite it.
+    stale: bool
+    #: The position of the first record.
+    base: int
+    #: What ended the intact part before the end of the file.
+    damage: Damage | None
+
+
+def _parse(data: bytes) -> _Parsed:
+    """Read a journal file's bytes, of this layout or an earlier one."""
+    if len(data) < _HEADER and (data.startswith(_MAGIC) or _MAGIC.startswith(data)):
+        return _Parsed([], 0, len(data), True, 0, None)  # cut inside its header: empty
+    if data.startswith(_MAGIC):
+        records, damage = _framed_records(data)
+        base = _read_base(data)
+        return _Parsed(records, max(_read_mark(data), base),
+                       len(data) if damage is None else damage.offset, False, base, damage)
+    pmj2 = data.startswith(_MAGIC_PMJ2)
+    start = _HEADER if pmj2 else 0
+    records = []
     end = start
-    for offset, record in _records(data, start):
+    for offset, record in _unframed_records(data, start):
         records.append(record)
         end = offset
-    base = 0
-    if legacy:
-        taken = sum(r.count for r in records)
-    elif len(data) >= _HEADER:
-        taken = _read_mark(data)
-        base = _read_base(data)
-    else:
-        taken = 0
-    return records, max(taken, base), end, legacy, base
+    damage = Damage(end, len(data), corrupt=False) if end < len(data) else None
+    if not pmj2:  # no header at all: its version promised every record taken
+        return _Parsed(records, sum(r.count for r in records), end, True, 0, damage)
+    base = _read_base(data) if len(data) >= _HEADER else 0
+    taken = _read_mark(data) if len(data) >= _HEADER else 0
+    return _Parsed(records, max(taken, base), end, True, base, damage)
 
 
 def _positions(records: list[JournalRecord], base: int) -> list[int]:
@@ -266,7 +323,7 @@ def read_journal(path: pathlib.Path) -> list[JournalRecord]:
         data = path.read_bytes()
     except FileNotFoundError:
         return []
-    return _parse(data)[0]
+    return _parse(data).records
 
 
 def read_taken(path: pathlib.Path) -> int:
@@ -275,7 +332,7 @@ def read_taken(path: pathlib.Path) -> int:
         data = path.read_bytes()
     except FileNotFoundError:
         return 0
-    return _parse(data)[1]
+    return _parse(data).taken
 
 
 class DeliveryJournal:
@@ -283,12 +340,16 @@ class DeliveryJournal:
 
     Args:
         path: the journal file (created with its parent directory).
-        fsync: ``fsync`` after every append batch.
+        fsync: ``fdatasync`` after every append batch.
         compact_bytes: rewrite on open when the file is larger than this, and while
             open when it has grown past this (and past twice its size after the last
             rewrite) with taken records making up over half of it.
         key_window: seconds a keyed record is kept by compaction after it arrived,
             whatever else happened since, so that its key is still recognised.
+
+    Raises:
+        StorageError: a new journal, or one of an earlier layout, cannot be written (a
+            full disk).
 
     Attributes:
         known: records whose de-duplication state the node must restore: every record
@@ -311,34 +372,31 @@ class DeliveryJournal:
         self._key_window = key_window
         path.parent.mkdir(parents=True, exist_ok=True)
         # A rewrite that a crash interrupted: the journal itself is still whole.
-        self._tmp_path().unlink(missing_ok=True)
+        discard_unfinished_rewrite(path)
         data = path.read_bytes() if path.exists() else b""
-        records, taken, end, legacy, base = _parse(data)
-        torn = end != len(data)
-        if torn:
-            log.warning("journal %s: cut %d bytes of a torn last record", path, len(data) - end)
+        records, taken, end, stale, base, damage = _parse(data)
+        if damage is not None:
+            warn_damage(_WHAT, path, damage)
         positions = _positions(records, base)
         taken = min(taken, positions[-1] + records[-1].count if records else base)
         latest: dict[str, int] = {}
         for record in records:
             latest[record.sender] = record.incarnation
-        compact = not data or legacy or torn or len(data) > compact_bytes
-        if compact:
+        whole: int | None = end  # where the file's whole records end, unless rewritten
+        if stale or damage is not None or len(data) > compact_bytes:
             kept, kept_positions, base = _compacted(records, positions, taken,
                                                     self._keys_after())
             try:
-                self._rewrite(kept, taken - base, 0)
+                write_log(path, _header(taken - base, 0), [_encode(r) for r in kept])
             except OSError as exc:
-                if not data or legacy:
-                    raise self._storage_error(exc) from exc
+                if stale:
+                    raise storage_error(path, exc, what=_WHAT, advice=_ADVICE) from exc
                 # A full disk: go on with the file as it is, its torn tail cut off.
                 log.warning("journal %s: cannot compact it (%s); using it as it is",
                             path, exc)
-                if torn:
-                    os.truncate(path, end)
             else:
                 # Nothing refers to a position yet: number from 0 again.
-                records, taken = kept, taken - base
+                records, taken, whole = kept, taken - base, None
                 positions = [p - base for p in kept_positions]
         self.taken = taken
         self.end = positions[-1] + records[-1].count if records else taken
@@ -347,62 +405,23 @@ class DeliveryJournal:
         self.known = [r for p, r in zip(positions, records, strict=True)
                       if latest.get(r.sender) == r.incarnation or p + r.count > taken
                       or r.key is not None]
-        self._open()
+        self._log = FramedLog(path, header=_header(0), max_frame=_MAX_RECORD,
+                              fsync=Fsync.EVERY if fsync else Fsync.NONE, what=_WHAT,
+                              advice=_ADVICE, end=whole)
+        self._map_header()
         # Where taken records end in the file (bytes), and (position, byte) after each
         # later append: a cheap measure of how much of the file compaction would drop.
         self._taken_bytes = 0
         self._marks: collections.deque[tuple[int, int]] = collections.deque()
-        self._compact_at = max(compact_bytes, 2 * self._size)
+        self._compact_at = max(compact_bytes, 2 * self._log.end)
 
-    def _open(self) -> None:
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
-        self._map = mmap.mmap(self._fd, _HEADER)
+    def _map_header(self) -> None:
+        self._map = mmap.mmap(self._log.fd, _HEADER)
         self._slot = 0
-        # Bytes of whole records (and the header): where a failed append is cut back to.
-        self._size = os.fstat(self._fd).st_size
-        self._torn = False
-
-    def _tmp_path(self) -> pathlib.Path:
-        return self.path.with_suffix(".tmp")
 
     def _keys_after(self) -> int:
         """Keys of records that arrived after this (ms since the epoch) are still live."""
         return int((time.time() - self._key_window) * 1000)
-
-    def _rewrite(self, records: list[JournalRecord], taken: int, base: int) -> list[int]:
-        """Replace the file with ``records`` (the first at ``base``) and mark ``taken``,
-        atomically: a temporary file, written and synced, renamed over the journal, the
-        directory synced. A crash at any point leaves the old file or the new one.
-
-        Returns:
-            The byte offset after each record in the new file.
-
-        Raises:
-            OSError: the temporary file could not be written (it is removed).
-        """
-        tmp = self._tmp_path()
-        ends = []
-        size = _HEADER
-        try:
-            with open(tmp, "wb") as fh:
-                chunks = [_header(taken, base)]
-                for record in records:
-                    chunks.append(self._encode(record))
-                    size += len(chunks[-1])
-                    ends.append(size)
-                fh.write(b"".join(chunks))
-                fh.flush()
-                os.fsync(fh.fileno())
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            raise
-        os.replace(tmp, self.path)
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-        return ends
 
     def compact(self) -> bool:
         """Rewrite the journal while it is open, keeping what is owed at the same
@@ -414,29 +433,27 @@ class DeliveryJournal:
             the journal stays as it was, and is tried again after more growth).
         """
         data = self.path.read_bytes()
-        records, _, _, _, base = _parse(data)
-        positions = _positions(records, base)
-        records, positions, base = _compacted(records, positions, self.taken,
-                                              self._keys_after())
+        parsed = _parse(data)
+        records, positions, base = _compacted(parsed.records,
+                                              _positions(parsed.records, parsed.base),
+                                              self.taken, self._keys_after())
         try:
-            ends = self._rewrite(records, self.taken, base)
+            ends = self._log.rewrite(_header(self.taken, base), [_encode(r) for r in records])
         except OSError as exc:
             log.warning("journal %s: cannot compact it (%s); it keeps growing until there "
                         "is space", self.path, exc)
-            self._compact_at = self._size + self._compact_bytes
+            self._compact_at = self._log.end + self._compact_bytes
             return False
         self._map.close()
-        os.close(self._fd)
-        self._open()
-        self._slot = 0
+        self._map_header()
         owed = [(p + r.count, e) for p, r, e in zip(positions, records, ends, strict=True)
                 if p + r.count > self.taken]
         self._marks = collections.deque(owed)
         prefix = len(records) - len(owed)
         self._taken_bytes = ends[prefix - 1] if prefix else _HEADER
-        self._compact_at = max(self._compact_bytes, 2 * self._size)
+        self._compact_at = max(self._compact_bytes, 2 * self._log.end)
         log.debug("journal %s: compacted from %d to %d bytes", self.path, len(data),
-                  self._size)
+                  self._log.end)
         return True
 
     def _worth_compacting(self) -> bool:
@@ -444,22 +461,13 @@ class DeliveryJournal:
         marks, taken = self._marks, self.taken
         while marks and marks[0][0] <= taken:
             self._taken_bytes = max(self._taken_bytes, marks.popleft()[1])
-        if 2 * self._taken_bytes > self._size:
+        if 2 * self._taken_bytes > self._log.end:
             return True
-        self._compact_at = self._size + self._compact_bytes // 4
+        self._compact_at = self._log.end + self._compact_bytes // 4
         return False
 
-    @staticmethod
-    def _encode(record: JournalRecord) -> bytes:
-        item: list[object] = [record.sender, record.incarnation, record.first_seq,
-                              record.count, record.channel, record.payload, record.envelope]
-        if record.key is not None:
-            item += [record.key, record.wall_ms]
-        body = msgpack.packb(item, use_bin_type=True)
-        return _LEN.pack(len(body)) + body
-
     def append(self, records: list[JournalRecord]) -> int:
-        """Write ``records`` with one system call (and ``fsync`` if configured).
+        """Write ``records`` with one system call (and ``fdatasync`` if configured).
 
         All or nothing: a write that fails or stops short (a full disk) is cut back to
         the last whole record, so the file is as it was and a later append is never
@@ -475,51 +483,19 @@ class DeliveryJournal:
         first = self.end
         if not records:
             return first
-        if self._torn:
-            self._cut(None)  # an earlier failure could not be cut back yet
-        data = b"".join([self._encode(r) for r in records])
-        view = memoryview(data)
-        try:
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
-            if self.fsync:
-                self._map.flush()
-                os.fsync(self._fd)
-        except OSError as exc:
-            self._torn = True
-            self._cut(exc)
-        self._size += len(data)
+        if self.fsync:
+            self._map.flush()  # the mark goes to disk with the records
+        self._log.append([_encode(r) for r in records])
         self.end = first + sum(r.count for r in records)
-        self._marks.append((self.end, self._size))
-        if self._size > self._compact_at and self._worth_compacting():
+        self._marks.append((self.end, self._log.end))
+        if self._log.end > self._compact_at and self._worth_compacting():
             self.compact()
         return first
-
-    def _cut(self, error: OSError | None) -> None:
-        """Cut the file back to its last whole record, then raise :class:`StorageError`
-        for ``error`` (None: only cut; raise if that fails)."""
-        try:
-            os.ftruncate(self._fd, self._size)
-        except OSError as exc:
-            error = error or exc  # still torn: the next append tries again first
-        else:
-            self._torn = False
-        if error is not None:
-            raise self._storage_error(error) from error
-
-    def _storage_error(self, error: OSError) -> StorageError:
-        free = free_bytes(self.path.parent)
-        return StorageError(
-            f"cannot write the delivery journal {self.path}: {error.strerror or error} "
-            f"({'unknown' if free is None else free} bytes free); nothing was kept; free "
-            "space on that filesystem (or move the data directory)",
-            path=str(self.path), free_bytes=free, errno_=error.errno)
 
     @property
     def size(self) -> int:
         """The file's size in bytes (header and whole records)."""
-        return self._size
+        return self._log.end
 
     def take(self, upto: int) -> None:
         """Mark every activity below position ``upto`` as taken (never moves back)."""
@@ -532,9 +508,8 @@ class DeliveryJournal:
 
     def close(self) -> None:
         """Close the file (flushing the mark to it); idempotent."""
-        if self._fd >= 0:
+        if not self._map.closed:
             if self.fsync:
                 self._map.flush()
             self._map.close()
-            os.close(self._fd)
-            self._fd = -1
+        self._log.close()

@@ -19,7 +19,8 @@ times faster than on disk, a rebuild of the index after each start (see docs/kno
 larger than memory; at start it applies only what the journal holds past the watermark.
 
 **The journal is the source of truth.** Each accepted record is appended as a frame
-(4-byte length, 4-byte CRC-32, the record's msgpack encoding). The pure
+(4-byte length, 4-byte CRC-32, the record's msgpack encoding) of the framed log the
+delivery journal uses too (:mod:`~porter_mesh.adapters.framedlog`). The pure
 :class:`~porter_mesh.core.knowledge.ReplicaState` (version vector, per-origin logs,
 digest, tombstones) is rebuilt from it at start-up, using journal offsets as locators, so
 a pull or a catch-up is served by reading frames back.
@@ -87,7 +88,6 @@ read-only, whose ``query`` goes through the same guard.
 from __future__ import annotations
 
 import collections
-import contextlib
 import ctypes
 import enum
 import gc
@@ -96,11 +96,9 @@ import logging
 import os
 import pathlib
 import shutil
-import struct
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -110,7 +108,13 @@ import orjson
 import pyoxigraph as ox
 
 from porter_mesh.adapters.dirlock import DirLock
-from porter_mesh.adapters.journal import free_bytes
+from porter_mesh.adapters.framedlog import (
+    DamagedLogError,
+    FramedLog,
+    Fsync,
+    free_bytes,
+    fsync_directory,
+)
 from porter_mesh.adapters.sparql import (
     DEFAULT_DEADLINE,
     DEFAULT_ROW_LIMIT,
@@ -174,7 +178,6 @@ _FORMAT: Final = 1
 #: The lock file of a shard's directory (see the layout above), held while it is open.
 SHARD_LOCK: Final = "shard.lock"
 _MAGIC: Final = b"porter-mesh knowledge journal 1\n"
-_FRAME: Final = struct.Struct(">II")  # payload length, CRC-32 of the payload
 _MAX_FRAME: Final = 1 << 20
 #: Batches with at least this many observations are written with ``bulk_load`` (sorted
 #: files written directly: about 35 us of CPU per observation at 4096 per call, but some
@@ -298,35 +301,51 @@ class ShardStats:
 
 
 class _Journal:
-    """Append-only, checksummed record log with a group-commit fsync.
+    """The shard's record log: a :class:`~porter_mesh.adapters.framedlog.FramedLog` under
+    the knowledge journal's magic, with the shard's errors and its group commit.
 
     ``append`` writes (under the shard's lock); ``sync_to`` makes the file durable up to
     an offset and may run on any thread, outside that lock. Callers that wait for the
-    same ``fdatasync`` share it: whoever takes ``_sync_lock`` first syncs everything
-    written so far, and the others find their frames already covered when they get it.
+    same ``fdatasync`` share it (see :meth:`FramedLog.sync_to`).
     """
 
     def __init__(self, path: pathlib.Path, *, fsync: bool) -> None:
         self.path = path
-        self._fsync = fsync
-        #: Failed appends since the journal was opened.
-        self.failures = 0
-        # A failed append whose partial frame could not be cut off yet: the next append
-        # cuts it first (the file must end at ``end``: offsets are computed from it).
-        self._torn = False
+        if path.exists():
+            with open(path, "rb") as fh:
+                head = fh.read(len(_MAGIC))
+            if head != _MAGIC:
+                raise KnowledgeError(
+                    f"{path} is not a porter-mesh knowledge journal; move it aside or "
+                    "point --data-dir elsewhere"
+                )
+        self._log = FramedLog(
+            path, header=_MAGIC, fsync=Fsync.GROUP if fsync else Fsync.NONE,
+            max_frame=_MAX_FRAME, what="knowledge journal",
+            advice="free some space on that file system and write it again (the node "
+                   "retries by itself for records from its peers)")
+        # Whether the last append failed: its failure is logged once per episode.
         self._failing = False
-        created = not path.exists()
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        if created:
-            os.write(self._fd, _MAGIC)
-            os.fsync(self._fd)
-            _fsync_dir(path.parent)
-        self.end = os.fstat(self._fd).st_size
-        #: The journal is durable up to here (== ``end`` when nothing waits for a sync).
-        self.synced = self.end
-        self._sync_lock = threading.Lock()
-        #: fdatasync calls made (the benchmark and tests count group commits with it).
-        self.syncs = 0
+
+    @property
+    def end(self) -> int:
+        """The offset after the last whole frame."""
+        return self._log.end
+
+    @property
+    def synced(self) -> int:
+        """The journal is durable up to here (== ``end`` when nothing waits for a sync)."""
+        return self._log.synced
+
+    @property
+    def syncs(self) -> int:
+        """fdatasync calls made (the benchmark and tests count group commits with it)."""
+        return self._log.syncs
+
+    @property
+    def failures(self) -> int:
+        """Failed appends and syncs since the journal was opened."""
+        return self._log.failures
 
     def scan(self, until: int | None = None) -> Iterator[tuple[int, bytes]]:
         """Yield ``(offset, payload)`` of every intact frame; cut a torn tail.
@@ -334,41 +353,18 @@ class _Journal:
         Args:
             until: read only the frames before this offset (one this journal reached),
                 and change nothing: safe while other threads append.
+
+        Raises:
+            KnowledgeError: a frame before the end is damaged.
         """
-        with open(self.path, "rb") as fh:
-            data = fh.read() if until is None else fh.read(until)
-        if not data.startswith(_MAGIC):
+        try:
+            yield from self._log.replay(until=until)
+        except DamagedLogError as exc:
             raise KnowledgeError(
-                f"{self.path} is not a porter-mesh knowledge journal; move it aside or "
-                "point --data-dir elsewhere"
-            )
-        pos, size = len(_MAGIC), len(data)
-        while pos < size:
-            if pos + _FRAME.size > size:
-                break
-            length, crc = _FRAME.unpack_from(data, pos)
-            start, stop = pos + _FRAME.size, pos + _FRAME.size + length
-            if length > _MAX_FRAME or stop > size:
-                break
-            payload = data[start:stop]
-            if zlib.crc32(payload) != crc:
-                if stop == size:
-                    break  # the last frame was torn while being written
-                raise KnowledgeError(
-                    f"{self.path} is damaged at byte {pos} (checksum mismatch before the "
-                    "end); move the data directory aside and let the node catch up from "
-                    "its peers"
-                )
-            yield pos, payload
-            pos = stop
-        if until is not None:
-            return
-        if pos < size:
-            log.warning("knowledge journal %s: cutting a torn tail of %d bytes at %d",
-                        self.path, size - pos, pos)
-            os.ftruncate(self._fd, pos)
-            os.fsync(self._fd)
-        self.end = self.synced = pos
+                f"{self.path} is damaged at byte {exc.damage.offset} (checksum mismatch "
+                "before the end); move the data directory aside and let the node catch up "
+                "from its peers"
+            ) from None
 
     def append(self, payloads: Sequence[bytes], *, sync: bool = True) -> list[int]:
         """Append frames with one write; their offsets.
@@ -381,34 +377,26 @@ class _Journal:
         Raises:
             StorageError: the write failed; the file is cut back to its last good frame.
         """
-        offsets = []
-        parts = []
-        pos = self.end
         for payload in payloads:
             if len(payload) > _MAX_FRAME:
                 raise KnowledgeError(f"a record of {len(payload)} bytes is too large to store")
-            offsets.append(pos)
-            parts.append(_FRAME.pack(len(payload), zlib.crc32(payload)))
-            parts.append(payload)
-            pos += _FRAME.size + len(payload)
-        buf = memoryview(b"".join(parts))
         try:
-            if self._torn:
-                self._cut()
-            while buf:
-                written = os.write(self._fd, buf)
-                buf = buf[written:]
-        except OSError as exc:
-            raise self._failed(exc) from None
+            offsets = self._log.append(payloads, sync=False)
+        except StorageError as exc:
+            if not self._failing:
+                self._failing = True
+                log.error("knowledge journal %s: write failed (%s); %s bytes free on its file "
+                          "system; nothing was stored, and the shard retries with its next "
+                          "write", self.path,
+                          os.strerror(exc.errno) if exc.errno is not None else exc,
+                          exc.free_bytes)
+            raise
         if self._failing:
             self._failing = False
             log.warning("knowledge journal %s: writing again (%s bytes free)", self.path,
                         free_bytes(self.path.parent))
-        self.end = pos
-        if not self._fsync:
-            self.synced = pos  # OS durability: the write is all there is
-        elif sync:
-            self.sync_to(pos)
+        if sync:
+            self._log.sync_to(self._log.end)
         return offsets
 
     def sync_to(self, end: int) -> None:
@@ -417,73 +405,17 @@ class _Journal:
         Raises:
             StorageError: the fdatasync failed: what it covers is not known to be on disk.
         """
-        if self.synced >= end:
-            return
-        with self._sync_lock:
-            if self.synced >= end:
-                return  # another caller's fdatasync covered it meanwhile
-            # Everything written before the fdatasync starts is covered by it, and
-            # ``end`` moves only once a write is complete.
-            target = self.end
-            try:
-                os.fdatasync(self._fd)
-            except OSError as exc:
-                self.failures += 1
-                raise StorageError(
-                    f"could not make the knowledge journal {self.path} durable: "
-                    f"{exc.strerror or exc}; check the disk (records written since the last "
-                    "good sync are not acknowledged)",
-                    path=str(self.path), free_bytes=free_bytes(self.path.parent), errno_=exc.errno,
-                ) from None
-            self.syncs += 1
-            self.synced = max(self.synced, target)
-
-    def _cut(self) -> None:
-        """Cut the file back to the end of the last good frame."""
-        os.ftruncate(self._fd, self.end)
-        self._torn = False
-
-    def _failed(self, exc: OSError) -> StorageError:
-        """Undo a failed append (cut what it wrote) and describe the failure."""
-        self.failures += 1
-        self._torn = True
-        with contextlib.suppress(OSError):  # if even this fails, the next append retries
-            self._cut()
-        free = free_bytes(self.path.parent)
-        if not self._failing:
-            self._failing = True
-            log.error("knowledge journal %s: write failed (%s); %s bytes free on its file "
-                      "system; nothing was stored, and the shard retries with its next write",
-                      self.path, exc.strerror or exc, free)
-        return StorageError(
-            f"cannot store the record: writing {self.path} failed ({exc.strerror or exc}; "
-            f"{free if free is not None else 'unknown'} bytes free). Nothing was kept: free "
-            "some space on that file system and write it again (the node retries by itself "
-            "for records from its peers)",
-            path=str(self.path), free_bytes=free, errno_=exc.errno,
-        )
+        self._log.sync_to(end)
 
     def read(self, offset: int) -> bytes:
         """The payload of the frame at ``offset``."""
-        head = os.pread(self._fd, _FRAME.size, offset)
-        length, crc = _FRAME.unpack(head)
-        payload = os.pread(self._fd, length, offset + _FRAME.size)
-        if len(payload) != length or zlib.crc32(payload) != crc:
-            raise KnowledgeError(f"{self.path}: frame at {offset} is damaged")
-        return payload
+        try:
+            return self._log.read(offset)
+        except DamagedLogError:
+            raise KnowledgeError(f"{self.path}: frame at {offset} is damaged") from None
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-
-def _fsync_dir(path: pathlib.Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        self._log.close()
 
 
 # --- RDF text -----------------------------------------------------------------------------
@@ -841,7 +773,7 @@ class Shard:
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, meta_path)
-        _fsync_dir(self.data_dir)
+        fsync_directory(self.data_dir)
 
     def _load_journal(self, *, rebuild: bool, load_state: bool = True,
                       until: int | None = None) -> Iterator[_StoreTask]:
