@@ -231,6 +231,9 @@ def run(args: argparse.Namespace) -> int:
     brain = make_brain(args)  # a bad setting fails here, before the agent joins
     if args.subscribe:
         extra["channels"] = tuple(dict.fromkeys(args.subscribe))
+    # Tracing before the node: a command's seat may hand this agent its spans
+    # (spans-keep) as soon as it is reached, and the exporter's import takes a while.
+    tracing = start_tracing(args.name)
     node = SyncNode(
         name=args.name, role=args.role, mesh=args.mesh,
         interfaces=tuple(args.interfaces or ("127.0.0.1",)), seeds=tuple(args.peers),
@@ -241,13 +244,12 @@ def run(args: argparse.Namespace) -> int:
     )
     # At once: the dashboard asks a newcomer for its view as soon as it joins.
     node.node.view_sections["agent"] = _metrics_of(brain)
-    tracing = start_tracing(args.name)
+    if tracing is not None:
+        serve_spans(node.node, tracing.ring)
     traces = TaskTracer(args.name, tracing.tracer if tracing is not None else None)
     node.node.view_sections["service"] = traces.metrics.snapshot
     if args.traceparent:
         traces.adopt(TraceContext(args.traceparent))
-    if tracing is not None:
-        serve_spans(node.node, tracing.ring)
     stop = threading.Event()
     go = threading.Event() if args.wait_go else None
     toolbox_ref: list[Toolbox] = []

@@ -79,10 +79,14 @@ def span_record(span: Any) -> SpanRecord:
 if HAVE_SDK:
 
     class RingProcessor(SpanProcessor):
-        """Keeps every finished span in a :class:`SpanRing`."""
+        """Keeps every finished span in a :class:`SpanRing`, and tells it of the open
+        ones."""
 
         def __init__(self, ring: SpanRing) -> None:
             self.ring = ring
+
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            self.ring.started(f"{span.context.span_id:016x}", lambda: span_record(span))
 
         def on_end(self, span: ReadableSpan) -> None:
             self.ring.add(span_record(span))
@@ -119,7 +123,8 @@ def _truthy(value: str | None) -> bool:
 
 
 def start_tracing(agent: str, *, settings: Mapping[str, Any] | None = None,
-                  ring: SpanRing | None = None) -> Tracing | None:
+                  ring: SpanRing | None = None,
+                  export_timeout: float | None = None) -> Tracing | None:
     """Set up spans for one agent process.
 
     Args:
@@ -128,6 +133,9 @@ def start_tracing(agent: str, *, settings: Mapping[str, Any] | None = None,
             ``OTEL_*`` variable names one (agents get the table as variables instead,
             see :func:`agents.team.otel_env`).
         ring: the ring to fill (a new one by default).
+        export_timeout: seconds an export may take, when no ``OTEL_EXPORTER_OTLP_*TIMEOUT``
+            variable says (a short-lived command's seat must not wait the default 10 s
+            for a backend that is down before it exits).
 
     Returns:
         The tracing, or ``None`` when the SDK is not installed or
@@ -157,6 +165,10 @@ def start_tracing(agent: str, *, settings: Mapping[str, Any] | None = None,
             if not (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
                     or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
                 kwargs["endpoint"] = str(endpoint).rstrip("/") + "/v1/traces"
+            if export_timeout is not None and not (
+                    os.environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+                    or os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT")):
+                kwargs["timeout"] = export_timeout
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(**kwargs)))
             exporting = True
     return Tracing(provider, ring, service, exporting)

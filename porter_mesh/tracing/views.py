@@ -1,5 +1,9 @@
 """Spans over the mesh: each agent answers ``spans`` from its ring; ``porter-mesh trace``
 asks every agent (as ``stats`` does, through :class:`~porter_mesh.node.views.ViewClient`).
+
+A node that leaves soon after its work (a command's seat: ``send``, ``request``) hands
+its finished spans to the peers it sent to (``spans-keep``), which keep them in their
+rings: the root of a task the command started outlives the command.
 """
 
 from __future__ import annotations
@@ -9,10 +13,16 @@ from typing import Any, Final
 
 from porter_mesh.core.control import (
     KIND_SPANS,
+    KIND_SPANS_KEEP,
+    KIND_SPANS_KEPT,
     KIND_SPANS_REPLY,
     MAX_CONTROL_BYTES,
+    MAX_KEPT_SPANS,
     SpansRequest,
+    decode_spans_keep,
     decode_spans_request,
+    encode_spans_keep,
+    encode_spans_kept,
     encode_spans_reply,
     encode_spans_request,
 )
@@ -20,9 +30,9 @@ from porter_mesh.core.envelope import Envelope
 from porter_mesh.errors import FrameError
 from porter_mesh.node.node import Node, Reply
 from porter_mesh.node.views import ViewClient
-from porter_mesh.tracing.ring import SpanRing
+from porter_mesh.tracing.ring import SpanRecord, SpanRing
 
-__all__ = ["SpanClient", "serve_spans"]
+__all__ = ["SpanClient", "hand_spans", "serve_spans"]
 
 _log = logging.getLogger("porter_mesh.tracing")
 # Room left in a reply for the ring's counters and the JSON around the spans.
@@ -35,6 +45,9 @@ def serve_spans(node: Node, ring: SpanRing) -> None:
     A reply that would pass one message's limit keeps the newest spans and says how
     many it left out (``truncated``). A malformed request is counted and answered with
     nothing.
+
+    Spans handed over by a leaving seat (``spans-keep``) are kept in ``ring`` too
+    (counted in ``spans.kept``), and their receipt answered.
     """
 
     def on_request(env: Envelope, payload: bytes, reply: Reply) -> None:
@@ -55,8 +68,40 @@ def serve_spans(node: Node, ring: SpanRing) -> None:
             data = encode_spans_reply(body)
         reply(KIND_SPANS_REPLY, data)
 
+    def on_keep(env: Envelope, payload: bytes, reply: Reply) -> None:
+        # A malformed one raises FrameError: the node counts it and logs it once.
+        records = decode_spans_keep(payload)
+        for record in records:
+            ring.add(record)
+        node.counters["spans.kept"] += len(records)
+        reply(KIND_SPANS_KEPT, encode_spans_kept({"kept": len(records)}))
+
     node.register_kind(KIND_SPANS, on_request)
+    node.register_kind(KIND_SPANS_KEEP, on_keep)
     node.view_sections["spans"] = ring.stats
+
+
+async def hand_spans(node: Node, peers: list[str], records: list[SpanRecord],
+                     timeout: float) -> set[str]:
+    """Hand finished spans to ``peers`` to keep in their rings (use it on the node's loop).
+
+    A peer without tracing, or of an earlier version, answers ``unsupported`` at once.
+
+    Args:
+        node: the node that made the spans (it is about to leave).
+        peers: who keeps them.
+        records: the span records (the newest :data:`MAX_KEPT_SPANS`).
+        timeout: seconds to wait for the answers.
+
+    Returns:
+        The peers that kept them.
+    """
+    if not records or not peers:
+        return set()
+    client = ViewClient(node, kind=KIND_SPANS_KEEP, reply_kind=KIND_SPANS_KEPT)
+    answers = await client.ask_all(peers, timeout,
+                                   encode_spans_keep(records[-MAX_KEPT_SPANS:]))
+    return {peer for peer, answer in answers.items() if not isinstance(answer, BaseException)}
 
 
 class SpanClient:
