@@ -29,6 +29,7 @@ class ReceivedSpan:
     end_ns: int
     status_code: int
     attributes: dict[str, Any] = field(default_factory=dict)
+    trace_state: str = ""
 
 
 def _value(v: Any) -> Any:
@@ -88,7 +89,8 @@ class OtlpReceiver:
                         parent_id=s.parent_span_id.hex() or None, name=s.name,
                         kind=s.kind, start_ns=s.start_time_unix_nano,
                         end_ns=s.end_time_unix_nano, status_code=s.status.code,
-                        attributes={a.key: _value(a.value) for a in s.attributes}))
+                        attributes={a.key: _value(a.value) for a in s.attributes},
+                        trace_state=s.trace_state))
         with self._changed:
             self.spans += got
             self.requests += 1
