@@ -18,6 +18,7 @@ from porter_mesh.core.control import (
     KIND_SPANS_REPLY,
     MAX_CONTROL_BYTES,
     MAX_KEPT_SPANS,
+    MAX_SPAN_QUERY_IDS,
     SpansRequest,
     decode_spans_keep,
     decode_spans_request,
@@ -31,8 +32,9 @@ from porter_mesh.errors import FrameError
 from porter_mesh.node.node import Node, Reply
 from porter_mesh.node.views import ViewClient
 from porter_mesh.tracing.ring import SpanRecord, SpanRing
+from porter_mesh.tracing.waterfall import Waterfall, build_waterfall
 
-__all__ = ["SpanClient", "hand_spans", "serve_spans"]
+__all__ = ["SpanClient", "gather_trace", "hand_spans", "serve_spans"]
 
 _log = logging.getLogger("porter_mesh.tracing")
 # Room left in a reply for the ring's counters and the JSON around the spans.
@@ -116,3 +118,54 @@ class SpanClient:
         """Each agent's answer (``{"agent", "spans", "ring"}``), or why there is none."""
         payload = encode_spans_request(SpansRequest(trace_ids, context))
         return await self._client.ask_all(peers, timeout, payload)
+
+
+async def gather_trace(client: SpanClient, agents: list[str], timeout: float, *,
+                       trace_ids: tuple[str, ...] = (), context: str | None = None,
+                       own: SpanRing | None = None) -> Waterfall:
+    """A trace's waterfall from the agents' rings (``porter-mesh trace``, the dashboard).
+
+    Asked by a task ``context``, the agents are asked a second time by the trace ids
+    their first answers name, so that spans of the task's traces that do not name the
+    task (the request that started it, on another agent) are included.
+
+    Args:
+        client: the span client of the asking node.
+        agents: who to ask.
+        timeout: seconds each may take to answer.
+        trace_ids: 32-hex trace ids to draw.
+        context: a task (``urn:porter:task:...``): every trace with a span about it.
+        own: the asking node's own ring, read too (a long-lived seat's, the dashboard's).
+
+    Returns:
+        The waterfall; its notes name the agents that did not answer, the rings that
+        dropped spans, and the replies that were cut to fit.
+    """
+    answers = await client.ask_all(agents, timeout, trace_ids=trace_ids, context=context)
+    mine = own.find(trace_ids=trace_ids, context=context) if own is not None else []
+    if context is not None:
+        found = sorted({r["trace_id"] for a in answers.values()
+                        if not isinstance(a, BaseException)
+                        for r in a.get("spans", []) if isinstance(r, dict)}
+                       | {r["trace_id"] for r in mine})[:MAX_SPAN_QUERY_IDS]
+        if found:
+            answers = await client.ask_all(agents, timeout, trace_ids=tuple(found))
+            mine = own.find(trace_ids=found) if own is not None else []
+    records: list[SpanRecord] = list(mine)
+    notes: list[str] = []
+    for name, answer in sorted(answers.items()):
+        if isinstance(answer, BaseException):
+            why = (f"no answer within {timeout}s" if isinstance(answer, TimeoutError)
+                   else str(answer))
+            notes.append(f"{name}: {why}; its spans are not shown")
+            continue
+        records += [r for r in answer.get("spans", []) if isinstance(r, dict)]
+        ring = answer.get("ring") or {}
+        if ring.get("dropped"):
+            notes.append(f"{name}: its ring dropped {ring['dropped']} older span(s) "
+                         f"(holds {ring.get('max_spans')} spans / {ring.get('max_bytes')}"
+                         " bytes): this trace may be partial")
+        if answer.get("truncated"):
+            notes.append(f"{name}: {answer['truncated']} span(s) left out to fit one "
+                         "reply; ask for one trace id")
+    return build_waterfall(records, notes)

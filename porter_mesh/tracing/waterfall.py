@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from porter_mesh.tracing.ring import CONTINUED, SpanRecord
 
-__all__ = ["Row", "Waterfall", "build_waterfall", "render_waterfall"]
+__all__ = ["Row", "Waterfall", "build_waterfall", "render_waterfall", "waterfall_json"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,3 +198,30 @@ def render_waterfall(waterfall: Waterfall, *, width: int = 40) -> str:
                      "from their rings, or not answered: the tree is partial")
     lines += [f"note: {n}" for n in waterfall.notes]
     return "\n".join(lines)
+
+
+def waterfall_json(waterfall: Waterfall) -> dict[str, Any]:
+    """The waterfall as JSON-able values, for a page to draw.
+
+    Returns:
+        ``trace_ids``, ``total_ms`` (the last end after the first start), ``complete``,
+        ``missing``, ``notes`` and ``rows``: each with ``depth``, ``agent``, ``name``,
+        ``kind``, ``offset_ms``, ``duration_ms``, ``status`` (``unset``, ``ok``,
+        ``error`` or ``running``), ``message`` (the status's), ``slowest``, ``orphan``,
+        ``span_id`` and ``parent_id``.
+    """
+    rows = waterfall.rows
+    total = max((r.offset_ms + r.duration_ms for r in rows), default=0.0)
+    return {
+        "trace_ids": waterfall.trace_ids, "total_ms": round(total, 3),
+        "complete": waterfall.complete, "missing": waterfall.missing,
+        "notes": waterfall.notes,
+        "rows": [{"depth": r.depth, "agent": r.agent, "name": r.name,
+                  "kind": r.record.get("kind", ""), "offset_ms": round(r.offset_ms, 3),
+                  "duration_ms": round(r.duration_ms, 3),
+                  "status": "running" if r.record.get("open")
+                  else r.record.get("status", "unset"),
+                  "message": r.record.get("status_message", ""), "slowest": r.slowest,
+                  "orphan": r.orphan, "span_id": r.record.get("span_id"),
+                  "parent_id": r.record.get("parent_id")} for r in rows],
+    }
