@@ -37,7 +37,7 @@ from a2a.types.a2a_pb2 import (
 )
 
 from tests.integration.cli_proc import Running, cli
-from tests.integration.otlp_receiver import OtlpReceiver
+from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.integration.test_tracing import receiver  # noqa: F401  (a fixture)
 from tests.tinyfs import fill, tiny_filesystem
 
@@ -361,8 +361,14 @@ def test_the_callers_trace_context_is_continued_by_every_span_of_the_task(
     context = asyncio.run(body())
     # The gateway's Offer is the mesh's root, a child of the caller's span; the worker's
     # work is under it, in the caller's trace, its tracestate carried along.
-    assert receiver.wait_for(lambda spans: any(
-        s.name == "invoke_agent w1" and s.trace_id == caller_trace for s in spans), 30)
+    def settled(spans: list[ReceivedSpan]) -> bool:
+        """The worker's task span and every parent exported (batches come one by one)."""
+        ours = [s for s in spans if s.trace_id == caller_trace]
+        ids = {s.span_id for s in ours} | {caller_span}
+        return (any(s.name == "invoke_agent w1" for s in ours)
+                and all(s.parent_id in ids for s in ours))
+
+    assert receiver.wait_for(settled, 30), "the task's spans were not all exported"
     spans = [s for s in receiver.spans if s.trace_id == caller_trace]
     ids = {s.span_id for s in spans}
     # The gateway's sends are the caller's children: the Offer, then the approval.
