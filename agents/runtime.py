@@ -48,7 +48,7 @@ from porter_mesh.node.sync import SyncNode
 from porter_mesh.tools.external import ExternalTools
 from porter_mesh.tools.ledger import TaskLedger
 from porter_mesh.tools.toolbox import Toolbox
-from porter_mesh.tracing.export import start_tracing
+from porter_mesh.tracing.export import start_metrics, start_tracing
 from porter_mesh.tracing.tasks import TaskTracer
 from porter_mesh.tracing.views import serve_spans
 
@@ -248,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
         serve_spans(node.node, tracing.ring)
     traces = TaskTracer(args.name, tracing.tracer if tracing is not None else None)
     node.node.view_sections["service"] = traces.metrics.snapshot
+    metrics = start_metrics(args.name, traces.metrics.snapshot)  # OTLP, when configured
     if args.traceparent:
         traces.adopt(TraceContext(args.traceparent))
     stop = threading.Event()
@@ -334,6 +335,8 @@ def run(args: argparse.Namespace) -> int:
         node.close()
         if tracing is not None:
             tracing.close()  # after the node: the last spans are exported
+        if metrics is not None:
+            metrics.close()  # a last export: the numbers as the agent stops
 
 
 def _metrics_of(brain: Brain) -> Callable[[], dict[str, Any]]:

@@ -1,10 +1,11 @@
-"""A task's waterfall on its card, in a real browser: ``porter-mesh ui`` and a scripted
-worker as processes, headless Chromium.
+"""A task's waterfall on its card, and the worker's service metrics on its roster card,
+in a real browser: ``porter-mesh ui`` and a scripted worker as processes, headless
+Chromium.
 
 A task offered from the compose box is done and approved on its card; the card's Trace
 button opens the waterfall the dashboard gathered from the agents' rings: the
 dashboard's send of the Offer at the root, the worker's spans under it, the slowest path
-marked, nothing missing.
+marked, nothing missing. The worker's card then counts that work in its table.
 """
 
 from __future__ import annotations
@@ -103,5 +104,28 @@ def test_the_task_cards_trace_button_opens_its_waterfall(browser: Any, ui: Dashb
         expect(first.locator(".wf-agent")).to_have_text("porter-ui")
         dialog.get_by_test_id("waterfall-close").click()
         expect(page.get_by_test_id("waterfall-dialog")).to_have_count(0)
+
+        # The same work in the worker's service metrics, on its roster card (the
+        # dashboard asks every agent for its view every few seconds).
+        worker = page.locator('[data-testid="peer-card"][data-name="w1"]')
+        service = worker.get_by_test_id("peer-service")
+        expect(service.locator("summary")).to_contain_text("tasks 1 · tool calls ",
+                                                           timeout=WAIT_MS)
+        expect(service.locator("summary")).to_contain_text("tokens 0 in / 0 out")
+        service.locator("summary").click()
+        bash = service.locator('[data-testid="service-row"][data-kind="tool bash"]')
+        expect(bash.locator("td")).to_have_count(4)
+        cells = bash.locator("td").all_text_contents()
+        assert cells[:2] == ["1", "0"] and all(c.endswith(("ms", "s")) for c in cells[2:])
+        task = service.locator('[data-testid="service-row"][data-kind="task"]')
+        assert task.locator("td").all_text_contents()[:2] == ["1", "0"]
+        # Unfolded it stays so when the card is drawn again with newer numbers.
+        service.evaluate("d => { d.drawnBefore = true; }")
+        page.wait_for_function("""() => {
+            const d = document.querySelector(
+                '[data-testid="peer-card"][data-name="w1"] [data-testid="peer-service"]');
+            return d !== null && !d.drawnBefore;
+        }""", timeout=WAIT_MS, polling=250)
+        expect(worker.get_by_test_id("peer-service")).to_have_attribute("open", "")
     finally:
         p.close()

@@ -17,7 +17,7 @@ import pytest
 
 from agents.demo import DEMO_TEAM, run_demo
 from tests.integration.cli_proc import Running, cli
-from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.integration.otlp_receiver import OtlpReceiver, ReceivedPoint, ReceivedSpan
 from tests.integration.test_llm_brain import team  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
@@ -471,3 +471,40 @@ def _wait(probe: Any, timeout: float, what: str) -> Any:
             return got
         if time.monotonic() >= deadline:
             raise AssertionError(f"{what}: not within {timeout}s")
+
+
+def test_a_workers_service_metrics_go_out_as_otlp_metrics(
+        tmp_path: Path, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")  # milliseconds, honoured
+    mesh = f"tme{os.getpid()}"
+    worker = Running("agent", "worker", "--name", "w1", "--mesh", mesh, "--workspace",
+                     str(tmp_path / "ws"), "--data-dir", str(tmp_path / "data"))
+    try:
+        # Before any work: counters of nothing, the tokens at zero, every 200 ms.
+        assert receiver.wait_for_points(lambda points: any(
+            p.service == "w1" and p.name == "gen_ai.client.token.usage.total"
+            for p in points), 30), "no metrics from w1"
+        asked = cli("request", "task:w1", "do X", "--mesh", mesh, "--wait", "20",
+                    "--timeout", "60")
+        assert asked.returncode == 1 and "waiting for your review" in asked.stderr
+
+        def bash_counted(points: list[ReceivedPoint]) -> bool:
+            return any(p.service == "w1" and p.name == "porter_mesh.requests"
+                       and p.attributes == {"porter.work": "tool bash"} and p.value == 1
+                       for p in points)
+
+        assert receiver.wait_for_points(bash_counted, 30), {
+            (p.name, str(p.attributes), p.value) for p in receiver.points}
+    finally:
+        worker.stop()
+    points = [p for p in receiver.points if p.service == "w1"]
+    requests = [p for p in points if p.name == "porter_mesh.requests"]
+    assert all(p.kind == "sum" and p.monotonic and p.unit == "{request}" for p in requests)
+    assert {p.attributes["porter.work"] for p in requests} >= {"tool bash", "tool write_file"}
+    assert any(p.name == "porter_mesh.errors" and p.attributes == {"porter.work": "tool bash"}
+               and p.value == 0 for p in points)
+    p99 = [p for p in points if p.name == "porter_mesh.processing.p99"
+           and p.attributes == {"porter.work": "tool bash"}]
+    assert p99 and all(p.kind == "gauge" and p.unit == "s" and 0 < p.value < 30 for p in p99)
+    assert {p.attributes["gen_ai.token.type"] for p in points
+            if p.name == "gen_ai.client.token.usage.total"} == {"input", "output"}
