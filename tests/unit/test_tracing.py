@@ -24,7 +24,7 @@ from porter_mesh.tracing.export import RingProcessor, Tracing
 from porter_mesh.tracing.ring import CONTINUED, SpanRing
 from porter_mesh.tracing.seat import SeatSpans
 from porter_mesh.tracing.tasks import TaskTracer
-from porter_mesh.tracing.waterfall import build_waterfall, render_waterfall
+from porter_mesh.tracing.waterfall import build_waterfall, render_waterfall, waterfall_json
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 TASK = "urn:porter:task:t1"
@@ -342,3 +342,24 @@ def test_a_seats_spans_are_the_root_and_only_an_offer_starts_a_trace() -> None:
     # With a trace handed in, any message continues it.
     carried, span = handed.sending("log", note)
     assert carried is not None and carried.trace_id == TraceContext(TP).trace_id
+
+
+def test_each_request_of_a_caller_may_root_the_trace_and_the_page_gets_the_rows() -> None:
+    ms = 1_000_000
+    offer = record("r1", "caller", 0, 10 * ms, **{CONTINUED: True})
+    answer = record("r2", "caller", 50 * ms, 60 * ms, **{CONTINUED: True})
+    spans = [offer, answer, record("a", "r1", 1 * ms, 40 * ms), record("b", "a", 2 * ms, 30 * ms)]
+    waterfall = build_waterfall(spans)
+    assert waterfall.complete  # two roots, both the caller's children
+    assert not build_waterfall([record("x", None, 0, 1), record("y", None, 2, 3)]).complete
+    running = record("c", "a", 35 * ms, 45 * ms)
+    running["open"] = True
+    drawn = waterfall_json(build_waterfall([*spans, running]))
+    assert drawn["total_ms"] == 60.0
+    by_name = {r["name"]: r for r in drawn["rows"]}
+    assert by_name["span c"]["status"] == "running"
+    assert (by_name["span c"]["offset_ms"], by_name["span c"]["duration_ms"]) == (35.0, 10.0)
+    assert [r["name"] for r in drawn["rows"] if r["slowest"]] == ["span r1", "span a",
+                                                                  "span b"]
+    assert by_name["span b"]["depth"] == 2 and by_name["span b"]["parent_id"] == "a"
+    assert drawn["notes"] == ["the trace continues a caller's span outside the mesh (caller)"]
