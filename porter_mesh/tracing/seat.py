@@ -62,6 +62,7 @@ class SeatSpans:
         self.origin = origin
         self.root: Span | None = None
         self._trace_ids: set[str] = set()
+        self._handed: set[str] = set()  # span ids already handed over (send --count N)
 
     @classmethod
     def start(cls, seat: str, origin: TraceContext | None = None) -> SeatSpans | None:
@@ -151,9 +152,9 @@ class SeatSpans:
         span.end()
 
     def records(self) -> list[SpanRecord]:
-        """The finished spans of the seat's traces."""
+        """The finished spans of the seat's traces not handed over yet."""
         return [r for r in self.tracing.ring.find(trace_ids=sorted(self._trace_ids))
-                if not r.get("open")]
+                if not r.get("open") and r["span_id"] not in self._handed]
 
     async def hand_over(self, node: Node, peers: set[str], timeout: float) -> set[str]:
         """Hand the finished spans to ``peers`` to keep (:func:`~.views.hand_spans`).
@@ -161,7 +162,11 @@ class SeatSpans:
         Returns:
             The peers that kept them.
         """
-        return await hand_spans(node, sorted(peers), self.records(), timeout)
+        records = self.records()
+        kept = await hand_spans(node, sorted(peers), records, timeout)
+        if kept:
+            self._handed.update(r["span_id"] for r in records)
+        return kept
 
     def close(self, timeout: float = 5.0) -> None:
         """Export what is pending (within ``timeout`` seconds) and stop."""
