@@ -48,7 +48,7 @@ from porter_mesh.node.sync import SyncNode
 from porter_mesh.tools.external import ExternalTools
 from porter_mesh.tools.ledger import TaskLedger
 from porter_mesh.tools.toolbox import Toolbox
-from porter_mesh.tracing.export import start_tracing
+from porter_mesh.tracing.export import start_metrics, start_tracing
 from porter_mesh.tracing.tasks import TaskTracer
 from porter_mesh.tracing.views import serve_spans
 
@@ -231,6 +231,9 @@ def run(args: argparse.Namespace) -> int:
     brain = make_brain(args)  # a bad setting fails here, before the agent joins
     if args.subscribe:
         extra["channels"] = tuple(dict.fromkeys(args.subscribe))
+    # Tracing before the node: a command's seat may hand this agent its spans
+    # (spans-keep) as soon as it is reached, and the exporter's import takes a while.
+    tracing = start_tracing(args.name)
     node = SyncNode(
         name=args.name, role=args.role, mesh=args.mesh,
         interfaces=tuple(args.interfaces or ("127.0.0.1",)), seeds=tuple(args.peers),
@@ -241,13 +244,13 @@ def run(args: argparse.Namespace) -> int:
     )
     # At once: the dashboard asks a newcomer for its view as soon as it joins.
     node.node.view_sections["agent"] = _metrics_of(brain)
-    tracing = start_tracing(args.name)
-    traces = TaskTracer(args.name, tracing.tracer if tracing is not None else None)
-    node.node.view_sections["service"] = traces.metrics.snapshot
-    if args.traceparent:
-        traces.adopt(TraceContext(args.traceparent))
     if tracing is not None:
         serve_spans(node.node, tracing.ring)
+    traces = TaskTracer(args.name, tracing.tracer if tracing is not None else None)
+    node.node.view_sections["service"] = traces.metrics.snapshot
+    metrics = start_metrics(args.name, traces.metrics.snapshot)  # OTLP, when configured
+    if args.traceparent:
+        traces.adopt(TraceContext(args.traceparent))
     stop = threading.Event()
     go = threading.Event() if args.wait_go else None
     toolbox_ref: list[Toolbox] = []
@@ -332,6 +335,8 @@ def run(args: argparse.Namespace) -> int:
         node.close()
         if tracing is not None:
             tracing.close()  # after the node: the last spans are exported
+        if metrics is not None:
+            metrics.close()  # a last export: the numbers as the agent stops
 
 
 def _metrics_of(brain: Brain) -> Callable[[], dict[str, Any]]:

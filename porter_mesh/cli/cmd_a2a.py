@@ -101,6 +101,7 @@ def main(args: argparse.Namespace) -> int:
     data_dir = args.data_dir or default_data_root() / args.mesh / name
     from porter_mesh.gateways.a2a.server import A2AGateway
     from porter_mesh.node.node import Node
+    from porter_mesh.tracing.seat import SeatSpans
 
     config = node_config(args, name=name, role="gateway", inbox_size=0,
                          channels=(C.CHANNEL_LOG, C.CHANNEL_TASK, C.CHANNEL_REVIEW),
@@ -110,7 +111,8 @@ def main(args: argparse.Namespace) -> int:
     async def body() -> int:
         try:
             gateway = A2AGateway(Node(config), args.agents, data_dir=data_dir, host=host,
-                                 port=port, token=token, settle=args.settle)
+                                 port=port, token=token, settle=args.settle,
+                                 spans=SeatSpans.start(name))
         except OSError as exc:
             print(f"porter-mesh a2a: cannot listen on {args.listen}: {exc.strerror or exc}"
                   "; pick another --listen port", file=sys.stderr)

@@ -26,13 +26,14 @@ from typing import Any
 
 from porter_mesh.cli.cmd_send import add_message_arguments, prepare, trace_of
 from porter_mesh.cli.common import count, run, seat_config, seconds
-from porter_mesh.cli.seat import deliver
+from porter_mesh.cli.seat import HAND_OVER_SECONDS, deliver
 from porter_mesh.core import constants as C
 from porter_mesh.core.advert import is_human
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.lifecycle import Status, TaskRecord, follow
 from porter_mesh.node.node import Message, Node
 from porter_mesh.node.transcript import message_json, message_line
+from porter_mesh.tracing.seat import seat_spans
 
 
 def register(sub: Any) -> None:
@@ -91,46 +92,66 @@ def main(args: argparse.Namespace) -> int:
 
     async def body() -> int:
         async with Node(config) as node:
-            outcome = await deliver(node, args.channel, request, wait=args.wait,
-                                    timeout=args.timeout, trace=trace)
-            if outcome.problem is not None:
-                print(f"porter-mesh request: {outcome.problem}", file=sys.stderr)
+            if spans is None:
+                return await exchange(node)
+            # The request's span: from the send to the reply that ends the exchange, then
+            # handed with the send's span to whoever received the request.
+            spans.begin_request(args.channel.removeprefix(C.DIRECT_PREFIX), request)
+            reached: set[str] = set()
+            try:
+                return await exchange(node, reached)
+            finally:
+                spans.end_request(problems[0] if problems else None)
+                if reached:
+                    await spans.hand_over(node, reached, HAND_OVER_SECONDS)
+
+    problems: list[str] = []
+
+    async def exchange(node: Node, reached: set[str] | None = None) -> int:
+        outcome = await deliver(node, args.channel, request, wait=args.wait,
+                                timeout=args.timeout, trace=trace, spans=spans)
+        if reached is not None:
+            reached |= outcome.reached
+        if outcome.problem is not None:
+            problems.append(outcome.problem)
+            print(f"porter-mesh request: {outcome.problem}", file=sys.stderr)
+            return 1
+        print(outcome.line(), file=sys.stderr, flush=True)
+        deadline = time.monotonic() + args.timeout
+        replies = 0
+        task = follow(None, request, sender=node.name, channel=args.channel,
+                      now=time.time())
+        while True:
+            try:
+                msg = await node.receive(timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                want = f"{args.count} replies" if args.count else "a reply that ends it"
+                problems.append(f"no {want} within {args.timeout:g}s")
+                print(f"porter-mesh request: {replies} repl{'y' if replies == 1 else 'ies'}"
+                      f" in {context} within {args.timeout:g}s, waited for {want}; "
+                      "is the recipient busy? (--timeout waits longer)", file=sys.stderr)
                 return 1
-            print(outcome.line(), file=sys.stderr, flush=True)
-            deadline = time.monotonic() + args.timeout
-            replies = 0
-            task = follow(None, request, sender=node.name, channel=args.channel,
-                          now=time.time())
-            while True:
-                try:
-                    msg = await node.receive(timeout=max(0.0, deadline - time.monotonic()))
-                except TimeoutError:
-                    want = f"{args.count} replies" if args.count else "a reply that ends it"
-                    print(f"porter-mesh request: {replies} repl{'y' if replies == 1 else 'ies'}"
-                          f" in {context} within {args.timeout:g}s, waited for {want}; "
-                          "is the recipient busy? (--timeout waits longer)", file=sys.stderr)
-                    return 1
-                if msg.activity.context != context or is_human(msg.sender):
-                    continue
-                replies += 1
-                print(message_json(msg) if args.json else message_line(msg), flush=True)
-                if args.count and replies >= args.count:
-                    return 0
-                if task is not None:
-                    before = task.status
-                    task = follow(task, msg.activity, sender=msg.sender,
-                                  channel=msg.channel, now=time.time())
-                    assert task is not None
-                    if task.status is not before:
-                        print(f"task {context}: {task.status.value}", file=sys.stderr,
-                              flush=True)
-                    if not args.count and (end := task_end(task)) is not None:
-                        print(f"porter-mesh request: {end}", file=sys.stderr, flush=True)
-                        return 0 if task.status is Status.COMPLETED else 1
-                    continue
-                if not args.count and ends_exchange(msg, request):
-                    return 1 if msg.activity.type == "Reject" else 0
+            if msg.activity.context != context or is_human(msg.sender):
+                continue
+            replies += 1
+            print(message_json(msg) if args.json else message_line(msg), flush=True)
+            if args.count and replies >= args.count:
+                return 0
+            if task is not None:
+                before = task.status
+                task = follow(task, msg.activity, sender=msg.sender,
+                              channel=msg.channel, now=time.time())
+                assert task is not None
+                if task.status is not before:
+                    print(f"task {context}: {task.status.value}", file=sys.stderr,
+                          flush=True)
+                if not args.count and (end := task_end(task)) is not None:
+                    print(f"porter-mesh request: {end}", file=sys.stderr, flush=True)
+                    return 0 if task.status is Status.COMPLETED else 1
+                continue
+            if not args.count and ends_exchange(msg, request):
+                return 1 if msg.activity.type == "Reject" else 0
         return 0
 
-    status = run(body)
-    return status
+    with seat_spans(config.name, trace) as spans:
+        return run(body)

@@ -33,6 +33,7 @@ from porter_mesh.core.tracecontext import TraceContext, valid_tracestate
 from porter_mesh.entrypoint import traceparent_arg
 from porter_mesh.errors import ActivityError, ConfigError
 from porter_mesh.node.node import Node
+from porter_mesh.tracing.seat import seat_spans
 
 #: The activity type a channel gets when ``--type`` is not given (the profile's mapping).
 DEFAULT_TYPES = {C.CHANNEL_TASK: "Offer", C.CHANNEL_LOG: "Announce", C.CHANNEL_REVIEW: "Offer"}
@@ -194,7 +195,7 @@ def main(args: argparse.Namespace) -> int:
         async with Node(config) as node:
             for _ in range(args.count):
                 outcome = await deliver(node, args.channel, activity, wait=args.wait,
-                                        timeout=args.timeout, trace=trace)
+                                        timeout=args.timeout, trace=trace, spans=spans)
                 if args.output == "json":
                     print(orjson.dumps(outcome.as_dict(activity)).decode(), flush=True)
                 else:
@@ -206,4 +207,5 @@ def main(args: argparse.Namespace) -> int:
                         break
         return status
 
-    return run(body)
+    with seat_spans(config.name, trace) as spans:
+        return run(body)

@@ -21,10 +21,9 @@ import orjson
 from porter_mesh.cli.cmd_stats import add_asking_options, find_agents, observer_config
 from porter_mesh.cli.common import refuse_negative, run
 from porter_mesh.core.constants import TASK_URN_PREFIX
-from porter_mesh.core.control import MAX_SPAN_QUERY_IDS
 from porter_mesh.node.node import Node
-from porter_mesh.tracing.views import SpanClient
-from porter_mesh.tracing.waterfall import build_waterfall, render_waterfall
+from porter_mesh.tracing.views import SpanClient, gather_trace
+from porter_mesh.tracing.waterfall import render_waterfall
 
 _TRACE_ID = re.compile(r"[0-9a-fA-F]{32}")
 
@@ -59,37 +58,9 @@ def main(args: argparse.Namespace) -> int:
 
     async def body() -> int:
         async with Node(config) as node:
-            client = SpanClient(node)
             names = await find_agents(node, None, args.wait)
-            answers = await client.ask_all(names, args.timeout, trace_ids=trace_ids,
-                                           context=context)
-            if context is not None:
-                # Spans of the task's traces that do not name the task (the request that
-                # started it, on another agent): ask again by trace id.
-                found = sorted({r["trace_id"] for a in answers.values()
-                                if not isinstance(a, BaseException)
-                                for r in a.get("spans", []) if isinstance(r, dict)})
-                if found:
-                    answers = await client.ask_all(names, args.timeout,
-                                                   trace_ids=tuple(found[:MAX_SPAN_QUERY_IDS]))
-        records: list[dict[str, Any]] = []
-        notes: list[str] = []
-        for name, answer in sorted(answers.items()):
-            if isinstance(answer, BaseException):
-                why = (f"no answer within {args.timeout}s" if isinstance(answer, TimeoutError)
-                       else str(answer))
-                notes.append(f"{name}: {why}; its spans are not shown")
-                continue
-            records += [r for r in answer.get("spans", []) if isinstance(r, dict)]
-            ring = answer.get("ring") or {}
-            if ring.get("dropped"):
-                notes.append(f"{name}: its ring dropped {ring['dropped']} older span(s) "
-                             f"(holds {ring.get('max_spans')} spans / {ring.get('max_bytes')}"
-                             " bytes): this trace may be partial")
-            if answer.get("truncated"):
-                notes.append(f"{name}: {answer['truncated']} span(s) left out to fit one "
-                             "reply; ask for one trace id")
-        waterfall = build_waterfall(records, notes)
+            waterfall = await gather_trace(SpanClient(node), names, args.timeout,
+                                           trace_ids=trace_ids, context=context)
         if args.json:
             for row in waterfall.rows:
                 print(orjson.dumps(row.record).decode())

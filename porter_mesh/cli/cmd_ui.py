@@ -19,6 +19,7 @@ from porter_mesh.gateways.ui.state import DEFAULT_HISTORY, MessageLog
 from porter_mesh.node.config import default_data_dir, knowledge_dir
 from porter_mesh.node.knowledge import Knowledge
 from porter_mesh.node.node import Node
+from porter_mesh.tracing.seat import SeatSpans, seat_spans
 
 DEFAULT_PORT = 8765
 _TOKEN_RE = re.compile(r"[A-Za-z0-9._~-]{8,200}")
@@ -82,10 +83,14 @@ def main(args: argparse.Namespace) -> int:
             return _usage(f"another porter-mesh ui (pid {holder}) already serves mesh "
                           f"{args.mesh!r} from {data_dir}: open the address it printed, "
                           f"stop it (kill {holder}), or run this one on another --mesh")
+        with seat_spans(C.HUMAN_AGENT) as spans:
+            return await serve(log, shard, spans)
+
+    async def serve(log: MessageLog, shard: Shard, spans: SeatSpans | None) -> int:
         node = Node(config)
         knowledge = Knowledge(node, shard)
         dashboard = Dashboard(node, log, token=token, knowledge=knowledge,
-                              hosts=config.interfaces, port=args.port)
+                              hosts=config.interfaces, port=args.port, spans=spans)
         knowledge.start()
         try:
             async with node:

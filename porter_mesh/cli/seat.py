@@ -14,6 +14,10 @@ A peer that refuses the seat's connection because of keys (the mesh is secured a
 command has none, or its key is not trusted) ends the wait at once:
 :class:`~porter_mesh.errors.PeerRefusedError` is raised, and the command prints its one
 line, which names the keys to make or trust, with exit status 2 (a setting to fix).
+
+With tracing on (the ``[otel]`` extra), an Offer the seat sends is the root of its task's
+trace: the seat's ``send`` span (:class:`~porter_mesh.tracing.seat.SeatSpans`), handed
+to the recipients to keep once they have it, since the seat's own ring leaves with it.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from porter_mesh.core.as2 import Activity
 from porter_mesh.core.tracecontext import TraceContext
 from porter_mesh.errors import DeliveryError, PeerRefusedError
 from porter_mesh.node.node import Node
+from porter_mesh.tracing.seat import SeatSpans
 
 #: Seconds between looks at the roster and the refusals while waiting.
 _POLL = 0.02
@@ -105,8 +110,13 @@ class Outcome:
                 "not_subscribed": sorted(self.elsewhere), "problem": self.problem}
 
 
+#: Most seconds a seat waits for its spans to be taken before it leaves.
+HAND_OVER_SECONDS = 5.0
+
+
 async def deliver(node: Node, channel: str, activity: Activity, *, wait: float,
-                  timeout: float, trace: TraceContext | None = None) -> Outcome:
+                  timeout: float, trace: TraceContext | None = None,
+                  spans: SeatSpans | None = None) -> Outcome:
     """Send ``activity`` on ``channel`` from ``node``, waiting for its recipients first.
 
     Args:
@@ -114,7 +124,28 @@ async def deliver(node: Node, channel: str, activity: Activity, *, wait: float,
         timeout: seconds for a direct message's acknowledgement.
         trace: W3C trace context to continue (``--traceparent``): the recipients' spans
             become its children.
+        spans: the seat's spans: the message gets a ``send`` span (the parent of the
+            recipients' spans), handed to the recipients to keep when it is the root
+            (no ``request`` span is open above it).
     """
+    if spans is None:
+        return await _deliver(node, channel, activity, wait=wait, timeout=timeout,
+                              trace=trace)
+    sent_trace, span = spans.sending(channel, activity)
+    try:
+        outcome = await _deliver(node, channel, activity, wait=wait, timeout=timeout,
+                                 trace=sent_trace)
+    except BaseException as exc:
+        spans.sent(span, f"{type(exc).__name__}: {exc}")
+        raise
+    spans.sent(span, outcome.problem)
+    if span is not None and spans.root is None and outcome.reached:
+        await spans.hand_over(node, outcome.reached, min(timeout, HAND_OVER_SECONDS))
+    return outcome
+
+
+async def _deliver(node: Node, channel: str, activity: Activity, *, wait: float,
+                   timeout: float, trace: TraceContext | None) -> Outcome:
     outcome = Outcome(channel)
     mesh = node.config.mesh
     if channel.startswith(C.DIRECT_PREFIX):

@@ -76,6 +76,8 @@ __all__ = [
     "KIND_HEARTBEAT",
     "KIND_HELLO",
     "KIND_SPANS",
+    "KIND_SPANS_KEEP",
+    "KIND_SPANS_KEPT",
     "KIND_SPANS_REPLY",
     "KIND_STATS",
     "KIND_STATS_REPLY",
@@ -84,6 +86,7 @@ __all__ = [
     "KIND_WELCOME",
     "MAX_CONTROL_BYTES",
     "MAX_INTRODUCED_PEERS",
+    "MAX_KEPT_SPANS",
     "MAX_KIND_CHARS",
     "NODE_KINDS",
     "Ack",
@@ -104,6 +107,8 @@ __all__ = [
     "decode_control",
     "decode_heartbeat",
     "decode_hello",
+    "decode_spans_keep",
+    "decode_spans_kept",
     "decode_spans_reply",
     "decode_spans_request",
     "decode_stats_reply",
@@ -116,12 +121,15 @@ __all__ = [
     "encode_control",
     "encode_heartbeat",
     "encode_hello",
+    "encode_spans_keep",
+    "encode_spans_kept",
     "encode_spans_reply",
     "encode_spans_request",
     "encode_stats_reply",
     "encode_stats_request",
     "encode_unsupported",
     "encode_welcome",
+    "span_record_problem",
 ]
 
 #: Largest control payload: one ZeroMQ frame.
@@ -158,6 +166,10 @@ KIND_SYNC: Final = "sync"
 KIND_SPANS: Final = "spans"
 #: The answer to ``spans``: the span records found, and the ring's counters.
 KIND_SPANS_REPLY: Final = "spans-reply"
+#: Finished spans handed to a peer to keep (a command's seat, before it leaves).
+KIND_SPANS_KEEP: Final = "spans-keep"
+#: The answer to ``spans-keep``: how many were kept.
+KIND_SPANS_KEPT: Final = "spans-kept"
 
 
 class Route(enum.Enum):
@@ -608,6 +620,107 @@ def decode_spans_reply(data: bytes) -> dict[str, Any]:
     return body
 
 
+# -- spans-keep / spans-kept ----------------------------------------------------------
+
+#: Most span records one ``spans-keep`` may hand over.
+MAX_KEPT_SPANS: Final = 16
+_SPAN_KINDS: Final = frozenset({"internal", "server", "client", "producer", "consumer"})
+_SPAN_STATUSES: Final = frozenset({"unset", "ok", "error"})
+_HEX = frozenset("0123456789abcdef")
+
+
+def _hex_id(value: object, digits: int) -> bool:
+    return (isinstance(value, str) and len(value) == digits and set(value) <= _HEX
+            and value != "0" * digits)
+
+
+def _attribute(value: object) -> bool:
+    if isinstance(value, list):
+        return len(value) <= 64 and all(_attribute(v) and not isinstance(v, list)
+                                        for v in value)
+    if isinstance(value, str):
+        return len(value) <= 1024
+    return isinstance(value, bool | int | float)
+
+
+def span_record_problem(record: object) -> str | None:
+    """What is wrong with a span record from a peer (``None`` when it is one).
+
+    A record is what an agent's ring keeps (:data:`porter_mesh.tracing.ring.SpanRecord`):
+    ``trace_id`` (32 lowercase hex), ``span_id`` (16), ``parent_id`` (16 or null),
+    ``name``, ``kind``, ``service``, ``start_ns`` <= ``end_ns``, ``status``,
+    ``status_message`` and ``attributes`` (at most 64 scalars or lists of scalars).
+    """
+    if not isinstance(record, dict):
+        return f"a span record must be an object, not {type(record).__name__}"
+    if not (_hex_id(record.get("trace_id"), 32) and _hex_id(record.get("span_id"), 16)):
+        return "trace_id must be 32 and span_id 16 lowercase hex digits"
+    parent = record.get("parent_id")
+    if parent is not None and not _hex_id(parent, 16):
+        return "parent_id must be null or 16 lowercase hex digits"
+    for key in ("name", "service"):
+        value = record.get(key)
+        if not isinstance(value, str) or not 0 < len(value) <= 256:
+            return f"{key} must be a string of 1-256 characters"
+    if record.get("kind") not in _SPAN_KINDS or record.get("status") not in _SPAN_STATUSES:
+        return f"kind must be one of {sorted(_SPAN_KINDS)}, status one of {sorted(_SPAN_STATUSES)}"
+    start, end = record.get("start_ns"), record.get("end_ns")
+    if not (type(start) is int and type(end) is int and 0 < start <= end):
+        return "start_ns and end_ns must be integers, 0 < start_ns <= end_ns"
+    message = record.get("status_message", "")
+    if not isinstance(message, str) or len(message) > 1024:
+        return "status_message must be a string of at most 1024 characters"
+    attributes = record.get("attributes", {})
+    if (not isinstance(attributes, dict) or len(attributes) > 64
+            or not all(isinstance(k, str) and len(k) <= 256 and _attribute(v)
+                       for k, v in attributes.items())):
+        return "attributes must map at most 64 names to scalars or lists of scalars"
+    return None
+
+
+def encode_spans_keep(spans: Sequence[Mapping[str, Any]]) -> bytes:
+    """Encode a ``spans-keep`` body: ``{"spans": [record, ...]}`` as JSON."""
+    data: bytes = orjson.dumps({"spans": list(spans)})
+    return data
+
+
+def decode_spans_keep(data: bytes) -> list[dict[str, Any]]:
+    """Decode a ``spans-keep`` body.
+
+    Raises:
+        FrameError: ``reason="bad-json"`` unless it holds a list ``spans`` of at most
+            :data:`MAX_KEPT_SPANS` valid span records (:func:`span_record_problem`);
+            ``"too-large"`` past :data:`MAX_CONTROL_BYTES`.
+    """
+    spans = _json_object(data, "spans-keep").get("spans")
+    if not isinstance(spans, list) or not 0 < len(spans) <= MAX_KEPT_SPANS:
+        raise _bad("bad-json", f"spans-keep must hold a list 'spans' of 1-{MAX_KEPT_SPANS} "
+                   "span records")
+    for record in spans:
+        problem = span_record_problem(record)
+        if problem is not None:
+            raise _bad("bad-json", f"spans-keep: {problem}")
+    return spans
+
+
+def encode_spans_kept(kept: Mapping[str, Any]) -> bytes:
+    """Encode a ``spans-kept`` body: ``{"kept": n}`` as JSON."""
+    data: bytes = orjson.dumps(kept)
+    return data
+
+
+def decode_spans_kept(data: bytes) -> dict[str, Any]:
+    """Decode a ``spans-kept`` body.
+
+    Raises:
+        FrameError: ``reason="bad-json"`` unless it is an object with an integer ``kept``.
+    """
+    body = _json_object(data, "spans-kept")
+    if not _is_int(body.get("kept")):
+        raise _bad("bad-json", "spans-kept must hold an integer 'kept'")
+    return body
+
+
 # -- the table --------------------------------------------------------------------------
 
 
@@ -662,6 +775,9 @@ KINDS: Final[Mapping[str, KindSpec]] = MappingProxyType({spec.kind: spec for spe
     _spec(KIND_SPANS, [_D], "send me your recent spans of these traces",
           encode_spans_request, decode_spans_request),
     _spec(KIND_SPANS_REPLY, [_R], "my recent spans", encode_spans_reply, decode_spans_reply),
+    _spec(KIND_SPANS_KEEP, [_D], "keep these finished spans of mine (I am leaving)",
+          encode_spans_keep, decode_spans_keep),
+    _spec(KIND_SPANS_KEPT, [_R], "kept them", encode_spans_kept, decode_spans_kept),
 )})
 
 #: The kinds the node handles itself (a protocol on top may not take them).

@@ -59,8 +59,10 @@ from porter_mesh.core.as2 import Activity
 from porter_mesh.core.tasks import attempt_of
 from porter_mesh.core.tracecontext import TraceContext, valid_traceparent, valid_tracestate
 from porter_mesh.tracing.metrics import ServiceMetrics
+from porter_mesh.tracing.ring import CONTINUED
 
-__all__ = ["INSTRUMENTATION", "TaskTracer", "context_of", "span_context_of", "trace_of_span"]
+__all__ = ["CONTINUED", "INSTRUMENTATION", "TaskTracer", "context_of", "span_context_of",
+           "trace_of_span"]
 
 #: The instrumentation scope of every span the mesh makes.
 INSTRUMENTATION: Final = "porter_mesh"
@@ -158,7 +160,7 @@ class TaskTracer:
             return self._tasks.get(context)
 
     def _open(self, context: str, parent: otel_context.Context | None, *,
-              attempt: int | None = None) -> Span:
+              attempt: int | None = None, outside: bool = False) -> Span:
         """Open the task's ``invoke_agent`` span; an earlier one (an earlier attempt) ends."""
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",
@@ -168,6 +170,8 @@ class TaskTracer:
         }
         if attempt is not None:
             attributes["porter.task.attempt"] = attempt
+        if outside:
+            attributes[CONTINUED] = True
         span = self.tracer.start_span(f"invoke_agent {self.agent}", context=parent,
                                       kind=SpanKind.INTERNAL, attributes=attributes)
         with self._lock:
@@ -281,7 +285,10 @@ class TaskTracer:
         creates = (activity.type == "Offer" and self.task_span(task) is None
                    and (channel == C.CHANNEL_TASK or channel.startswith(C.DIRECT_PREFIX)))
         if creates:
-            self._open(task, self._parent_for(None))
+            parent = self._parent_for(None)
+            with self._lock:
+                outside = parent is not None and parent is self._origin
+            self._open(task, parent, outside=outside)
         elif self.task_span(task) is None and not trace.get_current_span(
                 ).get_span_context().is_valid:
             return None, None

@@ -1,5 +1,9 @@
 """Spans over the mesh: each agent answers ``spans`` from its ring; ``porter-mesh trace``
 asks every agent (as ``stats`` does, through :class:`~porter_mesh.node.views.ViewClient`).
+
+A node that leaves soon after its work (a command's seat: ``send``, ``request``) hands
+its finished spans to the peers it sent to (``spans-keep``), which keep them in their
+rings: the root of a task the command started outlives the command.
 """
 
 from __future__ import annotations
@@ -9,10 +13,17 @@ from typing import Any, Final
 
 from porter_mesh.core.control import (
     KIND_SPANS,
+    KIND_SPANS_KEEP,
+    KIND_SPANS_KEPT,
     KIND_SPANS_REPLY,
     MAX_CONTROL_BYTES,
+    MAX_KEPT_SPANS,
+    MAX_SPAN_QUERY_IDS,
     SpansRequest,
+    decode_spans_keep,
     decode_spans_request,
+    encode_spans_keep,
+    encode_spans_kept,
     encode_spans_reply,
     encode_spans_request,
 )
@@ -20,9 +31,10 @@ from porter_mesh.core.envelope import Envelope
 from porter_mesh.errors import FrameError
 from porter_mesh.node.node import Node, Reply
 from porter_mesh.node.views import ViewClient
-from porter_mesh.tracing.ring import SpanRing
+from porter_mesh.tracing.ring import SpanRecord, SpanRing
+from porter_mesh.tracing.waterfall import Waterfall, build_waterfall
 
-__all__ = ["SpanClient", "serve_spans"]
+__all__ = ["SpanClient", "gather_trace", "hand_spans", "serve_spans"]
 
 _log = logging.getLogger("porter_mesh.tracing")
 # Room left in a reply for the ring's counters and the JSON around the spans.
@@ -35,6 +47,9 @@ def serve_spans(node: Node, ring: SpanRing) -> None:
     A reply that would pass one message's limit keeps the newest spans and says how
     many it left out (``truncated``). A malformed request is counted and answered with
     nothing.
+
+    Spans handed over by a leaving seat (``spans-keep``) are kept in ``ring`` too
+    (counted in ``spans.kept``), and their receipt answered.
     """
 
     def on_request(env: Envelope, payload: bytes, reply: Reply) -> None:
@@ -55,8 +70,40 @@ def serve_spans(node: Node, ring: SpanRing) -> None:
             data = encode_spans_reply(body)
         reply(KIND_SPANS_REPLY, data)
 
+    def on_keep(env: Envelope, payload: bytes, reply: Reply) -> None:
+        # A malformed one raises FrameError: the node counts it and logs it once.
+        records = decode_spans_keep(payload)
+        for record in records:
+            ring.add(record)
+        node.counters["spans.kept"] += len(records)
+        reply(KIND_SPANS_KEPT, encode_spans_kept({"kept": len(records)}))
+
     node.register_kind(KIND_SPANS, on_request)
+    node.register_kind(KIND_SPANS_KEEP, on_keep)
     node.view_sections["spans"] = ring.stats
+
+
+async def hand_spans(node: Node, peers: list[str], records: list[SpanRecord],
+                     timeout: float) -> set[str]:
+    """Hand finished spans to ``peers`` to keep in their rings (use it on the node's loop).
+
+    A peer without tracing, or of an earlier version, answers ``unsupported`` at once.
+
+    Args:
+        node: the node that made the spans (it is about to leave).
+        peers: who keeps them.
+        records: the span records (the newest :data:`MAX_KEPT_SPANS`).
+        timeout: seconds to wait for the answers.
+
+    Returns:
+        The peers that kept them.
+    """
+    if not records or not peers:
+        return set()
+    client = ViewClient(node, kind=KIND_SPANS_KEEP, reply_kind=KIND_SPANS_KEPT)
+    answers = await client.ask_all(peers, timeout,
+                                   encode_spans_keep(records[-MAX_KEPT_SPANS:]))
+    return {peer for peer, answer in answers.items() if not isinstance(answer, BaseException)}
 
 
 class SpanClient:
@@ -71,3 +118,54 @@ class SpanClient:
         """Each agent's answer (``{"agent", "spans", "ring"}``), or why there is none."""
         payload = encode_spans_request(SpansRequest(trace_ids, context))
         return await self._client.ask_all(peers, timeout, payload)
+
+
+async def gather_trace(client: SpanClient, agents: list[str], timeout: float, *,
+                       trace_ids: tuple[str, ...] = (), context: str | None = None,
+                       own: SpanRing | None = None) -> Waterfall:
+    """A trace's waterfall from the agents' rings (``porter-mesh trace``, the dashboard).
+
+    Asked by a task ``context``, the agents are asked a second time by the trace ids
+    their first answers name, so that spans of the task's traces that do not name the
+    task (the request that started it, on another agent) are included.
+
+    Args:
+        client: the span client of the asking node.
+        agents: who to ask.
+        timeout: seconds each may take to answer.
+        trace_ids: 32-hex trace ids to draw.
+        context: a task (``urn:porter:task:...``): every trace with a span about it.
+        own: the asking node's own ring, read too (a long-lived seat's, the dashboard's).
+
+    Returns:
+        The waterfall; its notes name the agents that did not answer, the rings that
+        dropped spans, and the replies that were cut to fit.
+    """
+    answers = await client.ask_all(agents, timeout, trace_ids=trace_ids, context=context)
+    mine = own.find(trace_ids=trace_ids, context=context) if own is not None else []
+    if context is not None:
+        found = sorted({r["trace_id"] for a in answers.values()
+                        if not isinstance(a, BaseException)
+                        for r in a.get("spans", []) if isinstance(r, dict)}
+                       | {r["trace_id"] for r in mine})[:MAX_SPAN_QUERY_IDS]
+        if found:
+            answers = await client.ask_all(agents, timeout, trace_ids=tuple(found))
+            mine = own.find(trace_ids=found) if own is not None else []
+    records: list[SpanRecord] = list(mine)
+    notes: list[str] = []
+    for name, answer in sorted(answers.items()):
+        if isinstance(answer, BaseException):
+            why = (f"no answer within {timeout}s" if isinstance(answer, TimeoutError)
+                   else str(answer))
+            notes.append(f"{name}: {why}; its spans are not shown")
+            continue
+        records += [r for r in answer.get("spans", []) if isinstance(r, dict)]
+        ring = answer.get("ring") or {}
+        if ring.get("dropped"):
+            notes.append(f"{name}: its ring dropped {ring['dropped']} older span(s) "
+                         f"(holds {ring.get('max_spans')} spans / {ring.get('max_bytes')}"
+                         " bytes): this trace may be partial")
+        if answer.get("truncated"):
+            notes.append(f"{name}: {answer['truncated']} span(s) left out to fit one "
+                         "reply; ask for one trace id")
+    return build_waterfall(records, notes)

@@ -8,17 +8,20 @@ subtree (the child and everything under it, across agents) takes longest from th
 child's start to the subtree's last end: where the time went. A span whose parent is not
 among the records (its agent restarted, its ring overflowed, or it did not answer) is
 drawn as a root of its own, marked ``?``, and named in :attr:`Waterfall.missing`,
-rather than hung under a wrong parent.
+rather than hung under a wrong parent. A span that continues a trace from outside the
+mesh (marked :data:`~.ring.CONTINUED`: its parent is the caller's) is a root, not an
+orphan; a note names the caller's span.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from porter_mesh.tracing.ring import SpanRecord
+from porter_mesh.tracing.ring import CONTINUED, SpanRecord
 
-__all__ = ["Row", "Waterfall", "build_waterfall", "render_waterfall"]
+__all__ = ["Row", "Waterfall", "build_waterfall", "render_waterfall", "waterfall_json"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +34,8 @@ class Row:
         name: the span name.
         offset_ms: start, in milliseconds after the trace's first span.
         duration_ms: duration in milliseconds.
-        status: ``unset``, ``ok`` or ``error`` (with the message after a colon).
+        status: ``unset``, ``ok`` or ``error`` (with the message after a colon);
+            ``running`` for a span still open.
         slowest: on the slowest path.
         orphan: its parent span is missing.
         record: the span record.
@@ -67,9 +71,17 @@ class Waterfall:
 
     @property
     def complete(self) -> bool:
-        """One root per trace and no missing parent."""
-        roots = sum(1 for r in self.rows if r.depth == 0)
-        return not self.missing and roots == len(self.trace_ids)
+        """No missing parent, and one root per trace (or only roots under a caller's
+        span outside the mesh: each request of the caller is one)."""
+        if self.missing:
+            return False
+        roots: dict[str, list[Row]] = {}
+        for row in self.rows:
+            if row.depth == 0:
+                roots.setdefault(row.record["trace_id"], []).append(row)
+        return len(roots) == len(self.trace_ids) and all(
+            len(rows) == 1 or all(_continued(r.record) for r in rows)
+            for rows in roots.values())
 
 
 def build_waterfall(records: Iterable[SpanRecord], notes: Sequence[str] = ()) -> Waterfall:
@@ -90,16 +102,22 @@ def build_waterfall(records: Iterable[SpanRecord], notes: Sequence[str] = ()) ->
     children: dict[str, list[SpanRecord]] = {}
     roots: list[SpanRecord] = []
     missing: list[str] = []
+    callers: list[str] = []
     for record in ordered:
         parent = record.get("parent_id")
         if parent is not None and parent in spans:
             children.setdefault(parent, []).append(record)
-        else:
-            roots.append(record)
-            if parent is not None and parent not in missing:
-                missing.append(parent)
+            continue
+        roots.append(record)
+        if parent is None:
+            continue
+        outside = callers if _continued(record) else missing
+        if parent not in outside:
+            outside.append(parent)
     trace_ids = sorted({r["trace_id"] for r in ordered})
     result = Waterfall(trace_ids, missing=missing, notes=list(notes))
+    result.notes += [f"the trace continues a caller's span outside the mesh ({parent})"
+                     for parent in callers]
     if not ordered:
         return result
     first = ordered[0]["start_ns"]
@@ -118,7 +136,7 @@ def build_waterfall(records: Iterable[SpanRecord], notes: Sequence[str] = ()) ->
                        default=None)
 
     def walk(record: SpanRecord, depth: int) -> None:
-        status = record.get("status", "unset")
+        status = "running" if record.get("open") else record.get("status", "unset")
         if record.get("status_message"):
             status = f"{status}: {record['status_message']}"
         result.rows.append(Row(
@@ -126,13 +144,20 @@ def build_waterfall(records: Iterable[SpanRecord], notes: Sequence[str] = ()) ->
             offset_ms=(record["start_ns"] - first) / 1e6,
             duration_ms=max(0, record["end_ns"] - record["start_ns"]) / 1e6,
             status=status, slowest=record["span_id"] in slowest,
-            orphan=depth == 0 and record.get("parent_id") is not None, record=record))
+            orphan=(depth == 0 and record.get("parent_id") is not None
+                    and not _continued(record)), record=record))
         for child in children.get(record["span_id"], []):
             walk(child, depth + 1)
 
     for root in roots:
         walk(root, 0)
     return result
+
+
+def _continued(record: SpanRecord) -> bool:
+    """Whether the span's parent is a caller's outside the mesh."""
+    attributes = record.get("attributes")
+    return isinstance(attributes, dict) and attributes.get(CONTINUED) is True
 
 
 def _ms(value: float) -> str:
@@ -173,3 +198,30 @@ def render_waterfall(waterfall: Waterfall, *, width: int = 40) -> str:
                      "from their rings, or not answered: the tree is partial")
     lines += [f"note: {n}" for n in waterfall.notes]
     return "\n".join(lines)
+
+
+def waterfall_json(waterfall: Waterfall) -> dict[str, Any]:
+    """The waterfall as JSON-able values, for a page to draw.
+
+    Returns:
+        ``trace_ids``, ``total_ms`` (the last end after the first start), ``complete``,
+        ``missing``, ``notes`` and ``rows``: each with ``depth``, ``agent``, ``name``,
+        ``kind``, ``offset_ms``, ``duration_ms``, ``status`` (``unset``, ``ok``,
+        ``error`` or ``running``), ``message`` (the status's), ``slowest``, ``orphan``,
+        ``span_id`` and ``parent_id``.
+    """
+    rows = waterfall.rows
+    total = max((r.offset_ms + r.duration_ms for r in rows), default=0.0)
+    return {
+        "trace_ids": waterfall.trace_ids, "total_ms": round(total, 3),
+        "complete": waterfall.complete, "missing": waterfall.missing,
+        "notes": waterfall.notes,
+        "rows": [{"depth": r.depth, "agent": r.agent, "name": r.name,
+                  "kind": r.record.get("kind", ""), "offset_ms": round(r.offset_ms, 3),
+                  "duration_ms": round(r.duration_ms, 3),
+                  "status": "running" if r.record.get("open")
+                  else r.record.get("status", "unset"),
+                  "message": r.record.get("status_message", ""), "slowest": r.slowest,
+                  "orphan": r.orphan, "span_id": r.record.get("span_id"),
+                  "parent_id": r.record.get("parent_id")} for r in rows],
+    }

@@ -214,3 +214,15 @@ def settle_children(before: set[int], timeout: float = 15.0) -> None:
         if not extra:
             return
         psutil.wait_procs(extra, timeout=0.2)
+
+
+def send_offer(page: Any, agent: str, text: str, timeout_ms: float = 30_000) -> None:
+    """Offer ``text`` to ``agent`` from the page's compose box; wait until it says sent."""
+    from playwright.sync_api import expect
+
+    page.get_by_test_id("compose-target").fill(f"@{agent}")
+    page.get_by_test_id("compose-type").select_option("Offer")
+    page.get_by_test_id("compose-text").fill(text)
+    page.get_by_test_id("compose-send").click()
+    expect(page.get_by_test_id("compose-status")).to_contain_text(f"sent Offer to @{agent}",
+                                                                  timeout=timeout_ms)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.dashboard import Dashboard, Page, Proc, agent
+from tests.browser.dashboard import Dashboard, Page, Proc, agent, send_offer
 from tests.integration.fake_llm import FakeLLM
 from tests.integration.harness import NodeProcess
 from tests.integration.test_ui_metrics import SCRIPT
@@ -81,12 +81,7 @@ def test_the_cards_show_each_agents_metrics_line(browser: Any, team: Team) -> No
         expect(line).to_have_text(
             "model 0 calls · 0 tok in / 0 out · tools 0 · errors 0 · retries 0", timeout=WAIT_MS)
 
-        page.get_by_test_id("compose-target").fill("@lw1")
-        page.get_by_test_id("compose-type").select_option("Offer")
-        page.get_by_test_id("compose-text").fill("Read missing.txt\nand say what is in it")
-        page.get_by_test_id("compose-send").click()
-        expect(page.get_by_test_id("compose-status")).to_contain_text("sent Offer to @lw1",
-                                                                      timeout=WAIT_MS)
+        send_offer(page, "lw1", "Read missing.txt\nand say what is in it", WAIT_MS)
         # Live, from the stream's peers events: no reload.
         expect(line).to_have_text(
             "model 2 calls · 3.4k tok in / 812 out · tools 1 · errors 2 · retries 1",

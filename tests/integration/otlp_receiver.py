@@ -1,5 +1,5 @@
-"""An OTLP/HTTP trace receiver for tests: the real wire format, decoded with the official
-``opentelemetry-proto`` messages."""
+"""An OTLP/HTTP receiver for tests, traces and metrics: the real wire format, decoded with
+the official ``opentelemetry-proto`` messages."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -29,6 +33,20 @@ class ReceivedSpan:
     end_ns: int
     status_code: int
     attributes: dict[str, Any] = field(default_factory=dict)
+    trace_state: str = ""
+
+
+@dataclass
+class ReceivedPoint:
+    """One data point of a metric as an exporter sent it (a sum's or a gauge's)."""
+
+    service: str
+    name: str
+    unit: str
+    kind: str  # "sum" or "gauge"
+    value: float
+    attributes: dict[str, Any] = field(default_factory=dict)
+    monotonic: bool = False
 
 
 def _value(v: Any) -> Any:
@@ -44,6 +62,7 @@ class OtlpReceiver:
 
     def __init__(self) -> None:
         self.spans: list[ReceivedSpan] = []
+        self.points: list[ReceivedPoint] = []
         self.requests = 0
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -54,11 +73,15 @@ class OtlpReceiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
-                if self.path != "/v1/traces":
+                if self.path == "/v1/traces":
+                    receiver._take(ExportTraceServiceRequest.FromString(body))
+                    answer = ExportTraceServiceResponse().SerializeToString()
+                elif self.path == "/v1/metrics":
+                    receiver._take_metrics(ExportMetricsServiceRequest.FromString(body))
+                    answer = ExportMetricsServiceResponse().SerializeToString()
+                else:
                     self.send_error(404)
                     return
-                receiver._take(ExportTraceServiceRequest.FromString(body))
-                answer = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", str(len(answer)))
@@ -88,11 +111,40 @@ class OtlpReceiver:
                         parent_id=s.parent_span_id.hex() or None, name=s.name,
                         kind=s.kind, start_ns=s.start_time_unix_nano,
                         end_ns=s.end_time_unix_nano, status_code=s.status.code,
-                        attributes={a.key: _value(a.value) for a in s.attributes}))
+                        attributes={a.key: _value(a.value) for a in s.attributes},
+                        trace_state=s.trace_state))
         with self._changed:
             self.spans += got
             self.requests += 1
             self._changed.notify_all()
+
+    def _take_metrics(self, request: ExportMetricsServiceRequest) -> None:
+        got = []
+        for rm in request.resource_metrics:
+            attrs = {a.key: _value(a.value) for a in rm.resource.attributes}
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    kind = metric.WhichOneof("data")
+                    if kind not in ("sum", "gauge"):
+                        continue
+                    data = getattr(metric, kind)
+                    for point in data.data_points:
+                        number = point.WhichOneof("value")
+                        got.append(ReceivedPoint(
+                            service=str(attrs.get("service.name", "")), name=metric.name,
+                            unit=metric.unit, kind=kind,
+                            value=float(getattr(point, number)) if number else 0.0,
+                            attributes={a.key: _value(a.value) for a in point.attributes},
+                            monotonic=bool(kind == "sum" and data.is_monotonic)))
+        with self._changed:
+            self.points += got
+            self.requests += 1
+            self._changed.notify_all()
+
+    def wait_for_points(self, predicate: Any, timeout: float) -> bool:
+        """Wait until ``predicate(points)`` holds or ``timeout`` passes."""
+        with self._changed:
+            return self._changed.wait_for(lambda: predicate(list(self.points)), timeout)
 
     def wait_for(self, predicate: Any, timeout: float) -> bool:
         """Wait until ``predicate(spans)`` holds or ``timeout`` passes."""

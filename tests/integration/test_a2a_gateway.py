@@ -37,6 +37,8 @@ from a2a.types.a2a_pb2 import (
 )
 
 from tests.integration.cli_proc import Running, cli
+from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.integration.test_tracing import receiver  # noqa: F401  (a fixture)
 from tests.tinyfs import fill, tiny_filesystem
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
@@ -52,6 +54,7 @@ class Gateway:
 
     def __init__(self, mesh: str, data: pathlib.Path, *agents: str,
                  extra: tuple[str, ...] = ()) -> None:
+        self.mesh = mesh
         args = ["a2a", "--mesh", mesh, "--data-dir", str(data), *extra]
         for agent in agents:
             args += ["--agent", agent]
@@ -333,6 +336,60 @@ def test_traceparent_is_kept_and_an_empty_message_fails_saying_why(gateway: Gate
             assert "no text" in words and "send a text part" in words
 
     asyncio.run(body())
+
+
+def test_the_callers_trace_context_is_continued_by_every_span_of_the_task(
+        receiver: OtlpReceiver, gateway: Gateway) -> None:  # noqa: F811
+    caller_trace, caller_span = "a1" * 16, "b2" * 8
+    headers = {"traceparent": f"00-{caller_trace}-{caller_span}-01", "tracestate": "caller=1"}
+
+    async def body() -> str:
+        async with client_for(gateway.url) as client:
+            events = await until_stop(client.send_message(
+                message("Write a short note"),
+                context=ClientCallContext(service_parameters=headers)))
+            assert state_of(events[-1]) == TaskState.TASK_STATE_INPUT_REQUIRED
+            task_id, context_id = task_of(events[0])
+            task = await client.get_task(GetTaskRequest(id=task_id))
+            assert task.metadata["porter.tracestate"] == "caller=1"
+            # The approval carries no header: it continues the task's first request's.
+            done = await until_stop(client.send_message(
+                message("approve", task_id=task_id, context_id=context_id)))
+            assert state_of(done[-1]) == TaskState.TASK_STATE_COMPLETED
+            return str(task.metadata["porter.context"])
+
+    context = asyncio.run(body())
+    # The gateway's Offer is the mesh's root, a child of the caller's span; the worker's
+    # work is under it, in the caller's trace, its tracestate carried along.
+    def settled(spans: list[ReceivedSpan]) -> bool:
+        """The worker's task span and every parent exported (batches come one by one)."""
+        ours = [s for s in spans if s.trace_id == caller_trace]
+        ids = {s.span_id for s in ours} | {caller_span}
+        return (any(s.name == "invoke_agent w1" for s in ours)
+                and all(s.parent_id in ids for s in ours))
+
+    assert receiver.wait_for(settled, 30), "the task's spans were not all exported"
+    spans = [s for s in receiver.spans if s.trace_id == caller_trace]
+    ids = {s.span_id for s in spans}
+    # The gateway's sends are the caller's children: the Offer, then the approval.
+    offer, approval = sorted((s for s in spans if s.parent_id not in ids),
+                             key=lambda s: s.start_ns)
+    root = offer
+    assert (root.name, root.parent_id) == ("send task:w1", caller_span)
+    assert approval.parent_id == caller_span and approval.service == root.service
+    assert root.service.startswith("porter-ui-") and root.attributes[
+        "porter.trace.continued"] is True
+    assert root.attributes["porter.activity.type"] == "Offer"
+    worker_spans = [s for s in spans if s.service == "w1"]
+    assert {"receive task:w1", "invoke_agent w1", "execute_tool bash"} <= {
+        s.name for s in worker_spans}
+    assert all(s.trace_state == "caller=1" for s in spans), {s.trace_state for s in spans}
+    assert {s.trace_id for s in receiver.spans} == {caller_trace}
+    # porter-mesh trace draws the same tree from the rings, the caller's span named.
+    drawn = cli("trace", context, "--mesh", gateway.mesh, "--wait", "2")
+    assert drawn.returncode == 0, drawn.stdout + drawn.stderr
+    assert f"note: the trace continues a caller's span outside the mesh ({caller_span})" \
+        in drawn.stdout
 
 
 def test_a_token_guards_every_call_but_the_card(mesh: str, tmp_path: pathlib.Path,

@@ -17,7 +17,7 @@ import pytest
 
 from agents.demo import DEMO_TEAM, run_demo
 from tests.integration.cli_proc import Running, cli
-from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.integration.otlp_receiver import OtlpReceiver, ReceivedPoint, ReceivedSpan
 from tests.integration.test_llm_brain import team  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
@@ -226,10 +226,17 @@ def test_the_clis_traceparent_is_continued_by_the_agent(
         assert out.returncode == 1 and "waiting for your review" in out.stderr, out.stderr
     finally:
         worker.stop()
-    assert receiver.wait_for(lambda spans: any(s.name == "invoke_agent w1" for s in spans), 20)
+    assert receiver.wait_for(lambda spans: {"invoke_agent w1", "request w1"} <= {
+        s.name for s in spans}, 20)
     (invoke,) = [s for s in receiver.spans if s.name == "invoke_agent w1"]
     assert invoke.trace_id == "0af7651916cd43dd8448eb211c80319c"
-    assert invoke.parent_id == "b7ad6b7169203331"  # the caller's span, outside the mesh
+    # The command's request is the caller's child (the caller's span is outside the
+    # mesh), its send the worker's parent.
+    (request,) = [s for s in receiver.spans if s.name == "request w1"]
+    assert request.parent_id == "b7ad6b7169203331"
+    assert request.attributes["porter.trace.continued"] is True
+    (send,) = [s for s in receiver.spans if s.name == "send task:w1"]
+    assert (send.parent_id, invoke.parent_id) == (request.span_id, send.span_id)
     assert {s.trace_id for s in receiver.spans} == {invoke.trace_id}
     assert any(s.name == "execute_tool bash" and s.parent_id == invoke.span_id
                for s in receiver.spans)
@@ -364,3 +371,140 @@ def test_the_dashboards_metrics_are_prometheus_text_behind_the_token(tmp_path: P
     assert 'porter_mesh_errors_total{agent="w1",kind="tool bash"} 0' in text
     assert 'porter_mesh_processing_seconds_count{agent="w1",kind="tool bash"} 1' in text
     assert 'porter_mesh_model_tokens_total{agent="w1",direction="in"} 0' in text
+
+
+def _context_of(stderr: str) -> str:
+    """The task context ``send``/``request`` printed for a new Offer."""
+    return next(line.split()[1] for line in stderr.splitlines() if line.startswith("context "))
+
+
+def _one_tree(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The one root of span records that leave no span without its parent."""
+    ids = {r["span_id"] for r in records}
+    roots = [r for r in records if r["parent_id"] is None]
+    assert len(roots) == 1, roots
+    assert all(r["parent_id"] in ids for r in records if r["parent_id"] is not None)
+    assert len({r["trace_id"] for r in records}) == 1
+    return roots[0]
+
+
+def test_a_task_sent_from_the_cli_is_one_trace_rooted_at_the_commands_seat(
+        tmp_path: Path, receiver: OtlpReceiver) -> None:
+    mesh = f"tcs{os.getpid()}"
+    worker = Running("agent", "worker", "--name", "w1", "--mesh", mesh, "--workspace",
+                     str(tmp_path / "ws"), "--data-dir", str(tmp_path / "data"),
+                     "--slots", "2")
+    try:
+        # 'send' leaves at once, the task stays open; the seat's span, kept by the worker,
+        # is the root all the same.
+        worker.wait_until(lambda: any("worker up" in line for line in worker.err), 30,
+                          "the worker's start")
+        sent = cli("send", "task:w1", "do Y", "--mesh", mesh, "--wait", "20")
+        assert sent.returncode == 0, sent.stderr
+        first = _context_of(sent.stderr)
+        # The worker's accept reaches the seat or not (it may have left): either way the
+        # task stays open, waiting on the human.
+        worker.wait_until(lambda: any("could not act" in line or "review of " + first in line
+                                      for line in worker.err), 30, "the worker's turn")
+        drawn = cli("trace", first, "--mesh", mesh, "--wait", "2")
+        assert drawn.returncode == 0, drawn.stdout + drawn.stderr
+        rows = drawn.stdout.splitlines()[2:]
+        assert rows[0].startswith("* porter-ui-") and rows[0][17:].startswith("send task:w1")
+        assert [r for r in rows if r[17:18] != " "] == rows[:1], rows  # one root
+        assert any("invoke_agent w1" in r and "running" in r for r in rows), rows
+        sent_records = trace_records(first, mesh)
+        root = _one_tree(sent_records)
+        assert (root["name"], root["kind"]) == ("send task:w1", "producer")
+        # 'request' stays for the replies until the task waits on the human's review;
+        # another command's verdict then closes it: the whole task, one tree.
+        asked = cli("request", "task:w1", "do X", "--mesh", mesh, "--wait", "20",
+                    "--timeout", "60")
+        assert asked.returncode == 1 and "waiting for your review" in asked.stderr
+        second = _context_of(asked.stderr)
+        verdict = cli("send", "review", "fine", "--type", "Accept", "--context", second,
+                      "--mesh", mesh, "--wait", "5")
+        assert verdict.returncode == 0, verdict.stderr
+        worker.wait_until(lambda: any("Announce on log" in line for line in worker.err), 30,
+                          "the worker's result")
+
+        def closed() -> list[dict[str, Any]] | None:
+            records = trace_records(second, mesh)
+            invoke = [r for r in records if r["name"] == "invoke_agent w1"]
+            return records if invoke and not invoke[0].get("open") else None
+
+        records = _wait(closed, 20, "the worker's task span ended")
+        root = _one_tree(records)
+        assert (root["name"], root["kind"]) == ("request w1", "client")
+        assert root["service"].startswith("porter-ui-")
+        spans_of = {r["span_id"]: r for r in records}
+        (invoke,) = [r for r in records if r["name"] == "invoke_agent w1"]
+        send = spans_of[invoke["parent_id"]]
+        assert (send["name"], send["parent_id"]) == ("send task:w1", root["span_id"])
+        assert {r["name"] for r in records} >= {"execute_tool bash", "send review",
+                                                "receive task:w1"}
+    finally:
+        worker.stop()
+    # Over OTLP the same two trees: each span exported once, by the process that made it
+    # (the commands their own, the worker its own, its open task ended as it stopped).
+    for tree in (sent_records, records):
+        trace_id = tree[0]["trace_id"]
+        wanted = {r["span_id"] for r in tree}
+        assert receiver.wait_for(lambda spans, t=trace_id, w=wanted: w <= {
+            s.span_id for s in spans if s.trace_id == t}, 20), "spans not exported"
+        spans = [s for s in receiver.spans if s.trace_id == trace_id]
+        ids = [s.span_id for s in spans]
+        assert len(ids) == len(set(ids))
+        roots = [s for s in spans if s.parent_id is None]
+        assert [(r.span_id, r.name) for r in roots] == [
+            (r["span_id"], r["name"]) for r in tree if r["parent_id"] is None]
+        assert all(s.parent_id in ids for s in spans if s.parent_id is not None)
+
+
+def _wait(probe: Any, timeout: float, what: str) -> Any:
+    """``probe()`` once it returns something, polled until ``timeout`` seconds pass."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        got = probe()
+        if got is not None:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout}s")
+
+
+def test_a_workers_service_metrics_go_out_as_otlp_metrics(
+        tmp_path: Path, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")  # milliseconds, honoured
+    mesh = f"tme{os.getpid()}"
+    worker = Running("agent", "worker", "--name", "w1", "--mesh", mesh, "--workspace",
+                     str(tmp_path / "ws"), "--data-dir", str(tmp_path / "data"))
+    try:
+        # Before any work: counters of nothing, the tokens at zero, every 200 ms.
+        assert receiver.wait_for_points(lambda points: any(
+            p.service == "w1" and p.name == "gen_ai.client.token.usage.total"
+            for p in points), 30), "no metrics from w1"
+        asked = cli("request", "task:w1", "do X", "--mesh", mesh, "--wait", "20",
+                    "--timeout", "60")
+        assert asked.returncode == 1 and "waiting for your review" in asked.stderr
+
+        def bash_counted(points: list[ReceivedPoint]) -> bool:
+            return any(p.service == "w1" and p.name == "porter_mesh.requests"
+                       and p.attributes == {"porter.work": "tool bash"} and p.value == 1
+                       for p in points)
+
+        assert receiver.wait_for_points(bash_counted, 30), {
+            (p.name, str(p.attributes), p.value) for p in receiver.points}
+    finally:
+        worker.stop()
+    points = [p for p in receiver.points if p.service == "w1"]
+    requests = [p for p in points if p.name == "porter_mesh.requests"]
+    assert all(p.kind == "sum" and p.monotonic and p.unit == "{request}" for p in requests)
+    assert {p.attributes["porter.work"] for p in requests} >= {"tool bash", "tool write_file"}
+    assert any(p.name == "porter_mesh.errors" and p.attributes == {"porter.work": "tool bash"}
+               and p.value == 0 for p in points)
+    p99 = [p for p in points if p.name == "porter_mesh.processing.p99"
+           and p.attributes == {"porter.work": "tool bash"}]
+    assert p99 and all(p.kind == "gauge" and p.unit == "s" and 0 < p.value < 30 for p in p99)
+    assert {p.attributes["gen_ai.token.type"] for p in points
+            if p.name == "gen_ai.client.token.usage.total"} == {"input", "output"}

@@ -170,7 +170,8 @@ def test_the_table_holds_every_kind_the_node_speaks() -> None:
     tags = _node_kind_tags()
     assert {"hb", "ack", "hello", "welcome", "bye", "stats"} <= tags  # the parse works
     # Registered on top of the node: knowledge sync, and the spans of porter-mesh trace.
-    assert tags | {K.KIND_SYNC, K.KIND_SPANS, K.KIND_SPANS_REPLY} == set(K.KINDS)
+    assert tags | {K.KIND_SYNC, K.KIND_SPANS, K.KIND_SPANS_REPLY, K.KIND_SPANS_KEEP,
+                   K.KIND_SPANS_KEPT} == set(K.KINDS)
 
 
 def test_every_kind_constant_is_in_the_table_once() -> None:
@@ -202,9 +203,36 @@ def test_every_kind_round_trips_through_its_table_entry(tag: str) -> None:
         "stats-reply": K.StatsReply({"name": "a"}), "sync": PullRequest("a", 1, 2),
         "spans": K.SpansRequest(("ab" * 16,), "urn:porter:task:t1"),
         "spans-reply": {"agent": "a", "spans": [{"name": "x"}], "ring": {"spans": 1}},
+        "spans-keep": [SPAN], "spans-kept": {"kept": 1},
     }
     spec = K.KINDS[tag]
     assert spec.decode(spec.encode(samples[tag])) == samples[tag]
+
+
+SPAN = {"trace_id": "ab" * 16, "span_id": "cd" * 8, "parent_id": None,
+        "name": "send task:w1", "kind": "producer", "service": "porter-ui-1",
+        "start_ns": 1, "end_ns": 2, "status": "unset", "status_message": "",
+        "attributes": {"porter.task.context": "urn:porter:task:t1", "n": [1, 2]}}
+
+
+def test_spans_handed_to_keep_are_checked() -> None:
+    bad_records = [
+        {**SPAN, "trace_id": "AB" * 16}, {**SPAN, "span_id": "0" * 16},
+        {**SPAN, "parent_id": "x"}, {**SPAN, "name": ""}, {**SPAN, "kind": "weird"},
+        {**SPAN, "start_ns": 3}, {**SPAN, "end_ns": "2"}, {**SPAN, "status": "fine"},
+        {**SPAN, "attributes": {"a": {"nested": 1}}}, {**SPAN, "attributes": [1]},
+        {**SPAN, "status_message": 5}, "not a record",
+    ]
+    for record in bad_records:
+        assert K.span_record_problem(record) is not None, record
+        with pytest.raises(FrameError) as info:
+            K.decode_spans_keep(K.encode_spans_keep([record]))
+        assert info.value.reason == "bad-json"
+    for bad in (b'{"spans": []}', orjson.dumps({"spans": [SPAN] * (K.MAX_KEPT_SPANS + 1)}),
+                b'{"kept": "1"}'):
+        with pytest.raises(FrameError):
+            (K.decode_spans_kept if b"kept" in bad else K.decode_spans_keep)(bad)
+    assert K.decode_spans_keep(K.encode_spans_keep([SPAN])) == [SPAN]
 
 
 def test_spans_requests_are_checked() -> None:

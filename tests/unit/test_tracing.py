@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from porter_mesh.core.as2 import Activity
+from porter_mesh.core.control import span_record_problem
 from porter_mesh.core.tracecontext import (
     TraceContext,
     format_traceparent,
@@ -18,10 +20,11 @@ from porter_mesh.core.tracecontext import (
     valid_traceparent,
 )
 from porter_mesh.errors import ConfigError
-from porter_mesh.tracing.export import RingProcessor
-from porter_mesh.tracing.ring import SpanRing
+from porter_mesh.tracing.export import RingProcessor, Tracing
+from porter_mesh.tracing.ring import CONTINUED, SpanRing
+from porter_mesh.tracing.seat import SeatSpans
 from porter_mesh.tracing.tasks import TaskTracer
-from porter_mesh.tracing.waterfall import build_waterfall, render_waterfall
+from porter_mesh.tracing.waterfall import build_waterfall, render_waterfall, waterfall_json
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 TASK = "urn:porter:task:t1"
@@ -270,3 +273,93 @@ def test_a_peers_reported_service_metrics_are_checked() -> None:
     assert many is not None and len(many["kinds"]) == MAX_KINDS
     for bad in (None, [], {"kinds": []}, "text"):
         assert service_record(bad) is None
+
+
+def test_the_ring_gives_open_spans_as_running_and_forgets_them_once_ended() -> None:
+    provider = TracerProvider()
+    ring = SpanRing()
+    provider.add_span_processor(RingProcessor(ring))
+    tracer = provider.get_tracer("test")
+    task = tracer.start_span("invoke_agent w1", attributes={"porter.task.context": TASK})
+    with tracer.start_as_current_span("execute_tool bash",
+                                      context=trace_api.set_span_in_context(task)):
+        pass
+    found = ring.find(context=TASK)
+    assert [(r["name"], r.get("open", False)) for r in found] == [
+        ("execute_tool bash", False), ("invoke_agent w1", True)]
+    assert found[1]["end_ns"] >= found[1]["start_ns"] > 0
+    assert ring.stats()["open"] == 1
+    waterfall = build_waterfall(found)
+    assert waterfall.complete and waterfall.rows[0].status == "running"
+    task.end()
+    assert [r.get("open", False) for r in ring.find(context=TASK)] == [False, False]
+    assert ring.stats()["open"] == 0
+
+
+def test_a_span_that_continues_a_callers_trace_is_a_root_not_an_orphan() -> None:
+    spans = [record("r", "caller", 0, 10, **{CONTINUED: True}), record("a", "r", 1, 5)]
+    waterfall = build_waterfall(spans)
+    assert waterfall.complete and not waterfall.missing
+    assert not waterfall.rows[0].orphan
+    assert waterfall.notes == ["the trace continues a caller's span outside the mesh (caller)"]
+    text = render_waterfall(waterfall)
+    assert "note: the trace continues" in text and "missing" not in text
+    orphan = build_waterfall([record("r", "caller", 0, 10)])
+    assert orphan.missing == ["caller"] and orphan.rows[0].orphan
+
+
+def test_a_seats_spans_are_the_root_and_only_an_offer_starts_a_trace() -> None:
+    ring = SpanRing()
+    provider = TracerProvider()
+    provider.add_span_processor(RingProcessor(ring))
+    seat = SeatSpans(Tracing(provider, ring, "porter-ui-1", exporting=False))
+    offer = Activity.from_dict({"type": "Offer", "actor": "porter-ui-1", "summary": "x",
+                                "context": TASK, "target": "w1"})
+    note = Activity.from_dict({"type": "Note", "actor": "porter-ui-1", "summary": "x"})
+    assert seat.sending("log", note) == (None, None)
+    seat.begin_request("w1", offer)
+    carried, span = seat.sending("task:w1", offer)
+    assert carried is not None and span is not None
+    seat.sent(span, "no agent 'w1'")
+    seat.end_request()
+    records = seat.records()
+    assert [(r["name"], r["kind"]) for r in records] == [("send task:w1", "producer"),
+                                                         ("request w1", "client")]
+    send, request = records
+    assert send["parent_id"] == request["span_id"] and request["parent_id"] is None
+    assert carried.traceparent.split("-")[2] == send["span_id"]
+    assert send["status"] == "error" and send["status_message"] == "no agent 'w1'"
+    assert all(span_record_problem(r) is None for r in records)
+    # A context handed in is the parent of the root, marked as outside the mesh.
+    handed = SeatSpans(Tracing(provider, ring, "porter-ui-2", exporting=False),
+                       TraceContext(TP))
+    carried, span = handed.sending("task:w1", offer)
+    handed.sent(span)
+    (root,) = handed.records()
+    assert (root["trace_id"], root["parent_id"]) == (TraceContext(TP).trace_id,
+                                                    TraceContext(TP).span_id)
+    assert root["attributes"][CONTINUED] is True
+    # With a trace handed in, any message continues it.
+    carried, span = handed.sending("log", note)
+    assert carried is not None and carried.trace_id == TraceContext(TP).trace_id
+
+
+def test_each_request_of_a_caller_may_root_the_trace_and_the_page_gets_the_rows() -> None:
+    ms = 1_000_000
+    offer = record("r1", "caller", 0, 10 * ms, **{CONTINUED: True})
+    answer = record("r2", "caller", 50 * ms, 60 * ms, **{CONTINUED: True})
+    spans = [offer, answer, record("a", "r1", 1 * ms, 40 * ms), record("b", "a", 2 * ms, 30 * ms)]
+    waterfall = build_waterfall(spans)
+    assert waterfall.complete  # two roots, both the caller's children
+    assert not build_waterfall([record("x", None, 0, 1), record("y", None, 2, 3)]).complete
+    running = record("c", "a", 35 * ms, 45 * ms)
+    running["open"] = True
+    drawn = waterfall_json(build_waterfall([*spans, running]))
+    assert drawn["total_ms"] == 60.0
+    by_name = {r["name"]: r for r in drawn["rows"]}
+    assert by_name["span c"]["status"] == "running"
+    assert (by_name["span c"]["offset_ms"], by_name["span c"]["duration_ms"]) == (35.0, 10.0)
+    assert [r["name"] for r in drawn["rows"] if r["slowest"]] == ["span r1", "span a",
+                                                                  "span b"]
+    assert by_name["span b"]["depth"] == 2 and by_name["span b"]["parent_id"] == "a"
+    assert drawn["notes"] == ["the trace continues a caller's span outside the mesh (caller)"]

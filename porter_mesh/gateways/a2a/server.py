@@ -19,6 +19,10 @@ the agent. Every event carries its sequence number (``porter.seq`` in its metada
 is kept in the :class:`~.store.EventLog`; a ``SubscribeToTask`` with an SSE
 ``Last-Event-ID`` header is served from that log (replay, then live), so a client that
 lost its stream, even across a restart of the gateway, misses nothing.
+
+A client's W3C ``traceparent``/``tracestate`` headers are continued: the gateway's
+``send`` of the Offer (and of each later message of the task) is a child of the
+caller's span, so every span the mesh makes for the task is in the caller's trace.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.lifecycle import Status, TaskRecord, follow
+from porter_mesh.core.tracecontext import TraceContext, valid_traceparent, valid_tracestate
 from porter_mesh.errors import NotHandled, PorterError, StorageError
 from porter_mesh.gateways.a2a.mapping import (
     Ask,
@@ -95,6 +100,8 @@ from porter_mesh.gateways.a2a.mapping import (
 from porter_mesh.gateways.a2a.store import EventLog, FileTaskStore
 from porter_mesh.node.node import Message as MeshMessage
 from porter_mesh.node.node import Node
+from porter_mesh.tracing.seat import SeatSpans
+from porter_mesh.tracing.views import serve_spans
 
 __all__ = ["A2AGateway", "MeshExecutor"]
 
@@ -106,6 +113,7 @@ STATE_KEY = "porter.state"
 AGENT_KEY = "porter.agent"
 CONTEXT_KEY = "porter.context"
 TRACE_KEY = "porter.traceparent"
+TRACESTATE_KEY = "porter.tracestate"
 RECORD_KEY = "porter.task"
 STREAM_KEY = "porter.streaming"
 
@@ -124,6 +132,7 @@ class _Held:
     record: TaskRecord | None = None
     live: asyncio.Queue[StreamResponse] | None = None
     traceparent: str | None = None
+    tracestate: str | None = None
     #: The latest status and every artifact, as logged: what the stored task must show.
     status: TaskStatus | None = None
     artifacts: dict[str, Artifact] = field(default_factory=dict)
@@ -252,7 +261,7 @@ class MeshExecutor(AgentExecutor):
         first = context.current_task is None or held is None
         if first:
             held = gw.track(task_id, context.context_id or "", self.agent,
-                            _traceparent(context.call_context))
+                            *_trace_headers(context.call_context))
             task = Task(id=task_id, context_id=held.context_id,
                         status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED))
             if message is not None:
@@ -260,6 +269,8 @@ class MeshExecutor(AgentExecutor):
             meta = {AGENT_KEY: self.agent, CONTEXT_KEY: held.mesh_context}
             if held.traceparent:
                 meta[TRACE_KEY] = held.traceparent
+                if held.tracestate:
+                    meta[TRACESTATE_KEY] = held.tracestate
             task.metadata.update(meta)
             await event_queue.enqueue_event(_inner(gw.record(held, StreamResponse(task=task),
                                                              forward=False)))
@@ -269,7 +280,9 @@ class MeshExecutor(AgentExecutor):
         streaming = _streaming(context.call_context)
         answering = held.ask is not None
         try:
-            problem = await self._hand_over(held, text, first)
+            problem = await self._hand_over(held, text, first,
+                                            _trace_of(*_trace_headers(context.call_context))
+                                            or _trace_of(held.traceparent, held.tracestate))
             if problem is not None:
                 failed = gw.force(held, Status.FAILED, gw.refused(*problem), forward=False)
                 await event_queue.enqueue_event(_inner(failed))
@@ -297,9 +310,10 @@ class MeshExecutor(AgentExecutor):
                 gw.write_later(held, queue.get_nowait())
 
     async def _hand_over(self, held: _Held, text: str, first: bool,
-                         ) -> tuple[str, str] | None:
+                         trace: TraceContext | None) -> tuple[str, str] | None:
         """Send the client's message into the mesh; returns what went wrong (a reason and
-        words for the client), if anything.
+        words for the client), if anything. ``trace`` is the caller's trace context (this
+        request's, else the task's first): the message continues it.
 
         The gateway's own activity is followed first (an Offer starts the task's record,
         an approval completes it), so that the agent's reply always finds it."""
@@ -320,7 +334,7 @@ class MeshExecutor(AgentExecutor):
                 activity = note_for(me, self.agent, text, held.task_id)
         except ValueError as exc:
             return "bad-message", str(exc)
-        return await gw.deliver(channel, activity)
+        return await gw.deliver(channel, activity, trace)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         try:
@@ -360,12 +374,20 @@ class _CallContexts(DefaultServerCallContextBuilder):
         return context
 
 
-def _traceparent(call: ServerCallContext | None) -> str | None:
+def _trace_headers(call: ServerCallContext | None) -> tuple[str | None, str | None]:
+    """The request's W3C ``traceparent`` and ``tracestate`` headers (either may be
+    ``None``; a malformed one is ``None``)."""
     if call is None:
-        return None
+        return None, None
     headers = call.state.get("headers") or {}
-    value = headers.get("traceparent")
-    return value if isinstance(value, str) and value else None
+    parent, state = headers.get("traceparent"), headers.get("tracestate")
+    if not valid_traceparent(parent):
+        return None, None
+    return parent, state if valid_tracestate(state) else None
+
+
+def _trace_of(traceparent: str | None, tracestate: str | None) -> TraceContext | None:
+    return None if traceparent is None else TraceContext(traceparent, tracestate)
 
 
 class _BearerAuth:
@@ -405,6 +427,9 @@ class A2AGateway:
         token: a bearer token every call but the card's must carry, or ``None``.
         settle: seconds a first message waits for its agent to appear on the mesh.
         deliver_timeout: seconds a message to the agent may take to be acknowledged.
+        spans: the gateway's spans (tracing on): each message it sends into the mesh
+            gets a ``send`` span under the caller's ``traceparent``, kept in the
+            gateway's ring (served to ``porter-mesh trace``) and exported.
 
     Raises:
         ValueError: no agent.
@@ -412,7 +437,8 @@ class A2AGateway:
 
     def __init__(self, node: Node, agents: Sequence[str], *, data_dir: pathlib.Path | None,
                  host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 settle: float = 10.0, deliver_timeout: float = 30.0) -> None:
+                 settle: float = 10.0, deliver_timeout: float = 30.0,
+                 spans: SeatSpans | None = None) -> None:
         if not agents:
             raise ValueError("name at least one mesh agent to serve (--agent NAME)")
         self.node = node
@@ -422,6 +448,7 @@ class A2AGateway:
         self.token = token
         self.settle = settle
         self.deliver_timeout = deliver_timeout
+        self.spans = spans
         self.held: dict[str, _Held] = {}
         self._by_context: dict[str, _Held] = {}
         self.log = EventLog(data_dir / "events.jsonl" if data_dir is not None else None)
@@ -456,9 +483,10 @@ class A2AGateway:
     # -- tasks -----------------------------------------------------------------------------
 
     def track(self, task_id: str, context_id: str, agent: str,
-              traceparent: str | None) -> _Held:
+              traceparent: str | None, tracestate: str | None = None) -> _Held:
         """Start following ``task_id`` (its mesh context must be valid)."""
-        held = _Held(task_id, context_id, agent, self.node.name, traceparent=traceparent)
+        held = _Held(task_id, context_id, agent, self.node.name, traceparent=traceparent,
+                     tracestate=tracestate)
         self.held[task_id] = held
         self._by_context[held.mesh_context] = held
         return held
@@ -541,9 +569,22 @@ class A2AGateway:
         if task is not None:
             await store.save(task, call)  # the store reconciles it with the log
 
-    async def deliver(self, channel: str, activity: Activity) -> tuple[str, str] | None:
+    async def deliver(self, channel: str, activity: Activity,
+                      trace: TraceContext | None = None) -> tuple[str, str] | None:
         """Send ``activity`` on ``channel`` (direct ones acknowledged); returns what went
-        wrong (a reason, and words a client can act on), or ``None``."""
+        wrong (a reason, and words a client can act on), or ``None``.
+
+        ``trace`` is the caller's trace context: the message continues it (under the
+        gateway's ``send`` span when tracing is on, else directly)."""
+        if self.spans is None:
+            return await self._deliver(channel, activity, trace)
+        sent_trace, span = self.spans.sending(channel, activity, trace)
+        problem = await self._deliver(channel, activity, sent_trace)
+        self.spans.sent(span, None if problem is None else problem[1])
+        return problem
+
+    async def _deliver(self, channel: str, activity: Activity,
+                       trace: TraceContext | None) -> tuple[str, str] | None:
         if channel.startswith(C.DIRECT_PREFIX):
             agent = channel[len(C.DIRECT_PREFIX):]
             if self.node.peer(agent) is None:
@@ -554,7 +595,8 @@ class A2AGateway:
                                         f"{self.node.config.mesh!r}: start it, or check the "
                                         "gateway's --mesh")
         try:
-            await self.node.send_to_channel(channel, activity, timeout=self.deliver_timeout)
+            await self.node.send_to_channel(channel, activity, timeout=self.deliver_timeout,
+                                            trace=trace)
         except PorterError as exc:
             return "undeliverable", f"could not deliver to {channel}: {exc}"
         return None
@@ -596,7 +638,7 @@ class A2AGateway:
             if agent not in self.agents:
                 continue
             held = self.track(task_id, first.get("contextId", ""), agent,
-                              meta.get(TRACE_KEY))
+                              meta.get(TRACE_KEY), meta.get(TRACESTATE_KEY))
             held.record = TaskRecord(held.mesh_context, "", self.node.name, agent)
             for event in events:
                 with contextlib.suppress(json_format.ParseError):
@@ -790,6 +832,8 @@ class A2AGateway:
         self._restore()
         self.node.add_handler(self.on_message)
         self.node.view_sections["tasks"] = self.tasks_view
+        if self.spans is not None:
+            serve_spans(self.node, self.spans.tracing.ring)
         await self.node.astart()
         self._writes = asyncio.Queue()
         self._writer = asyncio.create_task(self._write_loop())
@@ -823,6 +867,8 @@ class A2AGateway:
             with contextlib.suppress(BaseException):
                 await self._writer
         await self.node.aclose()
+        if self.spans is not None:
+            self.spans.close()  # after the node: the last spans are exported
         self.log.close()
         self._sock.close()
 

@@ -46,7 +46,7 @@ from porter_mesh.tools.ledger import TaskLedger
 from porter_mesh.tools.messaging import render_item
 from porter_mesh.tools.port import InboxItem
 from porter_mesh.tools.toolbox import Toolbox
-from porter_mesh.tracing.export import start_tracing
+from porter_mesh.tracing.export import start_metrics, start_tracing
 from porter_mesh.tracing.tasks import TaskTracer
 from porter_mesh.tracing.views import serve_spans
 
@@ -149,17 +149,19 @@ class GatewayAgent:
         self._recent: collections.deque[RecentMessage] = collections.deque(maxlen=recent)
         self._listeners: list[Callable[[str], None]] = []
         self.external = external
-        self.node = SyncNode(config)
-        self.knowledge: SyncKnowledge | None = None
         # Spans of the tasks the host works on; an MCP request's _meta trace context is
-        # handed to traces.adopt() by the server.
+        # handed to traces.adopt() by the server. Tracing before the node: a seat that
+        # reaches it at once may hand it its spans.
         self.tracing = start_tracing(config.name)
+        self.node = SyncNode(config)
+        if self.tracing is not None:
+            serve_spans(self.node.node, self.tracing.ring)
+        self.knowledge: SyncKnowledge | None = None
         self.traces = TaskTracer(config.name,
                                  self.tracing.tracer if self.tracing is not None else None)
         self.node.node.view_sections["service"] = self.traces.metrics.snapshot
+        self.metrics = start_metrics(config.name, self.traces.metrics.snapshot)
         try:
-            if self.tracing is not None:
-                serve_spans(self.node.node, self.tracing.ring)
             if knowledge and config.data_dir is not None:
                 self.knowledge = attach_knowledge(self.node, knowledge_dir(config.data_dir))
             self.port = SettlingPort(self.node, self.knowledge, settle=settle,
@@ -223,6 +225,9 @@ class GatewayAgent:
         if self.tracing is not None:
             self.tracing.close()
             self.tracing = None
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
 
     # -- node callbacks (on the node's thread) ---------------------------------------------
 

@@ -70,6 +70,7 @@ from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, PeerState
 from porter_mesh.core.profile_examples import PROFILE_EXAMPLES
 from porter_mesh.core.taskid import new_task_id
 from porter_mesh.core.tasks import cancel_activity
+from porter_mesh.core.tracecontext import TraceContext
 from porter_mesh.errors import (
     DeliveryError,
     KnowledgeError,
@@ -90,6 +91,9 @@ from porter_mesh.node.knowledge import FIRST_WRITE_WAIT, Knowledge
 from porter_mesh.node.node import Message, Node
 from porter_mesh.tools.messaging import check_channel, compose, default_type, normalise_context
 from porter_mesh.tracing.metrics import prometheus_text
+from porter_mesh.tracing.seat import SeatSpans
+from porter_mesh.tracing.views import SpanClient, gather_trace, serve_spans
+from porter_mesh.tracing.waterfall import waterfall_json
 
 __all__ = ["BATCH_INTERVAL", "COOKIE", "MAX_BODY", "PROFILE_QUERY", "Dashboard", "new_token",
            "peer_record"]
@@ -121,6 +125,8 @@ NOT_AGENTS: Final = {C.ROLE_SEAT: "seat", "human": "seat", C.ROLE_WATCHER: "watc
                      "observer": "watcher", "demo": "watcher"}
 #: Direct sends whose observed copy is still expected (to skip it when it comes).
 MAX_OWN_COPIES: Final = 1000
+#: Seconds each agent may take to answer for its spans (the task card's waterfall).
+TRACE_TIMEOUT: Final = 3.0
 #: The types the compose form may send.
 SEND_TYPES: Final = ("Offer", "Note", "Question", "Accept", "Reject", "Announce")
 #: The profile's example query (what has the team learned?), prefilled on the page.
@@ -255,11 +261,14 @@ class Dashboard:
             routes answer 409).
         hosts: the interfaces HTTP binds on (the first is the printed one).
         port: the HTTP port (0: any free port).
+        spans: the dashboard's spans (tracing on): an Offer sent from the page is the
+            root of its task's trace, kept in the dashboard's ring (served to
+            ``porter-mesh trace``, and drawn in the task card's waterfall).
     """
 
     def __init__(self, node: Node, log: MessageLog, *, token: str,
                  knowledge: Knowledge | None = None, hosts: Iterable[str] = ("127.0.0.1",),
-                 port: int = 0) -> None:
+                 port: int = 0, spans: SeatSpans | None = None) -> None:
         self.node = node
         self.me = node.name
         self.log = log
@@ -294,6 +303,12 @@ class Dashboard:
             node.add_peer_listener(self._on_peer),
         ]
         self.stats = StatsPoller(node, self._stats_changed)
+        self._spans = SpanClient(node)
+        self.spans = spans
+        if spans is not None:
+            serve_spans(node, spans.tracing.ring)
+        # One gathering at a time: the client pairs answers by peer, not by question.
+        self._tracing = asyncio.Lock()
         self.app = self._make_app()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -553,6 +568,7 @@ class Dashboard:
             ("GET", "/api/peers", self._peers),
             ("GET", "/api/messages", self._messages),
             ("GET", "/api/tasks", self._tasks),
+            ("GET", "/api/trace", self._trace),
             ("GET", "/api/knowledge", self._knowledge),
             ("GET", "/api/stream", self._stream),
             ("POST", "/api/send", self._send),
@@ -650,6 +666,27 @@ class Dashboard:
     async def _tasks(self, request: web.Request) -> web.StreamResponse:
         return _json({"tasks": self.tracker.tasks()})
 
+    async def _trace(self, request: web.Request) -> web.StreamResponse:
+        """A task's trace as a waterfall, gathered from the agents' rings as
+        ``porter-mesh trace`` does (``?context=urn:porter:task:ID`` or the bare id)."""
+        raw = request.query.get("context", "").strip()
+        try:
+            context = normalise_context(raw) if raw else None
+        except PorterError as exc:
+            raise ApiError(400, "context", str(exc)) from None
+        if not context:
+            raise ApiError(400, "context", "name the task: ?context=urn:porter:task:ID")
+        agents = sorted(p.name for p in self.node.peers()
+                        if peer_kind(p.name, p.advert.role) == "agent")
+        async with self._tracing:
+            waterfall = await gather_trace(
+                self._spans, agents, TRACE_TIMEOUT, context=context,
+                own=self.spans.tracing.ring if self.spans is not None else None)
+        body = waterfall_json(waterfall)
+        body["context"] = context
+        body["asked"] = agents
+        return _json(body)
+
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         query = request.query
         raw_limit = query.get("limit", "200")
@@ -705,16 +742,30 @@ class Dashboard:
         return body
 
     async def _deliver(self, channel: str, activity: Activity) -> dict[str, Any]:
-        """Send on ``channel`` (direct: wait for the ack) and record it."""
+        """Send on ``channel`` (direct: wait for the ack) and record it; an Offer gets
+        its ``send`` span when tracing is on."""
+        if self.spans is None:
+            return await self._send_traced(channel, activity, None)
+        trace, span = self.spans.sending(channel, activity)
+        try:
+            record = await self._send_traced(channel, activity, trace)
+        except ApiError as exc:
+            self.spans.sent(span, exc.reason)
+            raise
+        self.spans.sent(span)
+        return record
+
+    async def _send_traced(self, channel: str, activity: Activity,
+                           trace: TraceContext | None) -> dict[str, Any]:
         if not channel.startswith(C.DIRECT_PREFIX):
             try:
-                self.node.async_publish(channel, activity)
+                self.node.async_publish(channel, activity, trace=trace)
             except PorterError as exc:
                 raise ApiError(502, "mesh", f"the mesh refused the message: {exc}") from None
             return self._local_record(channel, activity)
         recipient = channel[len(C.DIRECT_PREFIX):]
         try:
-            done = self.node.async_send_nowait(recipient, activity)
+            done = self.node.async_send_nowait(recipient, activity, trace=trace)
         except UnknownPeerError:
             known = ", ".join(sorted(p.name for p in self.node.peers())) or "none"
             raise ApiError(404, "agent", f"no agent {recipient!r} on mesh "

@@ -52,6 +52,30 @@ function statsTitle(stats) {
   return lines.join("\n");
 }
 
+/** "12.3ms", "1.24s" for a time in milliseconds. */
+export function millis(value) {
+  const n = Number(value);
+  if (!Number.isFinite(n)) return "?";
+  return n >= 1000 ? `${(n / 1000).toFixed(2)}s` : `${n.toFixed(1)}ms`;
+}
+
+/** An agent's service metrics (the `service` section of its view, checked by the
+ * server): [kind, {count, errors, p50_ms, p99_ms}] rows, tasks first, and the totals
+ * the summary line shows; null when it reports none. */
+export function serviceRows(stats) {
+  const service = stats && typeof stats === "object" ? stats.service : null;
+  if (!service || typeof service !== "object" || !service.kinds) return null;
+  const kinds = Object.entries(service.kinds).filter(([, k]) => k && typeof k === "object");
+  const rank = (kind) => (kind === "task" ? 0 : kind === "chat" ? 1 : 2);
+  kinds.sort(([a], [b]) => rank(a) - rank(b) || a.localeCompare(b));
+  const tools = kinds.filter(([kind]) => kind.startsWith("tool "))
+    .reduce((sum, [, k]) => sum + (Number(k.count) || 0), 0);
+  const tasks = kinds.filter(([kind]) => kind === "task")
+    .reduce((sum, [, k]) => sum + (Number(k.count) || 0), 0);
+  return { rows: kinds, tools, tasks, tokensIn: Number(service.tokens_in) || 0,
+    tokensOut: Number(service.tokens_out) || 0 };
+}
+
 /** "worker, 2 slots"; a role that holds no tasks alone ("reviewer"). */
 function roleText(peer) {
   const slots = Number(peer.slots) || 0;
@@ -94,6 +118,7 @@ export class Roster {
     this.peers = [];
     this.others = [];
     this.heardAt = new Map(); // name -> performance.now() ms of last heard
+    this.openService = new Set(); // agents whose service table is unfolded (kept on redraw)
     this.self = "porter-ui";
     root.querySelector(".drain-all").addEventListener("click", () => this.control("drain"));
     root.querySelector(".halt-all").replaceWith(confirmButton("Halt all",
@@ -155,6 +180,7 @@ export class Roster {
         peer.address || "")),
     tools.length ? el("div", { class: "tools" }, tools.map((t) => el("span", null, t))) : null,
     this.statsLine(peer.stats),
+    this.serviceTable(name, peer.stats),
     el("footer", null,
       el("button", { type: "button", class: "small", "data-testid": `drain-${name}`,
         title: `ask ${name} to finish what it holds and take nothing new`,
@@ -173,6 +199,32 @@ export class Roster {
     }
     return el("p", { class: "stats", "data-testid": "peer-stats", title: statsTitle(stats) },
       children);
+  }
+
+  /** The agent's service metrics: a summary line that unfolds a table per kind of work
+   * (requests, errors, p50, p99), the same numbers as `stats` and /metrics. */
+  serviceTable(name, stats) {
+    const service = serviceRows(stats);
+    if (!service) return null;
+    const details = el("details", { class: "service", "data-testid": "peer-service",
+      open: this.openService.has(name) },
+    el("summary", null, `tasks ${compact(service.tasks)} · tool calls ${compact(service.tools)}` +
+      ` · tokens ${compact(service.tokensIn)} in / ${compact(service.tokensOut)} out`),
+    service.rows.length ? el("table", null,
+      el("thead", null, el("tr", null, ["work", "requests", "errors", "p50", "p99"].map(
+        (label) => el("th", { scope: "col" }, label)))),
+      el("tbody", null, service.rows.map(([kind, k]) => el("tr", {
+        "data-testid": "service-row", dataset: { kind } },
+      el("th", { scope: "row", title: kind }, kind),
+      el("td", null, compact(k.count)),
+      el("td", { class: Number(k.errors) ? "bad" : null }, compact(k.errors)),
+      el("td", null, millis(k.p50_ms)),
+      el("td", null, millis(k.p99_ms)))))) : el("p", { class: "muted" }, "no work yet"));
+    details.addEventListener("toggle", () => {
+      if (details.open) this.openService.add(name);
+      else this.openService.delete(name);
+    });
+    return details;
   }
 
   heardText(name) {

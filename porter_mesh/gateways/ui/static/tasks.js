@@ -2,6 +2,7 @@
 
 import { el, fill, ago, shortContext } from "./dom.js";
 import { post } from "./api.js";
+import { openWaterfall } from "./waterfall.js";
 
 // The mesh's one vocabulary of task states (docs/protocol.md, "Task states").
 const STEPS = [
@@ -150,6 +151,9 @@ export class Tasks {
     mine && task.state === "in-review" ? this.reviewBox(task) : null,
     mine && task.state === "input-required" ? this.answerBox(task) : null,
     el("footer", null,
+      el("button", { type: "button", class: "link small", "data-testid": "task-trace",
+        title: "the task's spans across the agents, as a waterfall",
+        onclick: () => openWaterfall(context, task.title) }, "Trace"),
       task.holder ? el("button", { type: "button", class: "link small",
         onclick: () => this.onMessage(task) }, `Message ${task.holder}`) : null,
       FINAL.has(task.state) ? null : this.cancelButton(task)));
