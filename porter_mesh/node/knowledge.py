@@ -89,6 +89,7 @@ from porter_mesh.errors import (
     UnknownPeerError,
 )
 from porter_mesh.node.node import Node, Reply
+from porter_mesh.node.timer import DeadlineTimer
 from porter_mesh.tools.port import QueryResult
 
 __all__ = ["Knowledge", "SyncKnowledge", "attach_knowledge"]
@@ -151,9 +152,8 @@ class Knowledge:
     def __init__(self, node: Node, shard: Shard, *, anti_entropy_interval: float = 2.0,
                  request_timeout: float = 2.0, catchup_timeout: float = 30.0,
                  drop_every: int = 0) -> None:
-        if min(anti_entropy_interval, request_timeout, catchup_timeout) <= 0 or drop_every < 0:
-            raise KnowledgeError("anti_entropy_interval, request_timeout and catchup_timeout "
-                                 "must be positive, and drop_every >= 0")
+        if drop_every < 0:
+            raise KnowledgeError("drop_every must be >= 0 (0 disables the fault injection)")
         self.node = node
         self.shard = shard
         self.anti_entropy_interval = anti_entropy_interval
@@ -166,8 +166,7 @@ class Knowledge:
                                    request_timeout=request_timeout,
                                    catchup_timeout=catchup_timeout, now=time.monotonic())
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = float("inf")
+        self._timer: DeadlineTimer | None = None
         self._broadcasts = 0
         self._inbound: list[Merge] = []
         self._merge_scheduled = False
@@ -197,6 +196,7 @@ class Knowledge:
         Called before the node starts, no peer and no sync message is missed.
         """
         self._loop = asyncio.get_running_loop()
+        self._timer = DeadlineTimer(self._loop, self._on_timer)
         self.node.register_kind(KIND_SYNC, self._on_sync)
         self.node.register_unsupported(KIND_SYNC, self._on_unsupported)
         self._remove_listener = self.node.add_peer_listener(self._on_peer)
@@ -209,10 +209,9 @@ class Knowledge:
 
     async def aclose(self) -> None:
         """Stop replicating and close the shard (records merged so far are durable)."""
-        self._loop = None  # nothing is armed from now on
+        self._loop = None
         if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+            self._timer.close()  # nothing is armed from now on
         if self._remove_listener is not None:
             with contextlib.suppress(ValueError):
                 self._remove_listener()
@@ -547,33 +546,13 @@ class Knowledge:
             self._loop.call_soon(self._merge_inbound)
 
     def _rearm(self) -> None:
-        """Have the one timer fire no later than the session's next deadline.
-
-        A deadline that went away (an answered request) leaves the timer where it is:
-        that wake-up finds nothing due and arms for what remains, which costs less than
-        moving the timer on every answer.
-        """
-        loop = self._loop
-        if loop is None:
-            return
-        due = self.session.next_deadline()
-        if due >= self._timer_at:
-            return
+        """Have the one timer fire no later than the session's next deadline."""
         if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = due
-        # The loop's clock may not be time.monotonic(): convert through the delay.
-        self._timer = loop.call_at(loop.time() + max(0.0, due - time.monotonic()),
-                                   self._on_timer)
+            self._timer.wake_by(self.session.next_deadline())
 
-    def _on_timer(self) -> None:
-        self._timer = None
-        armed_at, self._timer_at = self._timer_at, float("inf")
-        if self._loop is None:
-            return
+    def _on_timer(self, now: float) -> None:
         try:
-            # Never earlier than asked: the loop may fire a hair before (clock resolution).
-            self._carry(self.session.timer(max(time.monotonic(), armed_at)))
+            self._carry(self.session.timer(now))
         except Exception:
             log.exception("knowledge timer failed")
             self._rearm()

@@ -15,9 +15,10 @@ import tempfile
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, invariant, rule
 
-from tests.unit.sync_wire import InFlight, SyncWire
+from tests.unit.sync_wire import SyncWire
+from tests.unit.wire_faults import WireFaults
 
 NAMES = ("a", "b", "c")
 #: Virtual seconds that convergence may take once the faults stop.
@@ -25,7 +26,7 @@ SETTLE = 60.0
 names = st.sampled_from(NAMES)
 
 
-class SyncMachine(RuleBasedStateMachine):
+class SyncMachine(WireFaults):
     """Random writes over a hostile wire; the replicas converge whatever it does."""
 
     @initialize(chunk=st.sampled_from([2, 5, 4096]))
@@ -34,9 +35,6 @@ class SyncMachine(RuleBasedStateMachine):
         self.wire = SyncWire(self.root, *NAMES, catchup_chunk=chunk)
         self.written: dict[tuple[str, int], bytes] = {}
 
-    def _pick(self, index: int) -> int:
-        return index % len(self.wire.in_flight)
-
     @rule(name=names, n=st.integers(1, 3))
     def write(self, name: str, n: int) -> None:
         node = self.wire.nodes[name]
@@ -44,28 +42,6 @@ class SyncMachine(RuleBasedStateMachine):
             return  # a local write on a full disk fails before anything is sent
         for record in self.wire.write(name, n):
             self.written[(record.origin, record.seq)] = record.key
-
-    @precondition(lambda self: self.wire.in_flight)
-    @rule(index=st.integers(0, 1 << 16))
-    def drop(self, index: int) -> None:
-        del self.wire.in_flight[self._pick(index)]
-
-    @precondition(lambda self: self.wire.in_flight)
-    @rule(index=st.integers(0, 1 << 16), delay=st.floats(0.0, 3.0))
-    def duplicate(self, index: int, delay: float) -> None:
-        item = self.wire.in_flight[self._pick(index)]
-        self.wire.in_flight.append(InFlight(item.at + delay, -1, item.src, item.dest,
-                                            item.data, item.broadcast))
-
-    @precondition(lambda self: self.wire.in_flight)
-    @rule(index=st.integers(0, 1 << 16), delay=st.floats(0.1, 5.0))
-    def delay(self, index: int, delay: float) -> None:
-        self.wire.in_flight[self._pick(index)].at += delay
-
-    @precondition(lambda self: self.wire.in_flight)
-    @rule(index=st.integers(0, 1 << 16))
-    def deliver_out_of_order(self, index: int) -> None:
-        self.wire.arrive(self.wire.in_flight[self._pick(index)])
 
     @rule(seconds=st.floats(0.0, 2.0))
     def advance(self, seconds: float) -> None:
