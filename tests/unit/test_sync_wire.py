@@ -200,6 +200,35 @@ def test_a_peer_that_answers_garbage_is_skipped_after_its_attempts(
     assert victim.session.catchup_peer == "evil"
 
 
+def test_a_lost_pull_times_out_and_its_gap_is_asked_again(
+        tmp_path: pathlib.Path, wires: list[SyncWire]) -> None:
+    # Digests far apart: only the gap pulls can repair.
+    wire = make(wires, tmp_path, "a", "b", anti_entropy_interval=100.0)
+    wire.advance(0.5)
+    wire.fault = lambda item: [] if item.broadcast else [0.01]
+    wire.write("a", 2)  # lost
+    pulls = {"n": 0}
+
+    def lose_the_first_pull(item: InFlight) -> list[float]:
+        if isinstance(item.message(), PullRequest):
+            pulls["n"] += 1
+            if pulls["n"] == 1:
+                return []
+        return [0.01]
+
+    wire.fault = lose_the_first_pull
+    wire.write("a", 1)  # arrives: b sees the gap 1..2 and pulls it from a
+    wire.advance(0.5)
+    b = wire.nodes["b"]
+    assert held(wire, "b") == {"a": 0} and b.session.asked("a", PullRequest("a", 1, 2))
+    # Asked once per request_timeout, not before.
+    assert wire.sent("b", PullRequest) == [PullRequest("a", 1, 2)]
+    wire.advance(1.0)
+    assert b.counters["timeout.PullRequest"] == 1
+    assert wire.sent("b", PullRequest) == [PullRequest("a", 1, 2)] * 2
+    assert held(wire, "b") == {"a": 3}
+
+
 # -- anti-entropy --------------------------------------------------------------------------
 
 

@@ -350,7 +350,7 @@ class SyncSession:
 
     def asked(self, peer: str, message: SyncMessage) -> bool:
         """Whether a request that ``message`` answers (or is) is in flight to ``peer``."""
-        return (peer, _asked_key(message)) in self._asked
+        return not isinstance(message, Records) and (peer, _asked_key(message)) in self._asked
 
     # -- the roster -----------------------------------------------------------------
 
