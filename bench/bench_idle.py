@@ -4,8 +4,8 @@ Usage (from the repository root): ``python -m bench.bench_idle [--seconds 10]
 [--no-discovery] [--repeat 1]``.
 
 One ``porter-mesh node`` process runs alone (its own mesh name, loopback only, no
-knowledge shard, a fresh data directory). Once it says it is up and a short settle
-window has passed, the context switches of its main thread (the asyncio loop:
+knowledge shard unless ``--knowledge``, a fresh data directory). Once it says it is up
+and a short settle window has passed, the context switches of its main thread (the asyncio loop:
 ``voluntary_ctxt_switches`` plus ``nonvoluntary_ctxt_switches`` in
 ``/proc/PID/task/PID/status``) are read at the start and the end of the window; their
 difference per second is the number of times the loop woke up. The whole process (every
@@ -58,7 +58,7 @@ def isolation_available() -> bool:
 
 
 def measure(seconds: float, discovery: bool, isolated: bool,
-            settle: float = 2.0) -> dict[str, float]:
+            settle: float = 2.0, knowledge: bool = False) -> dict[str, float]:
     """Start one idle node, measure it over ``seconds`` and stop it.
 
     Returns:
@@ -70,8 +70,10 @@ def measure(seconds: float, discovery: bool, isolated: bool,
     """
     with tempfile.TemporaryDirectory(prefix="bench-idle-") as tmp:
         cmd = [sys.executable, "-m", "porter_mesh.cli.main", "node", "--name", "idle",
-               "--mesh", "bench-idle-" + secrets.token_hex(4), "--no-knowledge",
+               "--mesh", "bench-idle-" + secrets.token_hex(4),
                "--data-dir", tmp, "--interface", "127.0.0.1"]
+        if not knowledge:
+            cmd.append("--no-knowledge")
         if not discovery:
             cmd.append("--no-discovery")
         if isolated:
@@ -118,6 +120,8 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="measurement window")
     p.add_argument("--no-discovery", action="store_true", help="run without zeroconf")
     p.add_argument("--repeat", type=int, default=1, help="runs, one after the other")
+    p.add_argument("--knowledge", action="store_true",
+                   help="keep a knowledge shard (its replica must add no wake-ups alone)")
     p.add_argument("--shared-loopback", action="store_true",
                    help="run the node on this machine's loopback, beside other processes")
     a = p.parse_args()
@@ -127,10 +131,12 @@ def main() -> int:
               "other processes' mDNS may wake it", flush=True)
     worst = 0.0
     for _ in range(a.repeat):
-        r = measure(a.seconds, discovery=not a.no_discovery, isolated=isolated)
+        r = measure(a.seconds, discovery=not a.no_discovery, isolated=isolated,
+                    knowledge=a.knowledge)
         worst = max(worst, r["main_per_s"])
         where = "own netns" if isolated else "shared loopback"
-        print(f"idle node ({'no ' if a.no_discovery else ''}discovery, {where}), "
+        print(f"idle node ({'no ' if a.no_discovery else ''}discovery, "
+              f"{'a' if a.knowledge else 'no'} knowledge shard, {where}), "
               f"{a.seconds:g} s: "
               f"main thread {r['main_per_s']:.1f} wake-ups/s, all threads "
               f"{r['all_per_s']:.1f}/s, CPU {r['cpu_pct']:.2f}% of a core", flush=True)

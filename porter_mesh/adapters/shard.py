@@ -135,6 +135,7 @@ from porter_mesh.core.knowledge import (
     P_SEVERITY,
     RDF_TYPE,
     XSD_DATETIME,
+    BucketEntries,
     CatchupChunk,
     CatchupRequest,
     Digest,
@@ -144,7 +145,6 @@ from porter_mesh.core.knowledge import (
     PullRequest,
     Record,
     RecordKind,
-    Records,
     ReplicaState,
     Retraction,
     SyncMessage,
@@ -158,6 +158,7 @@ from porter_mesh.core.knowledge import (
     record_signing_bytes,
     sign_record,
 )
+from porter_mesh.core.session.sync import reply_refusal
 from porter_mesh.errors import ConfigError, KnowledgeError, StorageError, SyncError
 
 if TYPE_CHECKING:
@@ -1160,7 +1161,12 @@ class Shard:
     # -- sync --
 
     def handle(self, message: SyncMessage, *, asked: SyncMessage | None = None) -> SyncOutcome:
-        """Handle a sync message from a peer and say what to send back.
+        """Exchange one sync message with another shard in process (tests, benchmarks,
+        offline tools): the storage calls a :class:`~porter_mesh.core.session.sync.
+        SyncSession`'s actions name, with its rule for matching a reply to its request.
+
+        The node does not come here: its session decides what is asked, from whom, and
+        what is refused (see :mod:`porter_mesh.node.knowledge`).
 
         Args:
             message: the decoded message.
@@ -1175,41 +1181,29 @@ class Shard:
             SyncError: the message is refused; the shard is unchanged.
             StorageError: its records could not be written; the shard is unchanged.
         """
-        with self._lock:
-            self._check_open()
-            if isinstance(message, Records):
-                return SyncOutcome(merged=self._commit(message.records))
-            if isinstance(message, PullRequest):
-                return SyncOutcome(replies=(self.answer_pull(message),))
-            if isinstance(message, PullReply):
-                if asked is not None and (
-                    not isinstance(asked, PullRequest)
-                    or (asked.origin, asked.first, asked.last)
-                    != (message.origin, message.first, message.last)
-                ):
-                    raise SyncError("pull reply does not match the range that was asked for")
-                return SyncOutcome(merged=self._commit(message.records))
-            if isinstance(message, CatchupRequest):
-                return SyncOutcome(replies=(self.answer_catchup(message),))
-            if isinstance(message, CatchupChunk):
-                if not isinstance(asked, CatchupRequest):
-                    raise SyncError("a catch-up chunk arrived that was not asked for")
-                if message.done != asked.done + len(message.records):
-                    raise SyncError(
-                        f"catch-up chunk counts {message.done} done after {asked.done} with "
-                        f"{len(message.records)} records"
-                    )
-                report = self._commit(message.records, after=asked.vv)
-                finished = message.cursor is None
-                replies: tuple[SyncMessage, ...] = () if finished else (CatchupRequest(
-                    asked.vv, message.cursor, message.done, asked.limit),)
-                return SyncOutcome(replies, report, (message.done, message.total), finished)
-            if isinstance(message, Digest):
+        self._check_open()
+        refusal = reply_refusal(message, asked)
+        if refusal is not None:
+            raise SyncError(refusal[1])
+        if isinstance(message, PullRequest):
+            return SyncOutcome(replies=(self.answer_pull(message),))
+        if isinstance(message, CatchupRequest):
+            return SyncOutcome(replies=(self.answer_catchup(message),))
+        if isinstance(message, Digest | BucketEntries):
+            with self._lock:
+                if isinstance(message, BucketEntries):
+                    return SyncOutcome(replies=tuple(self._state.lacking(message)))
                 differ = self._state.differing_buckets(message)
-                if not differ:
-                    return SyncOutcome()
-                return SyncOutcome(replies=(self._state.bucket_entries(differ),))
-            return SyncOutcome(replies=tuple(self._state.lacking(message)))
+                return SyncOutcome(replies=(self._state.bucket_entries(differ),) if differ
+                                   else ())
+        if isinstance(message, CatchupChunk):
+            assert isinstance(asked, CatchupRequest)  # reply_refusal saw to it
+            report = self.merge(message.records, after=asked.vv)
+            finished = message.cursor is None
+            replies: tuple[SyncMessage, ...] = () if finished else (CatchupRequest(
+                asked.vv, message.cursor, message.done, asked.limit),)
+            return SyncOutcome(replies, report, (message.done, message.total), finished)
+        return SyncOutcome(merged=self.merge(message.records))
 
     def answer_pull(self, request: PullRequest) -> PullReply:
         """The records held in a requested range (cut to fit one message).

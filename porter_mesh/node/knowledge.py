@@ -4,36 +4,26 @@ step with the other nodes' replicas.
 Theory of operation
 -------------------
 Replication rides on the node's extension kind ``sync`` (msgpack messages of
-:mod:`porter_mesh.core.knowledge`). Every shard call runs on the node's loop thread
+:mod:`porter_mesh.core.knowledge`). Every rule of the protocol (which ranges are asked
+and from whom, the catch-up queue with its prefetch, retries and skipped peers, gap pulls
+waiting behind a catch-up, the digests' round robin, the refusals of unasked, stale,
+out-of-range and misdirected messages, the request and catch-up timeouts) lives in the
+pure :class:`~porter_mesh.core.session.sync.SyncSession`, whose theory of operation says
+what each one is. :class:`Knowledge` is its driver: it feeds the session the peers'
+comings and goings, the sync messages, this node's own records, the storage's answers
+and the timer, and carries out the actions it returns in order (send, broadcast, merge
+into the shard, read from it to answer, count, log). It arms one timer
+(``loop.call_at``) at the session's ``next_deadline()``: an idle node wakes only for the
+session's own deadlines (the next digest while a peer runs a replica, a request's
+timeout), never on a polling tick. Every shard call runs on the node's loop thread
 (queries excepted, see :meth:`Knowledge.query`).
 
 * **Broadcast.** ``remember`` and ``retract`` make the record durable in the local
   shard, then broadcast it (``Records``) on ``control``; the AS2 ``Remember`` activity
-  also goes out on ``log`` for people and observers. A ``Records`` message is accepted
-  only by broadcast and only with records written by its sender: nobody pushes another
-  origin's records unasked. Records that arrive in one loop iteration are merged as one
-  batch (one journal write, one fsync); a batch that is refused is merged again message
-  by message, so one bad sender cannot make a good one's records wait.
-* **Gaps.** Records carry per-origin sequence numbers. After every merge the shard's
-  version vector shows the missing ranges; each is pulled (``PullRequest``) from the
-  origin when it is connected, else from a peer, over ROUTER/DEALER. A request not
-  answered in ``request_timeout`` is forgotten and asked again on a later tick.
-* **Catch-up.** When a peer joins (or comes back with a new incarnation), a node asks
-  it for everything past its own version vector (``CatchupRequest``), chunk by chunk,
-  one peer at a time; progress is logged and reported to listeners. A late joiner or a
-  restarted node (which first reloads its shard from disk) converges this way in a few
-  large messages. A chunk not answered within ``catchup_timeout``, or refused, fails the
-  attempt, which starts over from the current version vector; after a few failed
-  attempts that peer is skipped until it joins again (a peer that answers with garbage
-  cannot hold the catch-up, nor the gap pulls waiting behind it, for long). While a
-  catch-up runs, gap pulls and digests wait: the catch-up brings the same records in
-  order, and cheaper.
-* **Anti-entropy.** Every ``anti_entropy_interval`` seconds a node sends its bucketed
-  digest to one connected peer, round robin. The peer lists its records in the buckets
-  that differ and also sends its own digest back (at most once per interval), so one
-  exchange repairs both sides: each pulls what the other's listing shows it lacks. A
-  listing that shows much missing turns into a catch-up from that peer. This repairs
-  what sequence numbers cannot reveal, such as a lost last record.
+  also goes out on ``log`` for people and observers. Records that the session lets in
+  during one loop iteration are merged as one batch (one journal write, one fsync, run
+  behind); a batch that is refused is merged again message by message, so one bad
+  sender cannot make a good one's records wait.
 * **Signatures.** On a secured mesh the shard signs this agent's records with the node's
   signing key and checks every record it is given against the trusted directory before
   it is stored, on every path (broadcast, pull reply, catch-up chunk). A record whose
@@ -48,7 +38,8 @@ Replication rides on the node's extension kind ``sync`` (msgpack messages of
   or a catch-up bring it again once the shard can write.
 * **Refusals.** A reply nobody asked for (pull reply, catch-up chunk, bucket listing), a
   record outside the asked range, a forged or conflicting record, a malformed message:
-  all are refused before anything is stored, counted in the node's counters as
+  all are refused before anything is stored (the session judges the messages, the
+  shard's merge plan the records), counted in the node's counters as
   ``dropped.sync.<reason>``, and logged once per peer and reason.
 
 Sequence numbers are never reused: the shard assigns one past the highest it holds from
@@ -61,33 +52,33 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import itertools
 import logging
 import pathlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from porter_mesh.adapters.security import RecordSigner, RecordVerifier
 from porter_mesh.adapters.shard import MergeReport, Shard
 from porter_mesh.core import constants as C
-from porter_mesh.core.advert import key_name
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.envelope import KIND_SYNC, Envelope
-from porter_mesh.core.knowledge import (
-    BucketEntries,
-    CatchupChunk,
-    CatchupRequest,
-    Digest,
-    PullReply,
-    PullRequest,
-    Record,
-    Records,
-    SyncMessage,
-    decode_sync,
-    encode_sync,
-)
+from porter_mesh.core.knowledge import PullRequest, Record, encode_sync
 from porter_mesh.core.peers import PeerEvent, PeerEventKind
+from porter_mesh.core.session.sync import (
+    Abandoned,
+    Answer,
+    Broadcast,
+    CaughtUp,
+    Count,
+    Merge,
+    Progress,
+    PullAnswered,
+    Refuse,
+    Send,
+    SyncAction,
+    SyncSession,
+)
 from porter_mesh.errors import (
     ActivityError,
     KnowledgeError,
@@ -95,29 +86,20 @@ from porter_mesh.errors import (
     SecurityError,
     StorageError,
     SyncError,
+    UnknownPeerError,
 )
 from porter_mesh.node.node import Node, Reply
+from porter_mesh.node.timer import DeadlineTimer
 from porter_mesh.tools.port import QueryResult
 
 __all__ = ["Knowledge", "SyncKnowledge", "attach_knowledge"]
 
 log = logging.getLogger("porter_mesh.knowledge")
 
-#: A bucket listing that asks for more pull requests than this starts a catch-up instead.
-CATCHUP_AFTER_PULLS: Final = 32
-#: Failed catch-up attempts from one peer before it is skipped until it joins again.
-CATCHUP_ATTEMPTS: Final = 3
-#: Records asked for per catch-up chunk. Merging a chunk runs on the loop thread (about
-#: 25 us per record to decode, check and journal); 4096 keeps each step near 0.1 s, so
-#: heartbeats and other traffic never wait long, and a chunk stays well under a megabyte.
-CATCHUP_CHUNK: Final = 4096
-#: Seconds a peer that answered "no replica here" is left out of catch-ups and digests.
-NO_SYNC_BACKOFF = 5.0
 #: Claimed authors of refused records counted one by one (then as ``(others)``).
 MAX_REFUSED_ORIGINS: Final = 1000
 #: Seconds an agent's first write waits for a first catch-up (see SyncKnowledge.remember).
 FIRST_WRITE_WAIT: Final = 10.0
-_TICK: Final = 0.1
 #: Seconds a synchronous Remember may take (a write and one shared fdatasync).
 REMEMBER_TIMEOUT: Final = 60.0
 
@@ -145,25 +127,6 @@ def _retrieved(future: asyncio.Future[None]) -> None:
         future.exception()
 
 
-def _asked_key(message: SyncMessage) -> tuple[Any, ...] | None:
-    """The key matching a request with its reply."""
-    if isinstance(message, PullRequest | PullReply):
-        return ("pull", message.origin, message.first, message.last)
-    if isinstance(message, CatchupRequest | CatchupChunk):
-        return ("catchup",)
-    if isinstance(message, Digest | BucketEntries):
-        return ("digest",)
-    return None
-
-
-class _Refused(SyncError):
-    """A sync message refused for ``reason`` (counted and logged once; never escapes)."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
 class Knowledge:
     """Keeps one node's shard converged with the mesh.
 
@@ -189,9 +152,8 @@ class Knowledge:
     def __init__(self, node: Node, shard: Shard, *, anti_entropy_interval: float = 2.0,
                  request_timeout: float = 2.0, catchup_timeout: float = 30.0,
                  drop_every: int = 0) -> None:
-        if min(anti_entropy_interval, request_timeout, catchup_timeout) <= 0 or drop_every < 0:
-            raise KnowledgeError("anti_entropy_interval, request_timeout and catchup_timeout "
-                                 "must be positive, and drop_every >= 0")
+        if drop_every < 0:
+            raise KnowledgeError("drop_every must be >= 0 (0 disables the fault injection)")
         self.node = node
         self.shard = shard
         self.anti_entropy_interval = anti_entropy_interval
@@ -199,27 +161,18 @@ class Knowledge:
         self.catchup_timeout = catchup_timeout
         self.drop_every = drop_every
         self.counters: collections.Counter[str] = collections.Counter()
-        #: ``(done, total)`` of the catch-up running or last finished.
-        self.progress: tuple[int, int] | None = None
-        self._asked: dict[tuple[str, tuple[Any, ...]], tuple[SyncMessage, float]] = {}
-        self._catchup_peer: str | None = None
-        self._catchup_queue: collections.deque[str] = collections.deque()
-        self._catchup_failures: collections.Counter[str] = collections.Counter()
-        # Peers that said they run no replica, until when to leave them alone. Not for
-        # ever: a node may attach its replica a moment after it starts.
-        self._no_sync: dict[str, float] = {}
-        self._caught_up: set[str] = set()
-        # Peers that sent any sync message or said they run none (since they joined).
-        self._answered: set[str] = set()
-        self._digest_sent: dict[str, float] = {}
-        self._rr = itertools.count()
-        self._task: asyncio.Task[None] | None = None
+        #: The protocol's rules; this object carries out what it says.
+        self.session = SyncSession(shard.state, anti_entropy_interval=anti_entropy_interval,
+                                   request_timeout=request_timeout,
+                                   catchup_timeout=catchup_timeout, now=time.monotonic())
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: DeadlineTimer | None = None
         self._broadcasts = 0
-        self._inbound: list[tuple[str, Records]] = []
+        self._inbound: list[Merge] = []
         self._merge_scheduled = False
         self._listeners: list[Callable[[str, Any], None]] = []
         self._waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
-        self._probes: dict[tuple[str, tuple[Any, ...]], asyncio.Future[bool]] = {}
+        self._probes: dict[tuple[str, PullRequest], asyncio.Future[bool]] = {}
         self._refusals_logged: set[tuple[str, str]] = set()
         self._remove_listener: Callable[[], None] | None = None
         self._closed = False
@@ -230,28 +183,35 @@ class Knowledge:
         self._next_sync: asyncio.Future[None] | None = None
         self._syncing: asyncio.Future[None] | None = None
 
+    @property
+    def progress(self) -> tuple[int, int] | None:
+        """``(done, total)`` of the catch-up running or last finished."""
+        return self.session.progress
+
     # -- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Hook into the node and start the timers (on the loop thread).
+        """Hook into the node and the loop's clock (on the loop thread).
 
         Called before the node starts, no peer and no sync message is missed.
         """
+        self._loop = asyncio.get_running_loop()
+        self._timer = DeadlineTimer(self._loop, self._on_timer)
         self.node.register_kind(KIND_SYNC, self._on_sync)
         self.node.register_unsupported(KIND_SYNC, self._on_unsupported)
         self._remove_listener = self.node.add_peer_listener(self._on_peer)
         self.node.view_sections["knowledge"] = self.summary
+        now = time.monotonic()
         for peer in self.node.peers():
-            self._queue_catchup(peer.name)
-        self._task = asyncio.ensure_future(self._tick_loop())
+            self._carry(self.session.peer_joined(
+                peer.name, seat=peer.advert.role == C.ROLE_SEAT, now=now))
+        self._rearm()
 
     async def aclose(self) -> None:
         """Stop replicating and close the shard (records merged so far are durable)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
-            self._task = None
+        self._loop = None
+        if self._timer is not None:
+            self._timer.close()  # nothing is armed from now on
         if self._remove_listener is not None:
             with contextlib.suppress(ValueError):
                 self._remove_listener()
@@ -404,12 +364,7 @@ class Knowledge:
 
     def async_broadcast(self, record: Record) -> None:
         """Broadcast a record this node wrote (again, if need be: duplicates are harmless)."""
-        self._broadcasts += 1
-        if self.drop_every and self._broadcasts % self.drop_every == 0:
-            self.counters["fault.dropped-broadcast"] += 1
-            return
-        self.node.async_publish_kind(KIND_SYNC, encode_sync(Records((record,))))
-        self.counters["sent.Records"] += 1
+        self._carry(self.session.local_record(record))
 
     def query(self, sparql: str, *, row_limit: int | None = None) -> QueryResult:
         """Run a read-only query on the local shard, as the agent tools want it.
@@ -430,16 +385,17 @@ class Knowledge:
 
     def caught_up_from(self) -> frozenset[str]:
         """Peers this replica has finished a catch-up from (since they joined)."""
-        return frozenset(self._caught_up)
+        return self.session.caught_up
 
     def answered_by(self) -> frozenset[str]:
         """Peers that have answered on the sync path (since they joined), including those
         that said they run no replica."""
-        return frozenset(self._answered)
+        return self.session.answered
 
     def without_replica(self) -> frozenset[str]:
-        """Peers that said they run no knowledge replica (recently: see NO_SYNC_BACKOFF)."""
-        return frozenset(self._no_sync)
+        """Peers that said they run no knowledge replica (within the last
+        :data:`~porter_mesh.core.session.sync.NO_SYNC_BACKOFF` seconds)."""
+        return self.session.without_replica
 
     async def wait_caught_up(self, count: int, timeout: float) -> None:
         """Wait until catch-ups from ``count`` peers have finished.
@@ -448,12 +404,12 @@ class Knowledge:
             TimeoutError: not within ``timeout`` seconds (the message says how far it got).
         """
         try:
-            await self._wait(lambda: len(self._caught_up) >= count, timeout)
+            await self._wait(lambda: len(self.session.caught_up) >= count, timeout)
         except TimeoutError:
             done, total = self.progress or (0, 0)
             raise TimeoutError(
                 f"catch-up from {count} peer(s) not finished within {timeout}s "
-                f"({len(self._caught_up)} done; {done}/{total} records of the current one)"
+                f"({len(self.session.caught_up)} done; {done}/{total} records of the current one)"
             ) from None
 
     async def _wait(self, cond: Callable[[], bool], timeout: float) -> None:
@@ -483,81 +439,152 @@ class Knowledge:
             TimeoutError: no answer within ``timeout`` seconds.
             UnknownPeerError: ``peer`` is not connected.
         """
-        request = PullRequest(origin, seq, seq)
-        key = (peer, _asked_key(request) or ())
+        if self.node.peer(peer) is None:
+            raise UnknownPeerError(f"no connected peer {peer!r}", recipient=peer)
+        key = (peer, PullRequest(origin, seq, seq))
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._probes[key] = fut
         try:
-            self._asked[key] = (request, time.monotonic())
-            self.node.async_send_kind(peer, KIND_SYNC, encode_sync(request))
+            self._carry(self.session.probe(peer, origin, seq, now=time.monotonic()))
             return await asyncio.wait_for(fut, timeout)
         finally:
             self._probes.pop(key, None)
 
-    # -- sync protocol -------------------------------------------------------------------
+    # -- carrying out the session's actions ------------------------------------------------
 
-    def _send(self, peer: str, message: SyncMessage, reply: Reply | None = None) -> None:
-        key = _asked_key(message)
-        if key is not None and isinstance(message, PullRequest | CatchupRequest | Digest):
-            self._asked[(peer, key)] = (message, time.monotonic())
+    def _carry(self, actions: Sequence[SyncAction], reply: Reply | None = None) -> None:
+        """Carry out the session's actions in order, then arm the timer for its next
+        deadline. ``reply`` answers the message being handled, if any."""
+        for action in actions:
+            if isinstance(action, Send):
+                self._send(action, reply)
+            elif isinstance(action, Merge):
+                if action.broadcast:
+                    self._merge_later(action)
+                else:
+                    self._merge_now(action)
+            elif isinstance(action, Answer):
+                self._answer(action, reply)
+            elif isinstance(action, Count):
+                self.counters[action.name] += action.n
+            elif isinstance(action, Refuse):
+                self._refuse(action.peer, action.reason, action.detail)
+            elif isinstance(action, Broadcast):
+                self._broadcast(action)
+            elif isinstance(action, Progress):
+                log.info("catch-up from %s: %d/%d records", action.peer, action.done,
+                         action.total)
+                self._notify("progress", (action.done, action.total))
+            elif isinstance(action, CaughtUp):
+                self._notify("caught-up", action.peer)
+                self._wake()
+            elif isinstance(action, PullAnswered):
+                probe = self._probes.get((action.peer, action.request))
+                if probe is not None and not probe.done():
+                    probe.set_result(action.records > 0)
+            elif isinstance(action, Abandoned):
+                log.warning("giving up catch-up from %s after %d attempts (%s); anti-entropy "
+                            "goes on", action.peer, action.attempts, action.why)
+        self._rearm()
+
+    def _send(self, action: Send, reply: Reply | None) -> None:
+        message = action.message
         try:
             payload = encode_sync(message)
-            if reply is not None:
+            if action.reply and reply is not None:
                 reply(KIND_SYNC, payload)
             else:
-                self.node.async_send_kind(peer, KIND_SYNC, payload)
+                self.node.async_send_kind(action.peer, KIND_SYNC, payload)
         except PorterError as exc:  # the peer left meanwhile, or the message is too big
-            if key is not None:
-                self._asked.pop((peer, key), None)
-            log.debug("sync %s to %s not sent: %s", type(message).__name__, peer, exc)
+            log.debug("sync %s to %s not sent: %s", type(message).__name__, action.peer, exc)
+            self._carry(self.session.not_sent(action, now=time.monotonic()))
             return
         self.counters["sent." + type(message).__name__] += 1
 
-    def _refuse(self, peer: str, reason: str, error: Exception) -> None:
-        self.node.count_drop("sync." + reason, peer)
-        if (reason, peer) in self._refusals_logged or len(self._refusals_logged) > 10_000:
-            log.debug("refused sync from %s (%s): %s", peer, reason, error)
+    def _broadcast(self, action: Broadcast) -> None:
+        self._broadcasts += 1
+        if self.drop_every and self._broadcasts % self.drop_every == 0:
+            self.counters["fault.dropped-broadcast"] += 1
             return
-        self._refusals_logged.add((reason, peer))
-        log.warning("refused a sync message from %s (%s): %s (further refusals of this kind "
-                    "from %s are only counted)", peer, reason, error, peer)
+        self.node.async_publish_kind(KIND_SYNC, encode_sync(action.message))
+        self.counters["sent." + type(action.message).__name__] += 1
 
-    def _on_sync(self, env: Envelope, payload: bytes, reply: Reply) -> None:
-        peer = env.sender
-        self._answered.add(peer)
-        self._use_keys()
+    def _answer(self, action: Answer, reply: Reply | None) -> None:
+        """Read what a peer asked for from the shard and send it back."""
+        request = action.request
         try:
-            message = decode_sync(payload)
-        except SyncError as exc:
-            self._refuse(peer, "malformed", exc)
+            answer = (self.shard.answer_pull(request) if isinstance(request, PullRequest)
+                      else self.shard.answer_catchup(request))
+        except PorterError as exc:  # a closed shard, a journal that cannot be read
+            log.warning("could not answer %s from %s: %s", type(request).__name__,
+                        action.peer, exc)
             return
-        self.counters["received." + type(message).__name__] += 1
+        self._send(Send(action.peer, answer, reply=True), reply)
+
+    def _merge_now(self, action: Merge) -> None:
+        """Merge a reply's records (durable before the session hears of them)."""
+        now = time.monotonic()
         try:
-            if isinstance(message, Records):
-                self._accept_records(env, message)
-            else:
-                self._handle(peer, message, reply)
-        except _Refused as exc:
-            self._refuse(peer, exc.reason, exc)
+            report = self.shard.merge(action.records, after=action.after)
         except SyncError as exc:
-            self._refuse(peer, "refused", exc)
-        except StorageError:
+            self._carry(self.session.merge_refused(action, str(exc), now=now))
+            return
+        except StorageError as exc:
             # Not the peer's fault; the shard logged it. What was not written is not held,
             # so pulls and catch-ups ask for it again.
             self.counters["storage.write-failed"] += 1
+            self._carry(self.session.merge_failed(action, str(exc), now=now))
+            return
+        self._merged(report, action.peer)
+        self._carry(self.session.merged(action, report.accepted, now=now))
 
-    def _accept_records(self, env: Envelope, message: Records) -> None:
-        if env.recipient is not None:
-            raise _Refused("not-broadcast", "records are accepted unasked only by broadcast; "
-                           "replies to pulls and catch-ups carry them otherwise")
-        for record in message.records:
-            if key_name(record.origin) != key_name(env.sender):
-                raise _Refused("wrong-origin", f"{env.sender} broadcast a record written by "
-                               f"{record.origin}: a node broadcasts only its own records")
-        self._inbound.append((env.sender, message))
-        if not self._merge_scheduled:
+    def _merge_later(self, action: Merge) -> None:
+        """Queue broadcast records for this loop iteration's batch."""
+        self._inbound.append(action)
+        if not self._merge_scheduled and self._loop is not None:
             self._merge_scheduled = True
-            asyncio.get_running_loop().call_soon(self._merge_inbound)
+            self._loop.call_soon(self._merge_inbound)
+
+    def _rearm(self) -> None:
+        """Have the one timer fire no later than the session's next deadline."""
+        if self._timer is not None:
+            self._timer.wake_by(self.session.next_deadline())
+
+    def _on_timer(self, now: float) -> None:
+        try:
+            self._carry(self.session.timer(now))
+        except Exception:
+            log.exception("knowledge timer failed")
+            self._rearm()
+
+    def _refuse(self, peer: str, reason: str, detail: str) -> None:
+        self.node.count_drop("sync." + reason, peer)
+        if (reason, peer) in self._refusals_logged or len(self._refusals_logged) > 10_000:
+            log.debug("refused sync from %s (%s): %s", peer, reason, detail)
+            return
+        self._refusals_logged.add((reason, peer))
+        log.warning("refused a sync message from %s (%s): %s (further refusals of this kind "
+                    "from %s are only counted)", peer, reason, detail, peer)
+
+    # -- what the node hands over ----------------------------------------------------------
+
+    def _on_sync(self, env: Envelope, payload: bytes, reply: Reply) -> None:
+        self._use_keys()
+        self._carry(self.session.receive(env.sender, payload,
+                                         broadcast=env.recipient is None,
+                                         now=time.monotonic()), reply)
+
+    def _on_unsupported(self, env: Envelope, payload: bytes, reply: Reply) -> None:
+        """A peer runs no knowledge replica (the human's seat, a tool): never ask it."""
+        self._carry(self.session.peer_without_replica(env.sender, now=time.monotonic()))
+
+    def _on_peer(self, event: PeerEvent) -> None:
+        now = time.monotonic()
+        if event.kind is PeerEventKind.JOINED:
+            self._carry(self.session.peer_joined(
+                event.peer.name, seat=event.peer.advert.role == C.ROLE_SEAT, now=now))
+        elif event.kind is PeerEventKind.LEFT:
+            self._carry(self.session.peer_left(event.peer.name, now=now))
 
     def _merge_inbound(self) -> None:
         """Merge the broadcast records of this loop iteration as one batch."""
@@ -565,11 +592,11 @@ class Knowledge:
         inbound, self._inbound = self._inbound, []
         if not inbound or self._closed:
             return
+        now = time.monotonic()
         try:
-            # Synced behind, off the loop (see _flush_behind): broadcast records are
+            # Synced behind, off the loop (see _flush_soon): broadcast records are
             # acknowledged to no one, and the shard serves none before its sync.
-            report = self.shard.merge([r for _, m in inbound for r in m.records],
-                                      durable=False)
+            report = self.shard.merge([r for m in inbound for r in m.records], durable=False)
             self._flush_soon()
         except StorageError:
             # Nothing of the batch is held: gap pulls and digests bring it again later.
@@ -577,16 +604,19 @@ class Knowledge:
             return
         except SyncError:
             # Someone sent a record that cannot go in; find out who, keep the others.
-            report = None
-            for peer, message in inbound:
+            for merge in inbound:
                 try:
-                    self._merged(self.shard.merge(message.records), peer)
+                    one = self.shard.merge(merge.records)
                 except SyncError as exc:
-                    self._refuse(peer, "refused", exc)
+                    self._carry(self.session.merge_refused(merge, str(exc), now=now))
                 except StorageError:
                     self.counters["storage.write-failed"] += 1
-        if report is not None:
-            self._merged(report, inbound[-1][0], broadcast=True)
+                else:
+                    self._merged(one, merge.peer)
+                    self._carry(self.session.merged(merge, one.accepted, now=now))
+            return
+        self._merged(report, inbound[-1].peer, broadcast=True)
+        self._carry(self.session.merged(inbound[-1], report.accepted, now=now))
 
     def _sync_journal(self) -> asyncio.Future[None]:
         """A future done once a journal sync that starts after this call has ended.
@@ -633,7 +663,6 @@ class Knowledge:
         self.counters["merged.records"] += report.accepted
         self.counters["merged.duplicates"] += report.duplicates
         if report.accepted:
-            self._pull_gaps(prefer=peer)
             self._notify("merged", report)
             self._wake()
 
@@ -666,234 +695,6 @@ class Knowledge:
                     f"{refused.reason} (it does not carry {refused.origin}'s signature)",
                     peer=refused.origin)
 
-    def _handle(self, peer: str, message: SyncMessage, reply: Reply) -> None:
-        asked: SyncMessage | None = None
-        key = _asked_key(message)
-        is_reply = isinstance(message, PullReply | CatchupChunk | BucketEntries)
-        if is_reply:
-            entry = self._asked.get((peer, key or ()))
-            if entry is None:
-                raise _Refused("unasked", f"{type(message).__name__} that was not asked for "
-                               "(or came too late)")
-            asked = entry[0]
-        if (isinstance(message, CatchupChunk) and isinstance(asked, CatchupRequest)
-                and message.done != asked.done + len(message.records)):
-            # The answer to an earlier request of this catch-up that timed out: the one
-            # now asked for is still on its way.
-            raise _Refused("stale", f"catch-up chunk ending at {message.done} does not follow "
-                           f"{asked.done}: a late answer to an earlier request")
-        if isinstance(message, BucketEntries):
-            message = self._without_conflicts(peer, message)
-        prefetched = False
-        if (isinstance(message, CatchupChunk) and isinstance(asked, CatchupRequest)
-                and message.cursor is not None):
-            # Ask for the next chunk before merging this one, so that the peer reads it
-            # from its journal meanwhile (the request the shard would make next).
-            self._send(peer, CatchupRequest(asked.vv, message.cursor, message.done,
-                                            asked.limit))
-            prefetched = True
-        try:
-            outcome = self.shard.handle(message, asked=asked)
-        except SyncError as exc:
-            if isinstance(message, CatchupChunk):
-                self._catchup_failed(peer, str(exc))
-            raise _Refused("refused", str(exc)) from None
-        except StorageError as exc:
-            if isinstance(message, CatchupChunk):
-                self._catchup_failed(peer, str(exc))
-            raise
-        if is_reply and not prefetched:
-            self._asked.pop((peer, key or ()), None)
-        if isinstance(message, PullReply):
-            probe = self._probes.get((peer, key or ()))
-            if probe is not None and not probe.done():
-                probe.set_result(bool(message.records))
-        if outcome.merged is not None:
-            self._merged(outcome.merged, peer)
-        if outcome.progress is not None:
-            self.progress = outcome.progress
-            done, total = outcome.progress
-            log.info("catch-up from %s: %d/%d records", peer, done, total)
-            self._notify("progress", outcome.progress)
-        replies = outcome.replies
-        if isinstance(message, BucketEntries) and len(replies) > CATCHUP_AFTER_PULLS:
-            # Much is missing: one catch-up brings it in order, in a few large chunks.
-            self._caught_up.discard(peer)
-            self._queue_catchup(peer)
-            replies = ()
-        for out in replies:
-            if prefetched and isinstance(out, CatchupRequest):
-                continue  # asked for already
-            asking = isinstance(out, PullRequest | CatchupRequest)
-            self._send(peer, out, None if asking else reply)
-        if isinstance(message, Digest) and outcome.replies:
-            # The digests differ: let the peer list what it has for us too.
-            self._send_digest(peer, reply_only_if_due=True)
-        if isinstance(message, CatchupChunk) and outcome.finished:
-            self._catchup_done(peer)
-
-    def _without_conflicts(self, peer: str, listing: BucketEntries) -> BucketEntries:
-        """The listing without the entries that conflict with records held here.
-
-        Two honest replicas can hold different records at one ``(origin, seq)`` when a
-        forging node fed them different versions. Those slots can never agree, but they
-        must not stop the rest of the listing from repairing both sides.
-        """
-        mine = {(o, s): k for o, s, k in self.shard.state.bucket_entries(
-            listing.buckets).entries}
-        keep = tuple(e for e in listing.entries if mine.get((e[0], e[1]), e[2]) == e[2])
-        if len(keep) == len(listing.entries):
-            return listing
-        clash = next(e for e in listing.entries if mine.get((e[0], e[1]), e[2]) != e[2])
-        self._refuse(peer, "conflict", SyncError(
-            f"{len(listing.entries) - len(keep)} listed record(s) differ from those held "
-            f"here, e.g. ({clash[0]}, {clash[1]}): a node fed them forged records"))
-        return BucketEntries(listing.buckets, keep, listing.more)
-
-    def _pull_gaps(self, *, prefer: str | None = None) -> None:
-        if self._catchup_peer is not None:
-            return  # the catch-up brings them
-        connected = self._sync_peers()
-        if not connected:
-            return
-        for request in self.shard.missing_ranges():
-            key = _asked_key(request)
-            if any((p, key) in self._asked for p in connected):
-                continue
-            if request.origin in connected:
-                target = request.origin
-            elif prefer in connected and prefer is not None:
-                target = prefer
-            else:
-                target = connected[next(self._rr) % len(connected)]
-            self._send(target, request)
-
-    # -- catch-up and anti-entropy ---------------------------------------------------------
-
-    def _on_peer(self, event: PeerEvent) -> None:
-        name = event.peer.name
-        if event.kind is PeerEventKind.JOINED:
-            self._catchup_failures.pop(name, None)
-            self._queue_catchup(name)
-        elif event.kind is PeerEventKind.LEFT:
-            for key in [k for k in self._asked if k[0] == name]:
-                del self._asked[key]
-            self._caught_up.discard(name)
-            self._answered.discard(name)
-            self._no_sync.pop(name, None)  # a restarted peer may run a replica now
-            self._digest_sent.pop(name, None)
-            with contextlib.suppress(ValueError):
-                self._catchup_queue.remove(name)
-            if self._catchup_peer == name:
-                self._catchup_peer = None
-                self._next_catchup()
-
-    def _is_seat(self, name: str) -> bool:
-        """A short-lived command-line seat: its replica is a throw-away copy of ours."""
-        info = self.node.peer(name)
-        return info is not None and info.advert.role == C.ROLE_SEAT
-
-    def _queue_catchup(self, name: str) -> None:
-        if (name in self._caught_up or name in self._catchup_queue
-                or name == self._catchup_peer or name in self._no_sync
-                or self._is_seat(name)):
-            return
-        self._catchup_queue.append(name)
-        self._next_catchup()
-
-    def _next_catchup(self) -> None:
-        while self._catchup_peer is None and self._catchup_queue:
-            name = self._catchup_queue.popleft()
-            if self.node.peer(name) is None:
-                continue
-            self._catchup_peer = name
-            self.progress = (0, 0)
-            self._send(name, self.shard.catchup_request(limit=CATCHUP_CHUNK))
-            if (name, ("catchup",)) not in self._asked:  # could not be sent
-                self._catchup_peer = None
-
-    def _catchup_done(self, peer: str) -> None:
-        self._caught_up.add(peer)
-        self._catchup_peer = None
-        self._catchup_failures.pop(peer, None)
-        self.counters["catchups"] += 1
-        self._notify("caught-up", peer)
-        self._wake()
-        self._next_catchup()
-        self._pull_gaps()
-
-    def _on_unsupported(self, env: Envelope, payload: bytes, reply: Reply) -> None:
-        """A peer runs no knowledge replica (the human's seat, a tool): never ask it."""
-        peer = env.sender
-        self._answered.add(peer)
-        self._no_sync[peer] = time.monotonic() + NO_SYNC_BACKOFF
-        for key in [k for k in self._asked if k[0] == peer]:
-            del self._asked[key]
-        if self._catchup_peer == peer:
-            self._catchup_peer = None
-            self._next_catchup()
-
-    def _sync_peers(self) -> list[str]:
-        """Connected peers that run a knowledge replica (as far as we know), seats aside."""
-        return sorted(p.name for p in self.node.peers()
-                      if p.name not in self._no_sync and p.advert.role != C.ROLE_SEAT)
-
-    def _catchup_failed(self, peer: str, why: str) -> None:
-        """A chunk was refused or never came: start that peer's catch-up over, or skip it."""
-        self._asked.pop((peer, ("catchup",)), None)
-        if self._catchup_peer != peer:
-            return
-        self._catchup_peer = None
-        self._catchup_failures[peer] += 1
-        if self._catchup_failures[peer] >= CATCHUP_ATTEMPTS:
-            log.warning("giving up catch-up from %s after %d attempts (%s); anti-entropy "
-                        "goes on", peer, CATCHUP_ATTEMPTS, why)
-            self.counters["catchup.abandoned"] += 1
-        else:
-            self._catchup_queue.appendleft(peer)
-        self._next_catchup()
-
-    def _send_digest(self, peer: str, *, reply_only_if_due: bool = False) -> None:
-        now = time.monotonic()
-        if reply_only_if_due and now - self._digest_sent.get(peer, 0.0) < (
-                self.anti_entropy_interval / 2):
-            return
-        self._digest_sent[peer] = now
-        self._send(peer, self.shard.digest())
-
-    async def _tick_loop(self) -> None:
-        last_digest = time.monotonic()
-        while True:
-            await asyncio.sleep(min(_TICK, self.anti_entropy_interval))
-            try:
-                self._tick(time.monotonic(), last_digest)
-                if time.monotonic() - last_digest >= self.anti_entropy_interval:
-                    last_digest = time.monotonic()
-            except Exception:
-                log.exception("knowledge tick failed")
-
-    def _tick(self, now: float, last_digest: float) -> None:
-        for key, (message, sent) in list(self._asked.items()):
-            limit = (self.catchup_timeout if isinstance(message, CatchupRequest)
-                     else self.request_timeout)
-            if now - sent <= limit:
-                continue
-            del self._asked[key]
-            if isinstance(message, Digest):
-                continue  # equal digests get no answer: nothing to time out
-            self.counters["timeout." + type(message).__name__] += 1
-            if isinstance(message, CatchupRequest):
-                self._catchup_failed(key[0], "no answer")
-        for peer, until in list(self._no_sync.items()):
-            if now >= until:
-                del self._no_sync[peer]
-                self._queue_catchup(peer)
-        self._pull_gaps()
-        if self._catchup_peer is None and now - last_digest >= self.anti_entropy_interval:
-            peers = self._sync_peers()
-            if peers:
-                self._send_digest(peers[next(self._rr) % len(peers)])
-
     def add_listener(self, listener: Callable[[str, Any], None]) -> Callable[[], None]:
         """Call ``listener(event, detail)`` on the loop thread: ``merged`` (a
         :class:`~porter_mesh.adapters.shard.MergeReport`), ``progress`` (``(done,
@@ -922,7 +723,7 @@ class Knowledge:
         return {"observations": state.observation_records,
                 "retractions": state.retraction_records,
                 "origins": len(state.version_vector()), "digest": state.digest().top.hex(),
-                "data_dir": str(self.shard.data_dir), "catching_up_from": self._catchup_peer,
+                "data_dir": str(self.shard.data_dir), "catching_up_from": self.session.catchup_peer,
                 "write_failures": self.shard.write_failures,
                 "forged": sum(self.refused_by_origin.values())}
 

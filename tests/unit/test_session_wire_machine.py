@@ -15,17 +15,18 @@ from collections import Counter
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from porter_mesh.core.session.endpoint import DirectFrame
 from tests.unit.session_wire import Wire
+from tests.unit.wire_faults import WireFaults
 
 NAMES = ("a", "b", "c")
 TIMEOUT = 6.0
 names = st.sampled_from(NAMES)
 
 
-class WireMachine(RuleBasedStateMachine):
+class WireMachine(WireFaults):
     """Random traffic over a hostile wire; the rules hold whatever it does."""
 
     @initialize()
@@ -34,9 +35,6 @@ class WireMachine(RuleBasedStateMachine):
         self.wire = Wire(*NAMES, key_window=10_000.0)
         self.wire.advance(0.1)
         self.keys = 0
-
-    def _pick(self, index: int) -> int:
-        return index % len(self.wire.in_flight)
 
     @rule(src=names, dst=names, keyed=st.booleans(), repeat_key=st.booleans(),
           count=st.integers(1, 3))
@@ -49,27 +47,6 @@ class WireMachine(RuleBasedStateMachine):
                 self.keys += 1
             key = f"key-{self.keys}"
         self.wire.send(src, dst, timeout=TIMEOUT, key=key, count=count)
-
-    @precondition(lambda self: self.wire.in_flight)
-    @rule(index=st.integers(0, 1 << 16))
-    def drop(self, index: int) -> None:
-        del self.wire.in_flight[self._pick(index)]
-
-    @precondition(lambda self: self.wire.in_flight)
-    @rule(index=st.integers(0, 1 << 16), delay=st.floats(0.0, 3.0))
-    def duplicate(self, index: int, delay: float) -> None:
-        item = self.wire.in_flight[self._pick(index)]
-        self.wire.in_flight.append(type(item)(item.at + delay, -1, item.dest, item.frame))
-
-    @precondition(lambda self: self.wire.in_flight)
-    @rule(index=st.integers(0, 1 << 16), delay=st.floats(0.1, 5.0))
-    def delay(self, index: int, delay: float) -> None:
-        self.wire.in_flight[self._pick(index)].at += delay
-
-    @precondition(lambda self: self.wire.in_flight)
-    @rule(index=st.integers(0, 1 << 16))
-    def deliver_out_of_order(self, index: int) -> None:
-        self.wire.arrive(self.wire.in_flight[self._pick(index)])
 
     @rule(seconds=st.floats(0.0, 2.0))
     def advance(self, seconds: float) -> None:

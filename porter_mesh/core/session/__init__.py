@@ -6,5 +6,8 @@ times and say what to do, with no socket, no event loop and no clock of their ow
   held, or refused for want of room), which the node carries out;
 * :mod:`.endpoint`: one node's end composed of those pure pieces and the outbox, the
   sequence trackers and the roster (sending, receiving, broadcasts), returning ordered
-  actions; the unit tests drive endpoints over an in-memory wire.
+  actions; the unit tests drive endpoints over an in-memory wire;
+* :mod:`.sync`: knowledge sync (asked ranges, the catch-up queue, gap pulls, digests,
+  refusals, timeouts) over the replica's state, returning ordered actions for the
+  knowledge driver; its unit tests drive sessions over real shards on an in-memory wire.
 """

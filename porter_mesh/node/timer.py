@@ -1,0 +1,59 @@
+"""One asyncio timer kept at the earliest deadline a pure session asks for.
+
+A session says when it next needs to be woken (``next_deadline()``, monotonic seconds);
+its driver asks this timer to fire no later than that after every step. The timer only
+ever moves earlier: a deadline that went away (an answered request) leaves it where it
+is, and that wake-up, finding nothing due, arms it for what remains, which costs less
+than moving it on every answer. ``inf`` arms nothing, so an idle session costs no
+wake-up at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+
+__all__ = ["DeadlineTimer"]
+
+
+class DeadlineTimer:
+    """Calls ``fire(now)`` on the loop thread once the earliest deadline asked is due.
+
+    Args:
+        loop: the loop to arm the timer on.
+        fire: called with the monotonic time (never earlier than the deadline armed).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fire: Callable[[float], None]) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = loop
+        self._fire = fire
+        self._handle: asyncio.TimerHandle | None = None
+        self._at = math.inf
+
+    def wake_by(self, due: float) -> None:
+        """Fire no later than ``due`` (monotonic seconds; ``inf`` asks for nothing)."""
+        loop = self._loop
+        if loop is None or due >= self._at:
+            return
+        if self._handle is not None:
+            self._handle.cancel()
+        self._at = due
+        # The loop's clock may not be time.monotonic(): convert through the delay.
+        self._handle = loop.call_at(loop.time() + max(0.0, due - time.monotonic()),
+                                    self._on_due)
+
+    def close(self) -> None:
+        """Cancel the timer; it is never armed again."""
+        self._loop = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _on_due(self) -> None:
+        self._handle = None
+        armed_at, self._at = self._at, math.inf
+        if self._loop is not None:
+            # Never earlier than asked: the loop may fire a hair before (clock resolution).
+            self._fire(max(time.monotonic(), armed_at))
