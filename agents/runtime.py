@@ -43,6 +43,7 @@ from porter_mesh.errors import ConfigError, OperationTimeout, PorterError
 from porter_mesh.node.cancel import LEDGER_FILE, watch_tasks
 from porter_mesh.node.config import knowledge_dir
 from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
+from porter_mesh.node.node import Node
 from porter_mesh.node.port import NodePort
 from porter_mesh.node.sync import SyncNode
 from porter_mesh.tools.external import ExternalTools
@@ -234,7 +235,18 @@ def run(args: argparse.Namespace) -> int:
     # Tracing before the node: a command's seat may hand this agent its spans
     # (spans-keep) as soon as it is reached, and the exporter's import takes a while.
     tracing = start_tracing(args.name)
+    traces = TaskTracer(args.name, tracing.tracer if tracing is not None else None)
+
+    def prepare(mesh_node: Node) -> None:
+        # Before the node starts: the dashboard asks a newcomer for its view as soon as
+        # it joins, and a command's seat may hand it its spans at once.
+        mesh_node.view_sections["agent"] = _metrics_of(brain)
+        mesh_node.view_sections["service"] = traces.metrics.snapshot
+        if tracing is not None:
+            serve_spans(mesh_node, tracing.ring)
+
     node = SyncNode(
+        prepare=prepare,
         name=args.name, role=args.role, mesh=args.mesh,
         interfaces=tuple(args.interfaces or ("127.0.0.1",)), seeds=tuple(args.peers),
         data_dir=data_dir, slots=args.slots if args.role == "worker" else 0,
@@ -242,12 +254,6 @@ def run(args: argparse.Namespace) -> int:
         evasive_after=args.evasive_after, expire_after=args.expire_after,
         **extra,
     )
-    # At once: the dashboard asks a newcomer for its view as soon as it joins.
-    node.node.view_sections["agent"] = _metrics_of(brain)
-    if tracing is not None:
-        serve_spans(node.node, tracing.ring)
-    traces = TaskTracer(args.name, tracing.tracer if tracing is not None else None)
-    node.node.view_sections["service"] = traces.metrics.snapshot
     metrics = start_metrics(args.name, traces.metrics.snapshot)  # OTLP, when configured
     if args.traceparent:
         traces.adopt(TraceContext(args.traceparent))

@@ -39,6 +39,10 @@ class SyncNode:
             every message, those a restart delivers again included. A handler added
             later with :meth:`add_handler` misses those on a node with an inbox.
         batch_handlers: batch handlers installed the same way.
+        prepare: called with the :class:`Node` on its loop thread before it starts:
+            register extension kinds (:meth:`Node.register_kind`) and view sections
+            there, so that a peer that asks at once (a command's seat handing its spans,
+            a dashboard asking a newcomer for its view) finds them.
 
     Raises:
         OperationTimeout: the node did not start in time.
@@ -47,6 +51,7 @@ class SyncNode:
     def __init__(self, config: NodeConfig | None = None, *, start_timeout: float = 30.0,
                  handlers: Iterable[Callable[[Message], None]] = (),
                  batch_handlers: Iterable[Callable[[list[Message]], None]] = (),
+                 prepare: Callable[[Node], None] | None = None,
                  **settings: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -56,7 +61,7 @@ class SyncNode:
         self._closed = False
         try:
             self.node = self._call(
-                self._make(config, list(handlers), list(batch_handlers), settings),
+                self._make(config, list(handlers), list(batch_handlers), prepare, settings),
                 start_timeout)
         except BaseException:
             self._stop_loop()
@@ -65,8 +70,11 @@ class SyncNode:
     async def _make(self, config: NodeConfig | None,
                     handlers: list[Callable[[Message], None]],
                     batch_handlers: list[Callable[[list[Message]], None]],
+                    prepare: Callable[[Node], None] | None,
                     settings: dict[str, Any]) -> Node:
         node = Node(config, handlers=handlers, batch_handlers=batch_handlers, **settings)
+        if prepare is not None:
+            prepare(node)
         await node.astart()
         return node
 

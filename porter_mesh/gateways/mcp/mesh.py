@@ -38,7 +38,7 @@ from porter_mesh.errors import OperationTimeout
 from porter_mesh.node.cancel import LEDGER_FILE, watch_tasks
 from porter_mesh.node.config import NodeConfig, knowledge_dir
 from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
-from porter_mesh.node.node import Message
+from porter_mesh.node.node import Message, Node
 from porter_mesh.node.port import NodePort
 from porter_mesh.node.sync import SyncNode
 from porter_mesh.tools.external import ExternalTools
@@ -153,13 +153,11 @@ class GatewayAgent:
         # handed to traces.adopt() by the server. Tracing before the node: a seat that
         # reaches it at once may hand it its spans.
         self.tracing = start_tracing(config.name)
-        self.node = SyncNode(config)
-        if self.tracing is not None:
-            serve_spans(self.node.node, self.tracing.ring)
-        self.knowledge: SyncKnowledge | None = None
         self.traces = TaskTracer(config.name,
                                  self.tracing.tracer if self.tracing is not None else None)
-        self.node.node.view_sections["service"] = self.traces.metrics.snapshot
+        self.node = SyncNode(config, prepare=self._prepare)
+        self.knowledge: SyncKnowledge | None = None
+
         self.metrics = start_metrics(config.name, self.traces.metrics.snapshot)
         try:
             if knowledge and config.data_dir is not None:
@@ -178,6 +176,12 @@ class GatewayAgent:
         except BaseException:
             self.close()
             raise
+
+    def _prepare(self, node: Node) -> None:
+        """Before the node starts: what a peer may ask at once (spans, the view)."""
+        if self.tracing is not None:
+            serve_spans(node, self.tracing.ring)
+        node.view_sections["service"] = self.traces.metrics.snapshot
 
     @property
     def name(self) -> str:
