@@ -21,7 +21,8 @@ from typing import Any
 
 from porter_mesh.tracing.ring import CONTINUED, SpanRecord
 
-__all__ = ["Row", "Waterfall", "build_waterfall", "render_waterfall", "waterfall_json"]
+__all__ = ["Row", "Waterfall", "build_waterfall", "record_problem", "render_waterfall",
+           "waterfall_json"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,30 @@ class Waterfall:
         return len(roots) == len(self.trace_ids) and all(
             len(rows) == 1 or all(_continued(r.record) for r in rows)
             for rows in roots.values())
+
+
+def record_problem(record: object) -> str | None:
+    """What keeps a span record from a peer out of a waterfall (``None``: it can be drawn).
+
+    Only the shape the drawing reads is checked (ids and name as strings, times as
+    integers, status text as strings, attributes as a map), not the limits of a record
+    handed over to keep: a peer's ring may hold long attributes of its own.
+    """
+    if not isinstance(record, dict):
+        return f"a span record must be an object, not {type(record).__name__}"
+    for key in ("trace_id", "span_id", "name"):
+        if not isinstance(record.get(key), str):
+            return f"{key} must be a string"
+    if not isinstance(record.get("parent_id"), str | None):
+        return "parent_id must be a string or null"
+    if not all(type(record.get(key)) is int for key in ("start_ns", "end_ns")):
+        return "start_ns and end_ns must be integers"
+    for key in ("service", "status", "status_message"):
+        if not isinstance(record.get(key, ""), str):
+            return f"{key} must be a string"
+    if not isinstance(record.get("attributes", {}), dict):
+        return "attributes must be an object"
+    return None
 
 
 def build_waterfall(records: Iterable[SpanRecord], notes: Sequence[str] = ()) -> Waterfall:
