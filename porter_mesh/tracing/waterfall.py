@@ -160,7 +160,7 @@ def build_waterfall(records: Iterable[SpanRecord], notes: Sequence[str] = ()) ->
             node = max(kids, key=lambda r: subtree_end[r["span_id"]] - r["start_ns"],
                        default=None)
 
-    def walk(record: SpanRecord, depth: int) -> None:
+    def row(record: SpanRecord, depth: int) -> None:
         status = "running" if record.get("open") else record.get("status", "unset")
         if record.get("status_message"):
             status = f"{status}: {record['status_message']}"
@@ -171,11 +171,14 @@ def build_waterfall(records: Iterable[SpanRecord], notes: Sequence[str] = ()) ->
             status=status, slowest=record["span_id"] in slowest,
             orphan=(depth == 0 and record.get("parent_id") is not None
                     and not _continued(record)), record=record))
-        for child in children.get(record["span_id"], []):
-            walk(child, depth + 1)
 
-    for root in roots:
-        walk(root, 0)
+    # Depth first with a stack of its own: a chain of spans a peer sent may be deeper
+    # than the interpreter's.
+    stack = [(root, 0) for root in reversed(roots)]
+    while stack:
+        record, depth = stack.pop()
+        row(record, depth)
+        stack += [(child, depth + 1) for child in reversed(children.get(record["span_id"], []))]
     return result
 
 

@@ -3,6 +3,7 @@ the task spans made through the real SDK."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -91,6 +92,17 @@ def test_the_waterfall_marks_the_slowest_path_and_names_what_is_missing() -> Non
     assert "note: agent z: no answer" in text
     assert build_waterfall(spans[:5]).complete
     assert "no spans found" in render_waterfall(build_waterfall([]))
+
+
+def test_a_chain_of_spans_deeper_than_the_stack_is_drawn() -> None:
+    # One reply may hold thousands of small records; a peer that chains them must not
+    # make the waterfall blow the interpreter's stack.
+    depth = 3 * sys.getrecursionlimit()
+    spans = [record(f"s{i}", f"s{i - 1}" if i else None, i, 2 * depth - i)
+             for i in range(depth)]
+    waterfall = build_waterfall(spans)
+    assert [r.depth for r in waterfall.rows] == list(range(depth))
+    assert all(r.slowest for r in waterfall.rows) and waterfall.complete
 
 
 def tracer_and_spans() -> tuple[TaskTracer, InMemorySpanExporter, SpanRing]:
