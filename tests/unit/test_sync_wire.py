@@ -449,3 +449,19 @@ def test_settings_out_of_range_are_refused(tmp_path: pathlib.Path,
     with pytest.raises(SyncError, match="catchup_chunk"):
         SyncSession(state, anti_entropy_interval=1, request_timeout=1, catchup_timeout=1,
                     now=0.0, catchup_chunk=0)
+
+
+def test_a_range_in_flight_is_not_asked_again(tmp_path: pathlib.Path,
+                                              wires: list[SyncWire]) -> None:
+    wire = make(wires, tmp_path, "a", "c")
+    wire.advance(0.5)
+    wire.fault = lambda item: [] if item.broadcast else [0.01]
+    wire.write("a", 1, prefix="lost")
+    # Pull replies take longer than a digest's turn but less than a request's timeout.
+    wire.fault = lambda item: [0.9] if isinstance(item.message(), PullReply) else [0.01]
+    wire.write("a", 1, prefix="after")
+    wire.advance(2.0)
+    assert held(wire, "c") == {"a": 2} and wire.digests()["c"] == wire.digests()["a"]
+    assert wire.sent("c", PullRequest) == [PullRequest("a", 1, 1)]
+    c = wire.nodes["c"]
+    assert c.counters["timeout.PullRequest"] == 0 and c.refused == {}

@@ -508,7 +508,8 @@ class SyncSession:
             self._caught_up.discard(peer)
             return actions + self._queue_catchup(peer, now)
         for pull in pulls:
-            actions += self._send(peer, pull, now)
+            if not self._in_flight(pull):  # else its answer would come twice, one unasked
+                actions += self._send(peer, pull, now)
         return actions
 
     # -- the storage's answers --------------------------------------------------------
@@ -626,8 +627,7 @@ class SyncSession:
             return []
         actions: list[SyncAction] = []
         for request in self.state.missing_ranges():
-            key = _asked_key(request)
-            if any((p, key) in self._asked for p in connected):
+            if self._in_flight(request):
                 continue
             if request.origin in connected:
                 target = request.origin
@@ -637,6 +637,12 @@ class SyncSession:
                 target = connected[next(self._rr) % len(connected)]
             actions += self._send(target, request, now)
         return actions
+
+    def _in_flight(self, request: PullRequest) -> bool:
+        """Whether ``request``'s range is asked of a peer already (a range is asked of one
+        peer at a time; once answered or timed out it may be asked again)."""
+        key = _asked_key(request)
+        return any((p, key) in self._asked for p in self._peers)
 
     def _queue_catchup(self, peer: str, now: float) -> list[SyncAction]:
         if (peer in self._caught_up or peer in self._catchup_queue
