@@ -451,6 +451,15 @@ def test_settings_out_of_range_are_refused(tmp_path: pathlib.Path,
                     now=0.0, catchup_chunk=0)
 
 
+def test_a_seat_is_never_caught_up_from_nor_sent_a_digest(
+        tmp_path: pathlib.Path, wires: list[SyncWire]) -> None:
+    wire = make(wires, tmp_path, "a")
+    a = wire.nodes["a"].session
+    assert a.peer_joined("porter-ui-1", seat=True, now=wire.now) == []
+    assert a.catchup_peer is None and a.next_deadline() == math.inf
+    assert a.timer(wire.now + 10.0) == []
+
+
 def test_a_range_in_flight_is_not_asked_again(tmp_path: pathlib.Path,
                                               wires: list[SyncWire]) -> None:
     wire = make(wires, tmp_path, "a", "c")
