@@ -474,3 +474,33 @@ def test_a_range_in_flight_is_not_asked_again(tmp_path: pathlib.Path,
     assert wire.sent("c", PullRequest) == [PullRequest("a", 1, 1)]
     c = wire.nodes["c"]
     assert c.counters["timeout.PullRequest"] == 0 and c.refused == {}
+
+
+def test_a_listing_that_shows_much_missing_turns_into_a_catch_up(
+        tmp_path: pathlib.Path, wires: list[SyncWire]) -> None:
+    wire = make(wires, tmp_path, "a", "c", catchup_after_pulls=0)
+    wire.advance(0.5)
+    assert wire.nodes["c"].session.caught_up == {"a"}
+    wire.fault = lambda item: [] if item.broadcast else [0.01]
+    wire.write("a", 3, prefix="unseen")  # c learns of them only from a listing
+    wire.fault = None
+    wire.advance(3.0)
+    assert held(wire, "c") == {"a": 3} and wire.digests()["c"] == wire.digests()["a"]
+    assert wire.sent("c", PullRequest) == []  # one catch-up rather than pulls
+    assert len(wire.sent("c", CatchupRequest)) == 2  # on joining, then for the listing
+
+
+def test_listed_records_that_clash_with_held_ones_are_refused_and_the_rest_repairs(
+        tmp_path: pathlib.Path, wires: list[SyncWire]) -> None:
+    wire = make(wires, tmp_path, "a", "c")
+    wire.advance(0.5)
+    # A forger fed each side its own version of record (x, 1).
+    for dest, finding in (("a", "one version"), ("c", "another")):
+        wire.inject("x", dest, Records((Record("x", 1, Observation("urn:x", finding, "x",
+                                                                   T0)),)), broadcast=True)
+    wire.fault = lambda item: [] if item.broadcast else [0.01]
+    wire.write("a", 1, prefix="lost")  # a record c misses, listed beside the clash
+    wire.fault = None
+    wire.advance(3.0)
+    assert held(wire, "c") == held(wire, "a") == {"a": 1, "x": 1}
+    assert wire.nodes["c"].refused["conflict"] >= 1
