@@ -504,3 +504,29 @@ def test_listed_records_that_clash_with_held_ones_are_refused_and_the_rest_repai
     wire.advance(3.0)
     assert held(wire, "c") == held(wire, "a") == {"a": 1, "x": 1}
     assert wire.nodes["c"].refused["conflict"] >= 1
+
+
+def test_a_failed_attempt_starts_over_at_the_head_of_the_queue(
+        tmp_path: pathlib.Path, wires: list[SyncWire]) -> None:
+    wire = make(wires, tmp_path, "a", "b", catchup_chunk=5, anti_entropy_interval=100.0)
+    wire.write("a", 10)
+    wire.write("b", 10)
+    wire.advance(0.5)
+    wire.add("c")
+    lost: list[InFlight] = []
+
+    def lose_as_first_chunk(item: InFlight) -> list[float]:
+        if not lost and item.src == "a" and isinstance(item.message(), CatchupChunk):
+            lost.append(item)
+            return []
+        return [0.01]
+
+    wire.fault = lose_as_first_chunk
+    wire.join("c", "a")
+    wire.join("c", "b")  # queued behind a
+    wire.advance(10.0)
+    c = wire.nodes["c"]
+    starts = [a.peer for a in c.trace if isinstance(a, Send)
+              and isinstance(a.message, CatchupRequest) and a.message.cursor is None]
+    assert lost and starts == ["a", "a", "b"]  # a again first, b still waits its turn
+    assert c.session.caught_up == {"a", "b"} and held(wire, "c") == {"a": 10, "b": 10}
