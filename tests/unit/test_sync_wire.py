@@ -530,3 +530,28 @@ def test_a_failed_attempt_starts_over_at_the_head_of_the_queue(
               and isinstance(a.message, CatchupRequest) and a.message.cursor is None]
     assert lost and starts == ["a", "a", "b"]  # a again first, b still waits its turn
     assert c.session.caught_up == {"a", "b"} and held(wire, "c") == {"a": 10, "b": 10}
+
+
+def test_a_gap_is_asked_of_its_origin_while_it_is_connected(
+        tmp_path: pathlib.Path, wires: list[SyncWire]) -> None:
+    # Digests far apart: only the gap pulls and their timeouts act here.
+    wire = make(wires, tmp_path, "a", "b", "c", anti_entropy_interval=100.0)
+    wire.advance(0.5)
+    wire.fault = lambda item: [] if item.broadcast and item.dest == "c" else [0.01]
+    wire.write("a", 1, prefix="lost")
+    lost: list[InFlight] = []
+
+    def lose_three_replies(item: InFlight) -> list[float]:
+        if len(lost) < 3 and isinstance(item.message(), PullReply):
+            lost.append(item)
+            return []
+        return [0.01]
+
+    wire.fault = lose_three_replies
+    wire.write("a", 1, prefix="after")  # c sees the gap; its pulls time out three times
+    wire.advance(6.0)
+    c = wire.nodes["c"]
+    asked = [a.peer for a in c.trace if isinstance(a, Send)
+             and isinstance(a.message, PullRequest)]
+    assert len(lost) == 3 and asked == ["a"] * 4, asked
+    assert c.counters["timeout.PullRequest"] == 3 and held(wire, "c") == {"a": 2}
