@@ -555,3 +555,37 @@ def test_a_gap_is_asked_of_its_origin_while_it_is_connected(
              and isinstance(a.message, PullRequest)]
     assert len(lost) == 3 and asked == ["a"] * 4, asked
     assert c.counters["timeout.PullRequest"] == 3 and held(wire, "c") == {"a": 2}
+
+
+def test_a_peer_given_up_on_is_not_caught_up_from_again_until_it_joins_again(
+        tmp_path: pathlib.Path, wires: list[SyncWire]) -> None:
+    # Every pull a listing asks for would turn into a catch-up: the rule under test
+    # must hold against it.
+    wire = make(wires, tmp_path, "good", catchup_after_pulls=0)
+    wire.write("good", 10)
+    good = wire.nodes["good"].shard.state
+    asked: list[SyncMessage] = []
+
+    def listing_then_garbage(src: str, message: SyncMessage) -> list[bytes]:
+        # Garbage for every chunk; for every digest, good's records as its own listing.
+        asked.append(message)
+        if isinstance(message, CatchupRequest):
+            return [b"\xc1 garbage"]
+        if isinstance(message, Digest):
+            return [encode_sync(good.bucket_entries(good.differing_buckets(message)))]
+        return []
+
+    wire.add_hostile("evil", listing_then_garbage)
+    wire.add("victim")
+    wire.join("victim", "evil")
+    wire.advance(30.0)
+    victim = wire.nodes["victim"]
+    assert [(e.peer, e.attempts) for e in victim.events if isinstance(e, Abandoned)] == [
+        ("evil", CATCHUP_ATTEMPTS)]
+    assert sum(isinstance(m, CatchupRequest) for m in asked) == CATCHUP_ATTEMPTS
+    # Anti-entropy goes on with it: its listings are pulled, not caught up.
+    assert any(isinstance(m, Digest) for m in asked)
+    assert any(isinstance(m, PullRequest) for m in asked)
+    wire.leave("victim", "evil")
+    wire.join("victim", "evil")
+    assert victim.session.catchup_peer == "evil"  # joining again gives its attempts back

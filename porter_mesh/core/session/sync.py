@@ -503,7 +503,7 @@ class SyncSession:
                 f"here, e.g. ({clash[0]}, {clash[1]}): a node fed them forged records")))
             listing = BucketEntries(listing.buckets, keep, listing.more)
         pulls = self.state.lacking(listing)
-        if len(pulls) > self.catchup_after_pulls:
+        if len(pulls) > self.catchup_after_pulls and not self._given_up(peer):
             # Much is missing: one catch-up brings it in order, in a few large chunks.
             self._caught_up.discard(peer)
             return actions + self._queue_catchup(peer, now)
@@ -644,8 +644,13 @@ class SyncSession:
         key = _asked_key(request)
         return any((p, key) in self._asked for p in self._peers)
 
+    def _given_up(self, peer: str) -> bool:
+        """Whether the catch-up from ``peer`` failed all its attempts (until it joins
+        again: anti-entropy with it goes on by pulls)."""
+        return self._catchup_failures[peer] >= self.catchup_attempts
+
     def _queue_catchup(self, peer: str, now: float) -> list[SyncAction]:
-        if (peer in self._caught_up or peer in self._catchup_queue
+        if (peer in self._caught_up or peer in self._catchup_queue or self._given_up(peer)
                 or peer == self._catchup_peer or peer in self._no_sync
                 or self._peers.get(peer, False)):
             return []
@@ -679,7 +684,7 @@ class SyncSession:
         self._catchup_peer = None
         self._catchup_failures[peer] += 1
         actions: list[SyncAction] = []
-        if self._catchup_failures[peer] >= self.catchup_attempts:
+        if self._given_up(peer):
             actions += [Count("catchup.abandoned"),
                         Abandoned(peer, self.catchup_attempts, why)]
         else:
