@@ -53,9 +53,10 @@ The rules (they were spread over the node's driver and the shard before):
   robin (not while a catch-up runs). A peer whose digest differs gets the listing of the
   differing buckets back, and this session's own digest (at most once per half
   interval), so one exchange repairs both sides. A listing that shows more than
-  ``catchup_after_pulls`` ranges missing turns into a catch-up from that peer; entries
-  that clash with records held here (a forger fed one side) are left out and refused
-  (``conflict``) so that the rest still repairs.
+  ``catchup_after_pulls`` ranges missing turns into a catch-up from that peer (into
+  pulls, when its catch-up was given up); a range already asked of a peer is not asked
+  again; entries that clash with records held here (a forger fed one side) are left out
+  and refused (``conflict``) so that the rest still repairs.
 * **Peers without a replica.** A peer that answers ``unsupported`` is left out of
   catch-ups, gap pulls and digests for ``no_sync_backoff`` seconds, then queued again (a
   node may attach its replica a moment after it starts).
