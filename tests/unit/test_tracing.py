@@ -356,6 +356,23 @@ def test_a_seats_spans_are_the_root_and_only_an_offer_starts_a_trace() -> None:
     assert carried is not None and carried.trace_id == TraceContext(TP).trace_id
 
 
+def test_a_long_lived_seat_remembers_only_the_traces_its_ring_can_hold() -> None:
+    # The dashboard and the A2A gateway are seats that run for weeks: what a seat keeps
+    # about its traces must stay within its ring's bound, however many it starts.
+    ring = SpanRing(max_spans=8)
+    provider = TracerProvider()
+    provider.add_span_processor(RingProcessor(ring))
+    seat = SeatSpans(Tracing(provider, ring, "porter-ui", exporting=False))
+    for i in range(100):
+        offer = Activity.from_dict({"type": "Offer", "actor": "porter-ui", "summary": "x",
+                                    "context": f"urn:porter:task:long{i}", "target": "w1"})
+        seat.sent(seat.sending("task:w1", offer)[1])
+    assert len(seat._trace_ids) <= ring.max_spans  # what it holds about its traces
+    # The newest are still found and handed over.
+    assert [r["attributes"]["porter.task.context"] for r in seat.records()] == [
+        f"urn:porter:task:long{i}" for i in range(92, 100)]
+
+
 def test_each_request_of_a_caller_may_root_the_trace_and_the_page_gets_the_rows() -> None:
     ms = 1_000_000
     offer = record("r1", "caller", 0, 10 * ms, **{CONTINUED: True})
