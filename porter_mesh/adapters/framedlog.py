@@ -19,8 +19,9 @@ is written and once each time it is read back.
 that is not whole and sound. What stopped it is a :class:`Damage`: a *torn* tail (the
 frame runs past the end of the file, its checksum fails and nothing follows it, or the
 rest of the file is zero bytes: what a write cut short by a crash leaves) or a *corrupt*
-frame (its checksum fails with more of the file after it: the file was damaged, not
-torn). An empty frame is never written, so a zero length marks the end too.
+frame (its checksum fails with more of the file after it, or its length is one no
+append writes: the file was damaged, not torn). An empty frame is never written, so a
+zero length marks the end too.
 :meth:`FramedLog.replay` cuts a torn tail off (``ftruncate``, synced) with a warning
 naming the bytes lost, and raises :class:`DamagedLogError` at a corrupt frame, cutting
 nothing: what follows may still matter, and the log's user decides.
@@ -178,8 +179,10 @@ class Frames:
         if pos + FRAME.size > len(data):
             return False  # not even a whole head: a write cut short
         length, _ = FRAME.unpack_from(data, pos)
-        if pos + FRAME.size + length >= len(data):
+        if 0 < length <= self._max and pos + FRAME.size + length >= len(data):
             return False  # the frame reaches the end: the last write, torn
+        # A length no append writes (past ``max_frame``) is a damaged head, wherever it
+        # points: cutting from there would drop the whole frames after it.
         # Zeros to the end: a file whose size grew before its data reached the disk.
         return data.count(0, pos) != len(data) - pos
 

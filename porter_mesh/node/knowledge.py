@@ -569,6 +569,11 @@ class Knowledge:
     # -- what the node hands over ----------------------------------------------------------
 
     def _on_sync(self, env: Envelope, payload: bytes, reply: Reply) -> None:
+        if self._loop is None:
+            # Closed (or closing) while the node runs on: its kind stays registered, but
+            # nothing may be queued for a merge, answered from or stored in a closed shard.
+            self.counters["dropped.closed"] += 1
+            return
         self._use_keys()
         self._carry(self.session.receive(env.sender, payload,
                                          broadcast=env.recipient is None,

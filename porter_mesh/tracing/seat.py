@@ -61,8 +61,12 @@ class SeatSpans:
         self.tracing = tracing
         self.origin = origin
         self.root: Span | None = None
-        self._trace_ids: set[str] = set()
-        self._handed: set[str] = set()  # span ids already handed over (send --count N)
+        # Its traces and the span ids already handed over (send --count N), oldest
+        # first. A long-lived seat (the dashboard, the A2A gateway) starts traces for
+        # weeks: each keeps no more ids than its ring holds spans, since the ring has
+        # nothing of the older ones.
+        self._trace_ids: dict[str, None] = {}
+        self._handed: dict[str, None] = {}
 
     @classmethod
     def start(cls, seat: str, origin: TraceContext | None = None) -> SeatSpans | None:
@@ -90,8 +94,16 @@ class SeatSpans:
             attributes[CONTINUED] = True
         span = self.tracing.tracer.start_span(name, context=parent, kind=kind,
                                               attributes=attributes)
-        self._trace_ids.add(f"{span.get_span_context().trace_id:032x}")
+        self._remember(self._trace_ids, [f"{span.get_span_context().trace_id:032x}"])
         return span
+
+    def _remember(self, ids: dict[str, None], new: list[str]) -> None:
+        """Add ``new`` to ``ids``, forgetting the oldest past the ring's bound."""
+        for one in new:
+            ids.pop(one, None)
+            ids[one] = None
+        for _ in range(len(ids) - self.tracing.ring.max_spans):
+            del ids[next(iter(ids))]
 
     def begin_request(self, recipient: str, activity: Activity) -> None:
         """Open ``request <recipient>``, the root of what ``request`` does."""
@@ -165,7 +177,7 @@ class SeatSpans:
         records = self.records()
         kept = await hand_spans(node, sorted(peers), records, timeout)
         if kept:
-            self._handed.update(r["span_id"] for r in records)
+            self._remember(self._handed, [r["span_id"] for r in records])
         return kept
 
     def close(self, timeout: float = 5.0) -> None:

@@ -32,7 +32,7 @@ from porter_mesh.errors import FrameError
 from porter_mesh.node.node import Node, Reply
 from porter_mesh.node.views import ViewClient
 from porter_mesh.tracing.ring import SpanRecord, SpanRing
-from porter_mesh.tracing.waterfall import Waterfall, build_waterfall
+from porter_mesh.tracing.waterfall import Waterfall, build_waterfall, record_problem
 
 __all__ = ["SpanClient", "gather_trace", "hand_spans", "serve_spans"]
 
@@ -120,6 +120,23 @@ class SpanClient:
         return await self._client.ask_all(peers, timeout, payload)
 
 
+def _drawable(answer: dict[str, Any]) -> tuple[list[SpanRecord], int, str | None]:
+    """The span records of a peer's answer that a waterfall can draw, how many others
+    it held, and what was wrong with the first of those (a peer's answer is its own:
+    a record without the fields the drawing reads must not stop the others')."""
+    spans = answer.get("spans")
+    drawable: list[SpanRecord] = []
+    left_out, first = 0, None
+    for record in spans if isinstance(spans, list) else ():
+        problem = record_problem(record)
+        if problem is None:
+            drawable.append(record)
+        else:
+            left_out += 1
+            first = first or problem
+    return drawable, left_out, first
+
+
 async def gather_trace(client: SpanClient, agents: list[str], timeout: float, *,
                        trace_ids: tuple[str, ...] = (), context: str | None = None,
                        own: SpanRing | None = None) -> Waterfall:
@@ -146,7 +163,7 @@ async def gather_trace(client: SpanClient, agents: list[str], timeout: float, *,
     if context is not None:
         found = sorted({r["trace_id"] for a in answers.values()
                         if not isinstance(a, BaseException)
-                        for r in a.get("spans", []) if isinstance(r, dict)}
+                        for r in _drawable(a)[0]}
                        | {r["trace_id"] for r in mine})[:MAX_SPAN_QUERY_IDS]
         if found:
             answers = await client.ask_all(agents, timeout, trace_ids=tuple(found))
@@ -159,7 +176,11 @@ async def gather_trace(client: SpanClient, agents: list[str], timeout: float, *,
                    else str(answer))
             notes.append(f"{name}: {why}; its spans are not shown")
             continue
-        records += [r for r in answer.get("spans", []) if isinstance(r, dict)]
+        drawable, left_out, problem = _drawable(answer)
+        records += drawable
+        if left_out:
+            notes.append(f"{name}: {left_out} span record(s) left out, not records "
+                         f"(e.g. {problem}); its version may differ from this one's")
         ring = answer.get("ring") or {}
         if ring.get("dropped"):
             notes.append(f"{name}: its ring dropped {ring['dropped']} older span(s) "

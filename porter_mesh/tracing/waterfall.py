@@ -21,7 +21,8 @@ from typing import Any
 
 from porter_mesh.tracing.ring import CONTINUED, SpanRecord
 
-__all__ = ["Row", "Waterfall", "build_waterfall", "render_waterfall", "waterfall_json"]
+__all__ = ["Row", "Waterfall", "build_waterfall", "record_problem", "render_waterfall",
+           "waterfall_json"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,30 @@ class Waterfall:
             for rows in roots.values())
 
 
+def record_problem(record: object) -> str | None:
+    """What keeps a span record from a peer out of a waterfall (``None``: it can be drawn).
+
+    Only the shape the drawing reads is checked (ids and name as strings, times as
+    integers, status text as strings, attributes as a map), not the limits of a record
+    handed over to keep: a peer's ring may hold long attributes of its own.
+    """
+    if not isinstance(record, dict):
+        return f"a span record must be an object, not {type(record).__name__}"
+    for key in ("trace_id", "span_id", "name"):
+        if not isinstance(record.get(key), str):
+            return f"{key} must be a string"
+    if not isinstance(record.get("parent_id"), str | None):
+        return "parent_id must be a string or null"
+    if not all(type(record.get(key)) is int for key in ("start_ns", "end_ns")):
+        return "start_ns and end_ns must be integers"
+    for key in ("service", "status", "status_message"):
+        if not isinstance(record.get(key, ""), str):
+            return f"{key} must be a string"
+    if not isinstance(record.get("attributes", {}), dict):
+        return "attributes must be an object"
+    return None
+
+
 def build_waterfall(records: Iterable[SpanRecord], notes: Sequence[str] = ()) -> Waterfall:
     """Arrange span records as a tree.
 
@@ -135,7 +160,7 @@ def build_waterfall(records: Iterable[SpanRecord], notes: Sequence[str] = ()) ->
             node = max(kids, key=lambda r: subtree_end[r["span_id"]] - r["start_ns"],
                        default=None)
 
-    def walk(record: SpanRecord, depth: int) -> None:
+    def row(record: SpanRecord, depth: int) -> None:
         status = "running" if record.get("open") else record.get("status", "unset")
         if record.get("status_message"):
             status = f"{status}: {record['status_message']}"
@@ -146,11 +171,14 @@ def build_waterfall(records: Iterable[SpanRecord], notes: Sequence[str] = ()) ->
             status=status, slowest=record["span_id"] in slowest,
             orphan=(depth == 0 and record.get("parent_id") is not None
                     and not _continued(record)), record=record))
-        for child in children.get(record["span_id"], []):
-            walk(child, depth + 1)
 
-    for root in roots:
-        walk(root, 0)
+    # Depth first with a stack of its own: a chain of spans a peer sent may be deeper
+    # than the interpreter's.
+    stack = [(root, 0) for root in reversed(roots)]
+    while stack:
+        record, depth = stack.pop()
+        row(record, depth)
+        stack += [(child, depth + 1) for child in reversed(children.get(record["span_id"], []))]
     return result
 
 

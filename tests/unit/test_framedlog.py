@@ -114,14 +114,22 @@ def test_zeros_past_the_last_frame_are_a_torn_tail(tmp_path: Path) -> None:
     assert path.stat().st_size == size
 
 
-def test_a_corrupt_frame_in_the_middle_stops_the_replay_and_says_so(tmp_path: Path) -> None:
-    """A checksum that fails with whole frames after it is damage, not a torn write: the
+@pytest.mark.parametrize(("at", "bit"), [
+    (FRAME.size + 10, 0x01),  # one bit of the third payload: its checksum fails
+    # The top bit of its length: past max_frame, a length no append writes, so not a
+    # write cut short even though it points past the end (cutting there would drop the
+    # frames after it, and the shard would reuse their sequence numbers).
+    (0, 0x80),
+], ids=["payload", "length"])
+def test_a_corrupt_frame_in_the_middle_stops_the_replay_and_says_so(
+        tmp_path: Path, at: int, bit: int) -> None:
+    """A damaged frame with whole frames after it is damage, not a torn write: the
     replay yields what comes before it, then raises with the offset, and cuts nothing
     (what follows it may still matter)."""
     path = tmp_path / "log"
     offsets = written(path, PAYLOADS)
     data = bytearray(path.read_bytes())
-    data[offsets[2] + FRAME.size + 10] ^= 0x01  # one bit of the third payload
+    data[offsets[2] + at] ^= bit
     path.write_bytes(bytes(data))
     log = open_log(path)
     seen = []

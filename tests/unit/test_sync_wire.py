@@ -449,3 +449,143 @@ def test_settings_out_of_range_are_refused(tmp_path: pathlib.Path,
     with pytest.raises(SyncError, match="catchup_chunk"):
         SyncSession(state, anti_entropy_interval=1, request_timeout=1, catchup_timeout=1,
                     now=0.0, catchup_chunk=0)
+
+
+def test_a_seat_is_never_caught_up_from_nor_sent_a_digest(
+        tmp_path: pathlib.Path, wires: list[SyncWire]) -> None:
+    wire = make(wires, tmp_path, "a")
+    a = wire.nodes["a"].session
+    assert a.peer_joined("porter-ui-1", seat=True, now=wire.now) == []
+    assert a.catchup_peer is None and a.next_deadline() == math.inf
+    assert a.timer(wire.now + 10.0) == []
+
+
+def test_a_range_in_flight_is_not_asked_again(tmp_path: pathlib.Path,
+                                              wires: list[SyncWire]) -> None:
+    wire = make(wires, tmp_path, "a", "c")
+    wire.advance(0.5)
+    wire.fault = lambda item: [] if item.broadcast else [0.01]
+    wire.write("a", 1, prefix="lost")
+    # Pull replies take longer than a digest's turn but less than a request's timeout.
+    wire.fault = lambda item: [0.9] if isinstance(item.message(), PullReply) else [0.01]
+    wire.write("a", 1, prefix="after")
+    wire.advance(2.0)
+    assert held(wire, "c") == {"a": 2} and wire.digests()["c"] == wire.digests()["a"]
+    assert wire.sent("c", PullRequest) == [PullRequest("a", 1, 1)]
+    c = wire.nodes["c"]
+    assert c.counters["timeout.PullRequest"] == 0 and c.refused == {}
+
+
+def test_a_listing_that_shows_much_missing_turns_into_a_catch_up(
+        tmp_path: pathlib.Path, wires: list[SyncWire]) -> None:
+    wire = make(wires, tmp_path, "a", "c", catchup_after_pulls=0)
+    wire.advance(0.5)
+    assert wire.nodes["c"].session.caught_up == {"a"}
+    wire.fault = lambda item: [] if item.broadcast else [0.01]
+    wire.write("a", 3, prefix="unseen")  # c learns of them only from a listing
+    wire.fault = None
+    wire.advance(3.0)
+    assert held(wire, "c") == {"a": 3} and wire.digests()["c"] == wire.digests()["a"]
+    assert wire.sent("c", PullRequest) == []  # one catch-up rather than pulls
+    assert len(wire.sent("c", CatchupRequest)) == 2  # on joining, then for the listing
+
+
+def test_listed_records_that_clash_with_held_ones_are_refused_and_the_rest_repairs(
+        tmp_path: pathlib.Path, wires: list[SyncWire]) -> None:
+    wire = make(wires, tmp_path, "a", "c")
+    wire.advance(0.5)
+    # A forger fed each side its own version of record (x, 1).
+    for dest, finding in (("a", "one version"), ("c", "another")):
+        wire.inject("x", dest, Records((Record("x", 1, Observation("urn:x", finding, "x",
+                                                                   T0)),)), broadcast=True)
+    wire.fault = lambda item: [] if item.broadcast else [0.01]
+    wire.write("a", 1, prefix="lost")  # a record c misses, listed beside the clash
+    wire.fault = None
+    wire.advance(3.0)
+    assert held(wire, "c") == held(wire, "a") == {"a": 1, "x": 1}
+    assert wire.nodes["c"].refused["conflict"] >= 1
+
+
+def test_a_failed_attempt_starts_over_at_the_head_of_the_queue(
+        tmp_path: pathlib.Path, wires: list[SyncWire]) -> None:
+    wire = make(wires, tmp_path, "a", "b", catchup_chunk=5, anti_entropy_interval=100.0)
+    wire.write("a", 10)
+    wire.write("b", 10)
+    wire.advance(0.5)
+    wire.add("c")
+    lost: list[InFlight] = []
+
+    def lose_as_first_chunk(item: InFlight) -> list[float]:
+        if not lost and item.src == "a" and isinstance(item.message(), CatchupChunk):
+            lost.append(item)
+            return []
+        return [0.01]
+
+    wire.fault = lose_as_first_chunk
+    wire.join("c", "a")
+    wire.join("c", "b")  # queued behind a
+    wire.advance(10.0)
+    c = wire.nodes["c"]
+    starts = [a.peer for a in c.trace if isinstance(a, Send)
+              and isinstance(a.message, CatchupRequest) and a.message.cursor is None]
+    assert lost and starts == ["a", "a", "b"]  # a again first, b still waits its turn
+    assert c.session.caught_up == {"a", "b"} and held(wire, "c") == {"a": 10, "b": 10}
+
+
+def test_a_gap_is_asked_of_its_origin_while_it_is_connected(
+        tmp_path: pathlib.Path, wires: list[SyncWire]) -> None:
+    # Digests far apart: only the gap pulls and their timeouts act here.
+    wire = make(wires, tmp_path, "a", "b", "c", anti_entropy_interval=100.0)
+    wire.advance(0.5)
+    wire.fault = lambda item: [] if item.broadcast and item.dest == "c" else [0.01]
+    wire.write("a", 1, prefix="lost")
+    lost: list[InFlight] = []
+
+    def lose_three_replies(item: InFlight) -> list[float]:
+        if len(lost) < 3 and isinstance(item.message(), PullReply):
+            lost.append(item)
+            return []
+        return [0.01]
+
+    wire.fault = lose_three_replies
+    wire.write("a", 1, prefix="after")  # c sees the gap; its pulls time out three times
+    wire.advance(6.0)
+    c = wire.nodes["c"]
+    asked = [a.peer for a in c.trace if isinstance(a, Send)
+             and isinstance(a.message, PullRequest)]
+    assert len(lost) == 3 and asked == ["a"] * 4, asked
+    assert c.counters["timeout.PullRequest"] == 3 and held(wire, "c") == {"a": 2}
+
+
+def test_a_peer_given_up_on_is_not_caught_up_from_again_until_it_joins_again(
+        tmp_path: pathlib.Path, wires: list[SyncWire]) -> None:
+    # Every pull a listing asks for would turn into a catch-up: the rule under test
+    # must hold against it.
+    wire = make(wires, tmp_path, "good", catchup_after_pulls=0)
+    wire.write("good", 10)
+    good = wire.nodes["good"].shard.state
+    asked: list[SyncMessage] = []
+
+    def listing_then_garbage(src: str, message: SyncMessage) -> list[bytes]:
+        # Garbage for every chunk; for every digest, good's records as its own listing.
+        asked.append(message)
+        if isinstance(message, CatchupRequest):
+            return [b"\xc1 garbage"]
+        if isinstance(message, Digest):
+            return [encode_sync(good.bucket_entries(good.differing_buckets(message)))]
+        return []
+
+    wire.add_hostile("evil", listing_then_garbage)
+    wire.add("victim")
+    wire.join("victim", "evil")
+    wire.advance(30.0)
+    victim = wire.nodes["victim"]
+    assert [(e.peer, e.attempts) for e in victim.events if isinstance(e, Abandoned)] == [
+        ("evil", CATCHUP_ATTEMPTS)]
+    assert sum(isinstance(m, CatchupRequest) for m in asked) == CATCHUP_ATTEMPTS
+    # Anti-entropy goes on with it: its listings are pulled, not caught up.
+    assert any(isinstance(m, Digest) for m in asked)
+    assert any(isinstance(m, PullRequest) for m in asked)
+    wire.leave("victim", "evil")
+    wire.join("victim", "evil")
+    assert victim.session.catchup_peer == "evil"  # joining again gives its attempts back

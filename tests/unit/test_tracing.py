@@ -3,6 +3,7 @@ the task spans made through the real SDK."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -91,6 +92,17 @@ def test_the_waterfall_marks_the_slowest_path_and_names_what_is_missing() -> Non
     assert "note: agent z: no answer" in text
     assert build_waterfall(spans[:5]).complete
     assert "no spans found" in render_waterfall(build_waterfall([]))
+
+
+def test_a_chain_of_spans_deeper_than_the_stack_is_drawn() -> None:
+    # One reply may hold thousands of small records; a peer that chains them must not
+    # make the waterfall blow the interpreter's stack.
+    depth = 3 * sys.getrecursionlimit()
+    spans = [record(f"s{i}", f"s{i - 1}" if i else None, i, 2 * depth - i)
+             for i in range(depth)]
+    waterfall = build_waterfall(spans)
+    assert [r.depth for r in waterfall.rows] == list(range(depth))
+    assert all(r.slowest for r in waterfall.rows) and waterfall.complete
 
 
 def tracer_and_spans() -> tuple[TaskTracer, InMemorySpanExporter, SpanRing]:
@@ -342,6 +354,23 @@ def test_a_seats_spans_are_the_root_and_only_an_offer_starts_a_trace() -> None:
     # With a trace handed in, any message continues it.
     carried, span = handed.sending("log", note)
     assert carried is not None and carried.trace_id == TraceContext(TP).trace_id
+
+
+def test_a_long_lived_seat_remembers_only_the_traces_its_ring_can_hold() -> None:
+    # The dashboard and the A2A gateway are seats that run for weeks: what a seat keeps
+    # about its traces must stay within its ring's bound, however many it starts.
+    ring = SpanRing(max_spans=8)
+    provider = TracerProvider()
+    provider.add_span_processor(RingProcessor(ring))
+    seat = SeatSpans(Tracing(provider, ring, "porter-ui", exporting=False))
+    for i in range(100):
+        offer = Activity.from_dict({"type": "Offer", "actor": "porter-ui", "summary": "x",
+                                    "context": f"urn:porter:task:long{i}", "target": "w1"})
+        seat.sent(seat.sending("task:w1", offer)[1])
+    assert len(seat._trace_ids) <= ring.max_spans  # what it holds about its traces
+    # The newest are still found and handed over.
+    assert [r["attributes"]["porter.task.context"] for r in seat.records()] == [
+        f"urn:porter:task:long{i}" for i in range(92, 100)]
 
 
 def test_each_request_of_a_caller_may_root_the_trace_and_the_page_gets_the_rows() -> None:

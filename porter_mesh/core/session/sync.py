@@ -53,9 +53,10 @@ The rules (they were spread over the node's driver and the shard before):
   robin (not while a catch-up runs). A peer whose digest differs gets the listing of the
   differing buckets back, and this session's own digest (at most once per half
   interval), so one exchange repairs both sides. A listing that shows more than
-  ``catchup_after_pulls`` ranges missing turns into a catch-up from that peer; entries
-  that clash with records held here (a forger fed one side) are left out and refused
-  (``conflict``) so that the rest still repairs.
+  ``catchup_after_pulls`` ranges missing turns into a catch-up from that peer (into
+  pulls, when its catch-up was given up); a range already asked of a peer is not asked
+  again; entries that clash with records held here (a forger fed one side) are left out
+  and refused (``conflict``) so that the rest still repairs.
 * **Peers without a replica.** A peer that answers ``unsupported`` is left out of
   catch-ups, gap pulls and digests for ``no_sync_backoff`` seconds, then queued again (a
   node may attach its replica a moment after it starts).
@@ -503,12 +504,13 @@ class SyncSession:
                 f"here, e.g. ({clash[0]}, {clash[1]}): a node fed them forged records")))
             listing = BucketEntries(listing.buckets, keep, listing.more)
         pulls = self.state.lacking(listing)
-        if len(pulls) > self.catchup_after_pulls:
+        if len(pulls) > self.catchup_after_pulls and not self._given_up(peer):
             # Much is missing: one catch-up brings it in order, in a few large chunks.
             self._caught_up.discard(peer)
             return actions + self._queue_catchup(peer, now)
         for pull in pulls:
-            actions += self._send(peer, pull, now)
+            if not self._in_flight(pull):  # else its answer would come twice, one unasked
+                actions += self._send(peer, pull, now)
         return actions
 
     # -- the storage's answers --------------------------------------------------------
@@ -626,8 +628,7 @@ class SyncSession:
             return []
         actions: list[SyncAction] = []
         for request in self.state.missing_ranges():
-            key = _asked_key(request)
-            if any((p, key) in self._asked for p in connected):
+            if self._in_flight(request):
                 continue
             if request.origin in connected:
                 target = request.origin
@@ -638,8 +639,19 @@ class SyncSession:
             actions += self._send(target, request, now)
         return actions
 
+    def _in_flight(self, request: PullRequest) -> bool:
+        """Whether ``request``'s range is asked of a peer already (a range is asked of one
+        peer at a time; once answered or timed out it may be asked again)."""
+        key = _asked_key(request)
+        return any((p, key) in self._asked for p in self._peers)
+
+    def _given_up(self, peer: str) -> bool:
+        """Whether the catch-up from ``peer`` failed all its attempts (until it joins
+        again: anti-entropy with it goes on by pulls)."""
+        return self._catchup_failures[peer] >= self.catchup_attempts
+
     def _queue_catchup(self, peer: str, now: float) -> list[SyncAction]:
-        if (peer in self._caught_up or peer in self._catchup_queue
+        if (peer in self._caught_up or peer in self._catchup_queue or self._given_up(peer)
                 or peer == self._catchup_peer or peer in self._no_sync
                 or self._peers.get(peer, False)):
             return []
@@ -673,7 +685,7 @@ class SyncSession:
         self._catchup_peer = None
         self._catchup_failures[peer] += 1
         actions: list[SyncAction] = []
-        if self._catchup_failures[peer] >= self.catchup_attempts:
+        if self._given_up(peer):
             actions += [Count("catchup.abandoned"),
                         Abandoned(peer, self.catchup_attempts, why)]
         else:

@@ -579,7 +579,11 @@ class A2AGateway:
         if self.spans is None:
             return await self._deliver(channel, activity, trace)
         sent_trace, span = self.spans.sending(channel, activity, trace)
-        problem = await self._deliver(channel, activity, sent_trace)
+        try:
+            problem = await self._deliver(channel, activity, sent_trace)
+        except BaseException as exc:  # the client went away meanwhile: the span ends too
+            self.spans.sent(span, f"{type(exc).__name__}: {exc}")
+            raise
         self.spans.sent(span, None if problem is None else problem[1])
         return problem
 
