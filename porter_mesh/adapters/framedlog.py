@@ -207,6 +207,13 @@ def fsync_directory(path: pathlib.Path) -> None:
         os.close(fd)
 
 
+def _inode(path: pathlib.Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
+
+
 def _temporary(path: pathlib.Path) -> pathlib.Path:
     return path.with_suffix(".tmp")
 
@@ -304,10 +311,16 @@ class FramedLog:
         self.failures = 0
         self.syncs = 0
         self._sync_lock = threading.Lock()
+        # Ranges (start, end] that a failed fdatasync covered: a later good fdatasync does
+        # not make them durable (the kernel may have dropped those pages), so a sync_to
+        # ending inside one fails too. Failures are rare; a few ranges are kept, merged.
+        self._unsure: list[tuple[int, int]] = []
         discard_unfinished_rewrite(path)
         if not path.exists():
             try:
                 write_log(path, header, ())
+                # The directory may be new too (a fresh data directory): its own entry.
+                fsync_directory(path.parent.parent)
             except OSError as exc:
                 raise storage_error(path, exc, what=what, advice=advice) from exc
         self._fd = -1
@@ -451,6 +464,8 @@ class FramedLog:
             StorageError: the ``fdatasync`` failed: what it covers is not known to be on
                 disk.
         """
+        if self._unsure and any(start < end <= stop for start, stop in self._unsure):
+            raise self._sync_error("an earlier fdatasync of it failed")
         if self.synced >= end:
             return
         with self._sync_lock:
@@ -458,20 +473,23 @@ class FramedLog:
                 return  # another caller's fdatasync covered it meanwhile
             # Everything written before the fdatasync starts is covered by it, and
             # ``end`` moves only once a write is complete.
-            target = self.end
+            start, target = self.synced, self.end
             try:
                 os.fdatasync(self._fd)
             except OSError as exc:
                 self.failures += 1
-                raise StorageError(
-                    f"could not make the {self.what} {self.path} durable: "
-                    f"{exc.strerror or exc}; check the disk (what was written since the last "
-                    "good sync is not acknowledged)",
-                    path=str(self.path), free_bytes=free_bytes(self.path.parent),
-                    errno_=exc.errno,
-                ) from None
+                self._unsure.append((start, target))
+                if len(self._unsure) > 16:
+                    self._unsure = [(self._unsure[0][0], self._unsure[-1][1])]
+                raise self._sync_error(exc.strerror or str(exc), exc.errno) from None
             self.syncs += 1
             self.synced = max(self.synced, target)
+
+    def _sync_error(self, why: str, errno_: int | None = None) -> StorageError:
+        return StorageError(
+            f"could not make the {self.what} {self.path} durable: {why}; check the disk "
+            "(what was written before the failed sync is not acknowledged)",
+            path=str(self.path), free_bytes=free_bytes(self.path.parent), errno_=errno_)
 
     def rewrite(self, header: bytes, payloads: Iterable[bytes]) -> list[int]:
         """Replace the log with ``header`` and ``payloads`` (compaction), atomically (see
@@ -483,10 +501,14 @@ class FramedLog:
         Raises:
             OSError: the new file could not be written; the log is as it was.
         """
-        ends = write_log(self.path, header, payloads)
-        os.close(self._fd)
-        self._open()
-        return ends
+        try:
+            return write_log(self.path, header, payloads)
+        finally:
+            # Appends must go to the file the path names: once the rename happened (even
+            # if syncing the directory then failed), the open file is the old, unlinked one.
+            if os.fstat(self._fd).st_ino != _inode(self.path):
+                os.close(self._fd)
+                self._open()
 
     def close(self) -> None:
         """Close the file; idempotent."""

@@ -284,3 +284,56 @@ def test_opening_at_a_known_end_cuts_what_follows(tmp_path: Path) -> None:
     log.close()
     assert replayed(path) == PAYLOADS[:-1]
     assert os.path.getsize(path) == offsets[-1]
+
+
+def test_a_failed_fdatasync_is_never_reported_durable_later(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an fdatasync fails (EIO), the kernel may have dropped the pages it covered: a
+    later good fdatasync must not make a caller waiting on those frames believe them
+    durable, while frames written after the failure are made durable as usual."""
+    import errno
+
+    log = open_log(tmp_path / "log", Fsync.GROUP)
+    log.append([b"before"])  # synced
+    (lost,) = log.append([b"in the failed sync"], sync=False)
+    lost_end = log.end
+    real = os.fdatasync
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(StorageError, match="durable"):
+        log.sync_to(lost_end)
+    monkeypatch.setattr(os, "fdatasync", real)
+    log.append([b"after"], sync=False)
+    log.sync_to(log.end)  # a good sync for the later frame
+    assert log.synced == log.end
+    with pytest.raises(StorageError, match="earlier fdatasync"):
+        log.sync_to(lost_end)  # still not durable as far as anyone can know
+    assert lost < lost_end
+    log.close()
+
+
+def test_a_rewrite_whose_directory_sync_fails_still_appends_to_the_new_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rename happened, then syncing the directory failed: appends go to the file the
+    path names, not to the old, unlinked one."""
+    import errno
+
+    from porter_mesh.adapters import framedlog
+
+    path = tmp_path / "log"
+    log = open_log(path)
+    log.append(PAYLOADS)
+
+    def failing(directory: Path) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(framedlog, "fsync_directory", failing)
+    with pytest.raises(OSError):
+        log.rewrite(HEADER, [b"kept"])
+    monkeypatch.undo()
+    log.append([b"after"])
+    log.close()
+    assert replayed(path) == [b"kept", b"after"]
