@@ -21,14 +21,16 @@ so every send on a socket is followed by a check of its ``EVENTS`` for pending i
 Sending is batched under load: ``async_publish`` and ``async_send_nowait`` only queue;
 one flush per loop iteration packs what accumulated into messages of up to
 ``batch_max`` activities. A lone message therefore goes out on the next iteration and a
-burst goes out in a few large messages.
+burst goes out in a few large messages. The queues, the runs, the numbering and the
+outbox are the pure :class:`~porter_mesh.core.session.sending.Sender`; the node carries
+out the frames, settlements and failures it returns (``_carry_out``).
 
 Broadcast is best effort and ordered per sender (one PUB socket, one TCP stream). Each
 message carries a per-(sender, channel) sequence number; heartbeats carry the last one
 per channel, so loss (even of the last message) is detected and counted, never silent.
 
 Direct delivery is at-least-once on the wire and once to the application: the sender
-keeps each message in its :class:`~porter_mesh.core.outbox.Outbox` and resends it with
+keeps each message in its sender's :class:`~porter_mesh.core.outbox.Outbox` and resends it with
 backoff until acknowledged or its deadline passes (then the caller's future fails with
 ``DeliveryTimeout``). The receiver de-duplicates by (sender, incarnation, sequence),
 records accepted messages in its journal (when it has a data directory) before
@@ -104,7 +106,7 @@ import logging
 import pathlib
 import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, TypeVar, cast
 
 import zmq
@@ -158,22 +160,21 @@ from porter_mesh.core.envelope import (
     decode_payload,
     encode_broadcast,
     encode_direct,
-    encode_payload,
     encode_topic,
     make_msg_id,
 )
 from porter_mesh.core.hlc import HybridClock
-from porter_mesh.core.outbox import Outbox
 from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, PeerTable, Recontact
 from porter_mesh.core.sequence import SequenceTracker, SeqVerdict
+from porter_mesh.core.session.frames import BroadcastFrame, DirectFrame, Fail, SendFrame, Settle
 from porter_mesh.core.session.keys import KEY_PREFIX, MAX_KEY_CHARS
 from porter_mesh.core.session.receiving import DirectReceiver, Verdict
+from porter_mesh.core.session.sending import SendAction, Sender
 from porter_mesh.core.tracecontext import TraceContext
 from porter_mesh.errors import (
     ConfigError,
     DeliveryError,
     DeliveryTimeout,
-    FrameError,
     NodeClosedError,
     NotHandled,
     PeerRefusedError,
@@ -270,10 +271,6 @@ def _tcp_address(sock: zmq.Socket[bytes], host: str) -> str:
     if ":" in host:
         sock.setsockopt(zmq.IPV6, 1)
     return f"tcp://{url_host(host)}"
-
-
-def _first(item: tuple[Activity, Any, Any]) -> Activity:
-    return item[0]
 
 
 #: A new direct message read from the ROUTER: its envelope, the envelope's bytes, the
@@ -463,10 +460,12 @@ class Node:
         self._peers = PeerTable(evasive_after=config.evasive_after,
                                 expire_after=config.expire_after)
         self._links: dict[str, _PeerLink] = {}
-        self._bseq: dict[str, int] = {}
-        self._outbox: Outbox[list[Completion]] = Outbox(
-            retry_initial=config.retry_initial, retry_max=config.retry_max,
-            max_pending=config.max_pending,
+        # The sending rules (queues, batching, numbering, the outbox): pure; the node
+        # carries out what they return (_carry_out).
+        self._sending: Sender[Completion] = Sender(
+            self.name, self.incarnation, retry_initial=config.retry_initial,
+            retry_max=config.retry_max, max_pending=config.max_pending,
+            batch_max=config.batch_max, broadcast_bytes=config.broadcast_message_bytes,
         )
         # Broadcast subscribers may join a running mesh: the first sequence seen is the
         # start. Direct streams are expected from 1, so retries that overtake each other
@@ -506,8 +505,6 @@ class Node:
         self._subscribers: collections.Counter[bytes] = collections.Counter()
         self._subscribed: collections.Counter[tuple[str, str]] = collections.Counter()
         self._direct_watched = False
-        self._pending_bcast: dict[str, list[Activity]] = {}
-        self._pending_direct: dict[str, list[tuple[Activity, Completion, float]]] = {}
         self._pending_acks: dict[bytes, list[int]] = {}
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -536,10 +533,6 @@ class Node:
         self._replay: list[tuple[int, JournalRecord]] = []
         # The journal position after the last message handed out by receive()/drain().
         self._handed = 0
-        # Keys of queued direct sends: recipient -> {index in its queue: key}.
-        self._pending_keys: dict[str, dict[int, str]] = {}
-        # Trace context of queued direct sends: recipient -> queue index -> context.
-        self._pending_traces: dict[str, dict[int, TraceContext]] = {}
         self._discovery: Any = None
         # The one timer of the node, armed at the earliest deadline of everything that
         # waits on time (see _rearm), and when it is due (monotonic; inf: not armed).
@@ -737,13 +730,7 @@ class Node:
         if self._discovery is not None:
             with contextlib.suppress(Exception):
                 await self._discovery.aclose()
-        for entry in self._outbox.fail_all():
-            self._fail(entry.token, NodeClosedError(f"node {self.name} closed before "
-                                                    f"{entry.recipient} acknowledged"))
-        for items in self._pending_direct.values():
-            for _, done, _ in items:
-                _fail_one(done, NodeClosedError(f"node {self.name} closed"))
-        self._pending_direct.clear()
+        self._carry_out(self._sending.close())
         self._close_sockets()
         if self._journal is not None:
             # Closing the node means the application is done with what it took.
@@ -821,7 +808,7 @@ class Node:
         # for subscribers instead of guessing (the "slow joiner" problem).
         sock = self._server_socket(zmq.XPUB)
         sock.setsockopt(zmq.XPUB_VERBOSER, 1)
-        # Bound in bytes: messages are at most broadcast_message_bytes (see _batches).
+        # Bound in bytes: messages are at most broadcast_message_bytes (see Sender).
         sock.setsockopt(zmq.SNDHWM, self.config.pub_hwm)
         return sock
 
@@ -929,13 +916,7 @@ class Node:
                 note = self._reached(peer.name)
             elif event.kind is PeerEventKind.LEFT:
                 self._disconnect(peer.name)
-                if peer.advert.role == C.ROLE_SEAT and event.reason == "goodbye":
-                    # A command line's seat that said goodbye is not coming back for its
-                    # replies: fail them now rather than at their deadline.
-                    for entry in self._outbox.fail_for(peer.name):
-                        self._fail(entry.token, DeliveryError(
-                            f"{peer.name} left the mesh before it received this (a command "
-                            "line's seat that has finished)", recipient=peer.name))
+                self._carry_out(self._sending.left(peer.name, peer.advert.role, event.reason))
                 if event.reason == "restarted":
                     self._btracker.forget(peer.name)
                     self._receiver.forget(peer.name)
@@ -985,9 +966,7 @@ class Node:
         self._watch(dealer, functools.partial(self._read_dealer, dealer, advert.name))
         self._send_hello(dealer)
         # Anything still in flight to this name goes to the new connection now.
-        now = time.monotonic()
-        for entry in self._outbox.retry_now(advert.name, now):
-            self._send_frames(dealer, entry.frames)
+        self._carry_out(self._sending.joined(advert.name, time.monotonic()))
 
     def _disconnect(self, name: str) -> None:
         link = self._links.pop(name, None)
@@ -1134,13 +1113,10 @@ class Node:
                     f"{peer}'); see docs/security.md")
         if len(self._refusals) >= _MAX_REFUSALS:
             del self._refusals[next(iter(self._refusals))]
-        error = self._refusals[peer] = PeerRefusedError(text, recipient=peer,
-                                                        reason=refusal.value)
+        self._refusals[peer] = PeerRefusedError(text, recipient=peer, reason=refusal.value)
         self.counters["refused." + refusal.value] += 1
         log.info("node %s: %s", self.name, text)
-        for entry in self._outbox.fail_for(peer):
-            self._fail(entry.token, PeerRefusedError(text, recipient=peer,
-                                                     reason=error.reason))
+        self._carry_out(self._sending.refused(peer))
         if refusal is Refusal.KEY_REFUSED:
             return
         link = self._links.get(peer)
@@ -1378,16 +1354,14 @@ class Node:
         if trace is not None:
             self._publish_traced(channel, activity, trace)
             return
-        queue = self._pending_bcast.get(channel)
-        if queue is not None:
+        if self._sending.publish_more(channel, activity):
             # Checked when the queue began; it lives until the flush already scheduled
             # (closing flushes, so a closed node never has one).
-            queue.append(activity)
             return
         self._check_open()
         if channel.startswith(C.DIRECT_PREFIX):
             raise ConfigError(f"{channel!r} is a direct inbox; use send() to reach one agent")
-        self._pending_bcast[channel] = [activity]
+        self._sending.publish(channel, activity)
         self._schedule_flush()
 
     async def publish(self, channel: str, activity: Activity, *,
@@ -1401,15 +1375,12 @@ class Node:
         self._check_open()
         if channel.startswith(C.DIRECT_PREFIX):
             raise ConfigError(f"{channel!r} is a direct inbox; use send() to reach one agent")
-        queued = self._pending_bcast.pop(channel, None)
-        if queued:
-            self._flush_broadcast(channel, queued)
-        self._flush_broadcast(channel, [activity], trace=trace)
+        self._carry_out(self._sending.publish_now(channel, activity, trace))
 
     def _direct_queue(
         self, recipient: str, timeout: float | None
-    ) -> tuple[list[tuple[Activity, Completion, float]], asyncio.Future[None], float]:
-        """The send queue of ``recipient``, a new future and the deadline of a send."""
+    ) -> tuple[str, asyncio.Future[None], float]:
+        """The agent name of ``recipient``, a new future and the deadline of a send."""
         self._check_open()
         if recipient.startswith(C.DIRECT_PREFIX):
             recipient = recipient[len(C.DIRECT_PREFIX):]
@@ -1423,14 +1394,11 @@ class Node:
                 "check the name, or wait for discovery with wait_for_peer()",
                 recipient=recipient,
             )
-        queue = self._pending_direct.get(recipient)
-        if queue is None:
-            queue = self._pending_direct[recipient] = []
         self._schedule_flush()
         assert self._loop is not None
         deadline = time.monotonic() + (timeout if timeout is not None
                                        else self.config.send_timeout)
-        return queue, self._loop.create_future(), deadline
+        return recipient, self._loop.create_future(), deadline
 
     def async_send_nowait(
         self, recipient: str, activity: Activity, *, timeout: float | None = None,
@@ -1448,17 +1416,11 @@ class Node:
             UnknownPeerError: the recipient is not on the mesh.
             ConfigError: ``key`` is empty or longer than 256 characters.
         """
-        queue, fut, deadline = self._direct_queue(recipient, timeout)
-        if key is not None:
-            if not 0 < len(key) <= MAX_KEY_CHARS:
-                raise ConfigError(f"an idempotency key must be 1-{MAX_KEY_CHARS} "
-                                  f"characters, got {len(key)}")
-            name = recipient.removeprefix(C.DIRECT_PREFIX)
-            self._pending_keys.setdefault(name, {})[len(queue)] = key
-        if trace is not None:
-            name = recipient.removeprefix(C.DIRECT_PREFIX)
-            self._pending_traces.setdefault(name, {})[len(queue)] = trace
-        queue.append((activity, fut, deadline))
+        name, fut, deadline = self._direct_queue(recipient, timeout)
+        if key is not None and not 0 < len(key) <= MAX_KEY_CHARS:
+            raise ConfigError(f"an idempotency key must be 1-{MAX_KEY_CHARS} "
+                              f"characters, got {len(key)}")
+        self._sending.queue(name, activity, fut, deadline, key=key, trace=trace)
         return fut
 
     def async_send_many(
@@ -1474,13 +1436,15 @@ class Node:
         Raises:
             UnknownPeerError: the recipient is not on the mesh.
         """
-        queue, fut, deadline = self._direct_queue(recipient, timeout)
+        name, fut, deadline = self._direct_queue(recipient, timeout)
         items = list(activities)
         if not items:
             fut.set_result(None)
             return fut
         countdown = _Countdown(fut, len(items))
-        queue.extend([(activity, countdown, deadline) for activity in items])
+        queue = self._sending.queue
+        for activity in items:
+            queue(name, activity, countdown, deadline)
         return fut
 
     async def send(self, recipient: str, activity: Activity, *,
@@ -1517,14 +1481,9 @@ class Node:
         self._flush_scheduled = False
         if self._closed and self._pub is None:
             return
-        if self._pending_bcast:
-            pending, self._pending_bcast = self._pending_bcast, {}
-            for channel, activities in pending.items():
-                self._flush_broadcast(channel, activities)
-        if self._pending_direct:
-            pending_d, self._pending_direct = self._pending_direct, {}
-            for recipient, items in pending_d.items():
-                self._flush_direct(recipient, items)
+        sending = self._sending
+        if sending.broadcasts_queued or sending.direct_queued:
+            self._carry_out(sending.flush(time.monotonic(), self._links))
         if self._pending_acks:
             self._flush_acks()
         self._rearm()
@@ -1538,102 +1497,66 @@ class Node:
             ref, count, kind, *(trace or (None, None)),
         )
 
-    def _batches(self, items: list[_T], activity: Callable[[_T], Activity] | None, *,
-                 max_bytes: int | None = None) -> Iterator[tuple[list[_T], bytes]]:
-        """``items`` in runs of at most ``batch_max``, each with its encoded payload
-        (``activity`` picks an item's activity; ``None``: the items are activities).
-
-        A run whose activities together pass one message's size limit (or ``max_bytes``)
-        is split into parts that fit (a single activity is sent whatever its size).
-        """
-        step = self.config.batch_max
-        pending = [items[start:start + step] for start in range(0, len(items), step)][::-1]
-        while pending:
-            chunk = pending.pop()
-            try:
-                payload = encode_payload(
-                    cast(list[Activity], chunk) if activity is None
-                    else [activity(item) for item in chunk])
-            except FrameError as exc:
-                if exc.reason != "too-large" or len(chunk) == 1:
-                    raise
-                parts = 2
+    def _carry_out(self, actions: list[SendAction[Completion]]) -> None:
+        """Carry out what the sending side asks, in order: frames onto sockets (a
+        direct frame only over a link; once a DEALER refuses one, the recipient's later
+        frames of the list wait for their resend so the stream stays in order),
+        completions settled or failed, counters."""
+        blocked: set[str] | None = None
+        published = False
+        for action in actions:
+            if isinstance(action, SendFrame):
+                frame = action.frame
+                if isinstance(frame, DirectFrame):
+                    recipient = frame.recipient
+                    link = self._links.get(recipient)
+                    if link is None or (blocked is not None and recipient in blocked):
+                        continue
+                    env = self._envelope(C.DIRECT_PREFIX + recipient, frame.seq, frame.count,
+                                         recipient=recipient, msg_id=frame.msg_id,
+                                         trace=frame.trace)
+                    if not self._send_frames(link.dealer, encode_direct(env, frame.payload)):
+                        blocked = blocked or set()
+                        blocked.add(recipient)
+                elif isinstance(frame, BroadcastFrame) and self._pub is not None:
+                    env = self._envelope(frame.channel, frame.seq, frame.count,
+                                         kind=frame.kind, trace=frame.trace)
+                    try:
+                        send_frames(self._pub, encode_broadcast(env, frame.payload))
+                    except zmq.Again:
+                        self.counters["dropped.pub-hwm"] += frame.count
+                    published = True
+            elif isinstance(action, Settle):
+                for done in action.tokens:
+                    _settle(done)
+            elif isinstance(action, Fail):
+                self._fail(action.tokens, self._send_error(action))
             else:
-                if max_bytes is None or len(payload) <= max_bytes or len(chunk) == 1:
-                    yield chunk, payload
-                    continue
-                parts = -(-len(payload) // max_bytes)
-            size = -(-len(chunk) // min(parts, len(chunk)))
-            pending += [chunk[i:i + size] for i in range(0, len(chunk), size)][::-1]
+                self.counters[action.name] += action.n
+        if published and self._pub is not None:
+            self._after_send(self._pub)
 
-    def _flush_broadcast(self, channel: str, activities: list[Activity], *,
-                         trace: TraceContext | None = None) -> None:
-        assert self._pub is not None
-        last = self._bseq.get(channel, 0)
-        for chunk, payload in self._batches(activities, None,
-                                            max_bytes=self.config.broadcast_message_bytes):
-            env = self._envelope(channel, last + 1, len(chunk), trace=trace)
-            last += len(chunk)
-            frames = encode_broadcast(env, payload)
-            try:
-                send_frames(self._pub, frames)
-            except zmq.Again:
-                self.counters["dropped.pub-hwm"] += len(chunk)
-        self._bseq[channel] = last
-        self.counters["sent.broadcast"] += len(activities)
-        self._after_send(self._pub)
-
-    def _flush_direct(
-        self, recipient: str, items: list[tuple[Activity, Completion, float]]
-    ) -> None:
-        keys = self._pending_keys.pop(recipient, None) or {}
-        traces = self._pending_traces.pop(recipient, None) or {}
-        if not keys and not traces:
-            self._flush_direct_run(recipient, items)
-            return
-        # A keyed send travels alone, its key as the message id ("k:" and the key, which
-        # no conventional id starts with), so that the receiver can recognise it; a
-        # traced send travels alone with its trace context.
-        start = 0
-        for index in sorted(keys.keys() | traces.keys()):
-            if index > start:
-                self._flush_direct_run(recipient, items[start:index])
-            key = keys.get(index)
-            self._flush_direct_run(recipient, items[index:index + 1],
-                                   msg_id=None if key is None else KEY_PREFIX + key,
-                                   trace=traces.get(index))
-            start = index + 1
-        if start < len(items):
-            self._flush_direct_run(recipient, items[start:])
-
-    def _flush_direct_run(
-        self, recipient: str, items: list[tuple[Activity, Completion, float]],
-        msg_id: str | None = None, trace: TraceContext | None = None,
-    ) -> None:
-        link = self._links.get(recipient)
-        now = time.monotonic()
-        blocked = False
-        for chunk, payload in self._batches(items, _first):
-            futs = [fut for _, fut, _ in chunk]
-            try:
-                first = self._outbox.allocate(recipient, len(chunk))
-            except OverflowError:
-                self._fail(futs, DeliveryError(
-                    f"{self.config.max_pending} messages to {recipient} are already waiting "
-                    "for acknowledgement; the receiver is slow or stopped, retry later",
-                    recipient=recipient))
-                continue
-            env = self._envelope(C.DIRECT_PREFIX + recipient, first, len(chunk),
-                                 recipient=recipient, msg_id=msg_id, trace=trace)
-            frames = encode_direct(env, payload)
-            deadline = min(d for _, _, d in chunk)
-            self._outbox.add(recipient, first, len(chunk), frames, deadline=deadline, now=now,
-                             token=futs)
-            if link is not None and not blocked:
-                # After one refused send, keep the rest for the retry timer so that the
-                # stream stays in order (the receiver's window then never sees old gaps).
-                blocked = not self._send_frames(link.dealer, frames)
-            self.counters["sent.direct"] += len(chunk)
+    def _send_error(self, fail: Fail[Completion]) -> Exception:
+        """The exception a failed send raises in its caller, saying what to do."""
+        recipient = fail.recipient
+        if fail.reason == "deadline":
+            return DeliveryTimeout(
+                f"{recipient} did not acknowledge {fail.count} message(s) after "
+                f"{fail.attempts} attempt(s); it may be stopped, overloaded or gone",
+                recipient=recipient)
+        if fail.reason == "overflow":
+            return DeliveryError(
+                f"{self.config.max_pending} messages to {recipient} are already waiting "
+                "for acknowledgement; the receiver is slow or stopped, retry later",
+                recipient=recipient)
+        if fail.reason == "left":
+            return DeliveryError(
+                f"{recipient} left the mesh before it received this (a command line's seat "
+                "that has finished)", recipient=recipient)
+        refused = self._refusals.get(recipient)
+        if fail.reason == "refused" and refused is not None:
+            return PeerRefusedError(str(refused), recipient=recipient, reason=refused.reason)
+        return NodeClosedError(f"node {self.name} closed before {recipient} acknowledged")
 
     def _send_frames(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> bool:
         try:
@@ -1657,12 +1580,7 @@ class Node:
         """Broadcast one control message on ``control``, next in its sequence."""
         if self._pub is None:
             return
-        last = self._bseq.get(C.CHANNEL_CONTROL, 0) + 1
-        self._bseq[C.CHANNEL_CONTROL] = last
-        env = self._envelope(C.CHANNEL_CONTROL, last, 1, kind=kind)
-        with contextlib.suppress(zmq.Again):
-            send_frames(self._pub, encode_broadcast(env, payload))
-        self._after_send(self._pub)
+        self._carry_out([self._sending.broadcast(C.CHANNEL_CONTROL, payload, kind=kind)])
 
     def async_control(self, kind: str, *, target: str | None = None,
                       body: dict[str, Any] | None = None) -> None:
@@ -1673,7 +1591,7 @@ class Node:
             fields["to"] = target
         self._publish_control(kind, encode_control(fields))
 
-    def _fail(self, futs: list[Completion], exc: Exception) -> None:
+    def _fail(self, futs: Iterable[Completion], exc: Exception) -> None:
         for done in futs:
             _fail_one(done, exc)
 
@@ -1815,9 +1733,9 @@ class Node:
         # now, with the acknowledgements: a request's answer should not wait a loop turn.
         # Otherwise the flush waits for the next turn, so that waiters run first and
         # acknowledgements of several reads share one message.
-        if self._pending_direct:
+        if self._sending.direct_queued:
             self._flush()
-        elif self._pending_acks or self._pending_bcast:
+        elif self._pending_acks or self._sending.broadcasts_queued:
             self._schedule_flush()
         self._rearm()
 
@@ -2394,11 +2312,7 @@ class Node:
     def _on_ack(self, env: Envelope, ack: Ack) -> None:
         now = time.monotonic()
         self._heard(env, now)
-        for first in ack.firsts:
-            entry = self._outbox.acked(env.sender, first, now)
-            if entry is not None:
-                for done in entry.token:
-                    _settle(done)
+        self._carry_out(self._sending.acked(env.sender, ack.firsts, now))
 
     def _on_control(self, env: Envelope, payload: bytes, ident: bytes | None) -> None:
         handler = self._kind_handlers.get(env.kind or "")
@@ -2476,7 +2390,7 @@ class Node:
         heartbeat (which also checks peer silence, the trusted directory and unread
         messages), a resend or a send's deadline, a re-contact attempt, the next offer
         of a declined message."""
-        due = min(self._beat_due, self._outbox.next_due, self._recontact.next_due)
+        due = min(self._beat_due, self._sending.next_due, self._recontact.next_due)
         if self._held:
             due = min(due, min(q.due for q in self._held.values()))
         return due
@@ -2536,22 +2450,10 @@ class Node:
         force_beat = now >= self._beat_due
         if force_beat:
             self._beat_due = now + self.config.heartbeat_interval
-        resend, failed = self._outbox.poll(now)
-        blocked: set[str] = set()
-        for entry in resend:
-            link = self._links.get(entry.recipient)
-            if (link is not None and entry.recipient not in blocked
-                    and not self._send_frames(link.dealer, entry.frames)):
-                blocked.add(entry.recipient)
-        for entry in failed:
-            self._fail(entry.token, DeliveryTimeout(
-                f"{entry.recipient} did not acknowledge {entry.count} message(s) after "
-                f"{entry.attempts} attempt(s); it may be stopped, overloaded or gone",
-                recipient=entry.recipient))
+        self._carry_out(self._sending.timer(now, self._links))
         if force_beat and not self.config.observer:
             self._publish_control(KIND_HEARTBEAT, encode_heartbeat(Heartbeat(
-                {ch: seq for ch, seq in self._bseq.items() if ch != C.CHANNEL_CONTROL},
-                self.draining)))
+                self._sending.broadcast_positions(), self.draining)))
         if force_beat and self._security is not None:
             # The ZAP callback may have re-read the directory already: compare generations.
             store = self._security.store
@@ -2795,8 +2697,8 @@ class Node:
         """Counters: sent, received, dropped (by reason), lost, duplicates, retries..."""
         out = dict(self.counters)
         out["inbox"] = len(self._inbox)
-        out["outbox"] = len(self._outbox)
-        out["retries"] = self._outbox.resent
+        out["outbox"] = len(self._sending.outbox)
+        out["retries"] = self._sending.outbox.resent
         out["peers"] = len(self._peers)
         if self._storage_error is not None:
             out["storage.full"] = 1
@@ -2851,7 +2753,7 @@ class Node:
             "peers": peers,
             "lost": sum(v for k, v in self.counters.items() if k.startswith("lost.")),
             "dropped": sum(v for k, v in self.counters.items() if k.startswith("dropped.")),
-            "queues": {"inbox": len(self._inbox), "outbox": len(self._outbox),
+            "queues": {"inbox": len(self._inbox), "outbox": len(self._sending.outbox),
                        "subscribers": self._subscribers[encode_topic(C.CHANNEL_CONTROL)]},
             "counters": dict(self.counters),
         }

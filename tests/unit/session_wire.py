@@ -140,7 +140,8 @@ class Wire:
         side = self.sides[name]
         for entry in side.endpoint.outbox.fail_all():
             # The process died: its callers are gone with it.
-            self._resolve(entry.token, failed="killed")
+            for token in entry.token.tokens:
+                self._resolve(token, failed="killed")
         side.endpoint = self._endpoint(name)
         side.endpoint.restore(side.journal)
         side.restarts += 1
@@ -188,9 +189,11 @@ class Wire:
             elif isinstance(action, Deliver):
                 side.delivered.append(action.frame)
             elif isinstance(action, Settle):
-                self._resolve(action.token)
+                for token in action.tokens:
+                    self._resolve(token)
             elif isinstance(action, Fail):
-                self._resolve(action.token, failed=action.reason)
+                for token in action.tokens:
+                    self._resolve(token, failed=action.reason)
             elif isinstance(action, Count):
                 side.counters[action.name] += action.n
             elif isinstance(action, PeerChanged):
