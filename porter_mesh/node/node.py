@@ -164,11 +164,28 @@ from porter_mesh.core.envelope import (
     make_msg_id,
 )
 from porter_mesh.core.hlc import HybridClock
-from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, PeerTable, Recontact
+from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, Recontact
 from porter_mesh.core.sequence import SequenceTracker, SeqVerdict
-from porter_mesh.core.session.frames import BroadcastFrame, DirectFrame, Fail, SendFrame, Settle
+from porter_mesh.core.session.frames import (
+    BroadcastFrame,
+    Count,
+    DirectFrame,
+    Fail,
+    SendFrame,
+    Settle,
+)
 from porter_mesh.core.session.keys import KEY_PREFIX, MAX_KEY_CHARS
 from porter_mesh.core.session.receiving import DirectReceiver, Verdict
+from porter_mesh.core.session.roster import (
+    Connect,
+    Disconnect,
+    Drop,
+    Forget,
+    PeerChanged,
+    Reconnect,
+    Roster,
+    RosterAction,
+)
 from porter_mesh.core.session.sending import SendAction, Sender
 from porter_mesh.core.tracecontext import TraceContext
 from porter_mesh.errors import (
@@ -457,8 +474,6 @@ class Node:
         self.view_sections: dict[str, Callable[[], dict[str, Any]]] = {}
         self._dir_lock: DirLock | None = None
         self._started_at = time.monotonic()
-        self._peers = PeerTable(evasive_after=config.evasive_after,
-                                expire_after=config.expire_after)
         self._links: dict[str, _PeerLink] = {}
         # The sending rules (queues, batching, numbering, the outbox): pure; the node
         # carries out what they return (_carry_out).
@@ -467,6 +482,11 @@ class Node:
             retry_max=config.retry_max, max_pending=config.max_pending,
             batch_max=config.batch_max, broadcast_bytes=config.broadcast_message_bytes,
         )
+        # The roster's rules (adverts vetted, what each change asks of the node): pure.
+        self._roster: Roster[Completion] = Roster(
+            self.name, config.mesh, self._sending, evasive_after=config.evasive_after,
+            expire_after=config.expire_after)
+        self._peers = self._roster.peers
         # Broadcast subscribers may join a running mesh: the first sequence seen is the
         # start. Direct streams are expected from 1, so retries that overtake each other
         # are still accepted once.
@@ -867,38 +887,9 @@ class Node:
     def _found(self, advert: PeerAdvert, *, verified: bool = False) -> None:
         """An advert arrived; ``verified``: first-hand from that peer over an
         authenticated connection (only a secured node tells the difference)."""
-        if advert.mesh != self.config.mesh or advert.name == self.name:
-            return
-        if advert.version != C.PROTOCOL_VERSION:
-            self._drop("version", advert.name, "peer %s speaks protocol version %s, not %s; "
-                       "upgrade one side", advert.name, advert.version, C.PROTOCOL_VERSION)
-            return
-        if not advert.addresses:
-            self._drop("bad-advert", advert.name, "advert of %s has no address", advert.name)
-            return
-        if self._security is not None and not self._advert_acceptable(advert, verified):
-            return
-        self._apply_peer_events(self._peers.found(advert, time.monotonic()))
-
-    def _advert_acceptable(self, advert: PeerAdvert, verified: bool) -> bool:
-        assert self._security is not None
-        problem = self._security.store.advert_problem(advert)
-        if problem is not None:
-            event, detail = problem
-            self._refuse(event, advert.name, detail, key=advert.public_key)
-            return False
-        current = self._peers.get(advert.name)
-        if (not verified and current is not None
-                and (current.incarnation, current.advert.public_key,
-                     current.advert.endpoint_pub(), current.advert.endpoint_router())
-                != (advert.incarnation, advert.public_key, advert.endpoint_pub(),
-                    advert.endpoint_router())):
-            # Anyone can send mDNS or repeat a public key; only the peer itself, over its
-            # authenticated connection, may move it. A genuine restart says hello itself.
-            self._drop("unverified-advert", advert.name, "ignored a second-hand advert that "
-                       "would move live peer %s", advert.name)
-            return False
-        return True
+        trust = self._security.store if self._security is not None else None
+        self._carry_out(self._roster.found(advert, time.monotonic(), verified=verified,
+                                           trust=trust))
 
     def _refuse(self, event: str, peer: str | None, detail: str, *,
                 key: str | None = None) -> None:
@@ -907,40 +898,27 @@ class Node:
         if self._security is not None:
             self._security.audit.record(event, detail, peer=peer, key=key)
 
-    def _apply_peer_events(self, events: Iterable[PeerEvent]) -> None:
-        for event in events:
-            peer = event.peer
-            note = f" ({event.reason})" if event.reason else ""
-            if event.kind is PeerEventKind.JOINED:
-                self._connect(peer.advert)
-                note = self._reached(peer.name)
-            elif event.kind is PeerEventKind.LEFT:
-                self._disconnect(peer.name)
-                self._carry_out(self._sending.left(peer.name, peer.advert.role, event.reason))
-                if event.reason == "restarted":
-                    self._btracker.forget(peer.name)
-                    self._receiver.forget(peer.name)
-                note += self._lost(peer, event.reason)
-            elif event.kind is PeerEventKind.UPDATED:
-                link = self._links.get(peer.name)
-                if link is not None and (link.advert.endpoint_pub() != peer.advert.endpoint_pub()
-                                         or link.advert.endpoint_router()
-                                         != peer.advert.endpoint_router()
-                                         or link.advert.public_key != peer.advert.public_key):
-                    self._disconnect(peer.name)
-                    self._connect(peer.advert)
-            self.counters["peer." + event.kind.value] += 1
-            if event.kind is PeerEventKind.CLOCK_SKEW:
-                self._warn_skew(peer)
-            else:
-                # A command line's seat comes and goes with every command: not news.
-                level = logging.DEBUG if peer.advert.role == C.ROLE_SEAT else logging.INFO
-                log.log(level, "peer %s %s%s", peer.name, event.kind.value, note)
-            for listener in list(self._peer_listeners):
-                try:
-                    listener(event)
-                except Exception:
-                    log.exception("peer listener failed")
+    def _peer_changed(self, event: PeerEvent) -> None:
+        """A change of the roster, carried out: re-contact started or stopped, counted,
+        logged, told to the listeners."""
+        peer = event.peer
+        note = f" ({event.reason})" if event.reason else ""
+        if event.kind is PeerEventKind.JOINED:
+            note = self._reached(peer.name)
+        elif event.kind is PeerEventKind.LEFT:
+            note += self._lost(peer, event.reason)
+        self.counters["peer." + event.kind.value] += 1
+        if event.kind is PeerEventKind.CLOCK_SKEW:
+            self._warn_skew(peer)
+        else:
+            # A command line's seat comes and goes with every command: not news.
+            level = logging.DEBUG if peer.advert.role == C.ROLE_SEAT else logging.INFO
+            log.log(level, "peer %s %s%s", peer.name, event.kind.value, note)
+        for listener in list(self._peer_listeners):
+            try:
+                listener(event)
+            except Exception:
+                log.exception("peer listener failed")
 
     def _connect(self, advert: PeerAdvert) -> None:
         pub = advert.endpoint_pub()
@@ -965,10 +943,9 @@ class Node:
         self._links[advert.name] = _PeerLink(advert, dealer, pub, sub)
         self._watch(dealer, functools.partial(self._read_dealer, dealer, advert.name))
         self._send_hello(dealer)
-        # Anything still in flight to this name goes to the new connection now.
-        self._carry_out(self._sending.joined(advert.name, time.monotonic()))
 
     def _disconnect(self, name: str) -> None:
+        self._roster.unlinked(name)
         link = self._links.pop(name, None)
         if link is None:
             return
@@ -986,6 +963,7 @@ class Node:
         """The trusted keys changed: cut off peers whose key is no longer trusted."""
         assert self._security is not None
         store = self._security.store
+        now = time.monotonic()
         for name, link in list(self._links.items()):
             key = link.advert.public_key
             if key is None or store.name_for(key) != key_name(name):
@@ -993,11 +971,9 @@ class Node:
                              "disconnected", key=key)
                 info = self._peers.get(name)
                 if info is not None:
-                    self._apply_peer_events(self._peers.left(name, info.incarnation,
-                                                             "untrusted"))
+                    self._carry_out(self._roster.left(name, info.incarnation, now, "untrusted"))
                 self._disconnect(name)
         # A seed refused for want of a key may be trusted now: try every target afresh.
-        now = time.monotonic()
         for seed in self.config.seeds:
             if self._seed_names.get(seed) not in self._links:
                 self._recontact.start((_SEED, seed), None, now, delay=0, pinned=True)
@@ -1497,11 +1473,12 @@ class Node:
             ref, count, kind, *(trace or (None, None)),
         )
 
-    def _carry_out(self, actions: list[SendAction[Completion]]) -> None:
-        """Carry out what the sending side asks, in order: frames onto sockets (a
-        direct frame only over a link; once a DEALER refuses one, the recipient's later
-        frames of the list wait for their resend so the stream stays in order),
-        completions settled or failed, counters."""
+    def _carry_out(self, actions: Iterable[RosterAction | SendAction[Completion]]) -> None:
+        """Carry out what the sending side and the roster ask, in order: frames onto
+        sockets (a direct frame only over a link; once a DEALER refuses one, the
+        recipient's later frames of the list wait for their resend so the stream stays
+        in order), completions settled or failed, links opened and closed, the roster's
+        changes told, counters."""
         blocked: set[str] | None = None
         published = False
         for action in actions:
@@ -1531,8 +1508,24 @@ class Node:
                     _settle(done)
             elif isinstance(action, Fail):
                 self._fail(action.tokens, self._send_error(action))
-            else:
+            elif isinstance(action, Count):
                 self.counters[action.name] += action.n
+            elif isinstance(action, PeerChanged):
+                self._peer_changed(action.event)
+            elif isinstance(action, Connect):
+                self._connect(action.advert)
+            elif isinstance(action, Disconnect):
+                self._disconnect(action.name)
+            elif isinstance(action, Reconnect):
+                self._disconnect(action.advert.name)
+                self._connect(action.advert)
+            elif isinstance(action, Forget):
+                self._btracker.forget(action.name)
+                self._receiver.forget(action.name)
+            elif isinstance(action, Drop):
+                self._drop(action.reason, action.peer, "%s", action.detail)
+            else:
+                self._refuse(action.event, action.peer, action.detail, key=action.key)
         if published and self._pub is not None:
             self._after_send(self._pub)
 
@@ -1770,9 +1763,9 @@ class Node:
         (and carry out the roster changes that follow). Returns whether it is on the
         roster."""
         skew = self._clock.receive(env.hlc, _wall_ms())
-        known, events = self._peers.heard(env.sender, env.incarnation, now, skew)
-        if events:
-            self._apply_peer_events(events)
+        known, actions = self._roster.heard(env.sender, env.incarnation, now, skew)
+        if actions:
+            self._carry_out(actions)
         return known
 
     def _count_seq(self, result: Any, sender: str) -> None:
@@ -2339,7 +2332,8 @@ class Node:
                                           encode_welcome(self._introduction()), ident=ident)
         elif kind == KIND_BYE:
             if self._decode_body(env, decode_bye, payload) is not None:
-                self._apply_peer_events(self._peers.left(env.sender, env.incarnation))
+                self._carry_out(self._roster.left(env.sender, env.incarnation,
+                                                  time.monotonic()))
         else:
             # drain, halt, or a kind of the application's: its listeners decide.
             body = self._decode_body(env, decode_control, payload)
@@ -2465,7 +2459,7 @@ class Node:
                 self._trust_removals = store.removals
                 self._reopen_pub()
         if force_beat:
-            self._apply_peer_events(self._peers.tick(now))
+            self._carry_out(self._roster.tick(now))
             if self.config.unread_warning:
                 self._check_unread(now)
         if now >= self._recontact.next_due:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from porter_mesh.core.advert import PeerAdvert
+from porter_mesh.core.constants import PROTOCOL_VERSION
 from porter_mesh.core.session.endpoint import (
     AckFrame,
     Action,
@@ -47,7 +48,8 @@ SETTINGS = dict(retry_initial=0.2, retry_max=2.0, max_pending=64, key_window=60.
 
 def advert(name: str, incarnation: int, role: str = "worker") -> PeerAdvert:
     return PeerAdvert(name=name, role=role, mesh="m", pub_port=5000, router_port=5001,
-                      version=1, incarnation=incarnation, addresses=("127.0.0.1",))
+                      version=PROTOCOL_VERSION, incarnation=incarnation,
+                      addresses=("127.0.0.1",))
 
 
 @dataclass(order=True)

@@ -4,6 +4,8 @@ times and say what to do, with no socket, no event loop and no clock of their ow
 * :mod:`.frames`: the frames as typed values and the actions the sessions share;
 * :mod:`.sending`: queues, runs, numbering and the outbox's outcomes (send, resend,
   settle, fail), which the node and the endpoint both drive;
+* :mod:`.roster`: adverts vetted and what each change of the roster asks (connect,
+  disconnect, forget a restarted peer's streams, fail a seat's sends);
 * :mod:`.keys`: the receiver's idempotency-key window (wall time passed in);
 * :mod:`.receiving`: the verdict on each arrival of a direct message (new, duplicate,
   held, or refused for want of room), which the node carries out;

@@ -6,13 +6,14 @@ Theory of operation
 -------------------
 An :class:`Endpoint` composes the core's pure pieces the way the node glues them,
 and says what to do as an ordered list of :data:`Action` values instead of doing it.
-Its sending side is the node's own :class:`~.sending.Sender`:
+Its sending side and roster are the node's own :class:`~.sending.Sender` and
+:class:`~.roster.Roster`:
 
 ::
 
     send()  --> Sender.send_run     --> [SendFrame(direct)]        (or [Fail] when full)
     timer() --> Sender.timer        --> [SendFrame(resend)...,  Fail(deadline)...]
-            --> PeerTable.tick      --> [PeerChanged(evasive | left expired)...]
+            --> Roster.tick         --> [PeerChanged(evasive | left expired)...]
     receive(direct) --> roster? --no--> [Count(dropped.unknown-peer)]        (no ack)
                     --> DirectReceiver.admit
                           NEW        --> [Journal, Deliver, SendFrame(ack)]
@@ -20,19 +21,20 @@ Its sending side is the node's own :class:`~.sending.Sender`:
                           HELD       --> [Count]                              (no ack)
                           no room... --> [Count]                              (no ack)
     receive(ack)    --> Sender.acked --> [Settle(tokens)...]
-    receive(hello)  --> PeerTable.found --> [PeerChanged(joined), SendFrame(hello),
-                                             SendFrame(resend)..., SendFrame(welcome)]
+    receive(hello)  --> Roster.found --> [SendFrame(hello), SendFrame(resend)...,
+                                          PeerChanged(joined), SendFrame(welcome)]
     receive(broadcast) --> roster? --> SequenceTracker --> [Count(lost.broadcast)?, Deliver]
-    receive(bye)    --> PeerTable.left --> [PeerChanged(left), Fail(left)... for a seat]
+    receive(bye)    --> Roster.left  --> [Fail(left)... for a seat, PeerChanged(left)]
 
 "Journal before deliver before acknowledge" is the order of the list the receiving side
 returns. The driver carries the actions out in order; when a :class:`Journal` cannot be
 written (a full disk) it stops there and calls :meth:`Endpoint.journal_failed`, so the
 message is neither delivered nor acknowledged and its retry is judged new again.
 
-The sending rules are written once, in :mod:`.sending`, which the node drives too. The
-receiving and roster rules are still the node's as well: each method here names the
-method of :class:`porter_mesh.node.node.Node` whose rule it encodes. Frames are typed
+The sending and roster rules are written once, in :mod:`.sending` and :mod:`.roster`,
+which the node drives too. The receiving rules are still the node's as well: each
+method here names the method of :class:`porter_mesh.node.node.Node` whose rule it
+encodes. Frames are typed
 values (:mod:`.frames`; the node encodes them as envelopes and control bodies); a
 completion token is opaque (the node keeps futures in it).
 
@@ -42,12 +44,13 @@ seconds since the epoch (for idempotency keys only).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from porter_mesh.core.advert import PeerAdvert
 from porter_mesh.core.outbox import Outbox
-from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerTable
+from porter_mesh.core.peers import PeerTable
 from porter_mesh.core.sequence import SequenceTracker, SeqVerdict
 from porter_mesh.core.session.frames import (
     AckFrame,
@@ -65,6 +68,17 @@ from porter_mesh.core.session.frames import (
 )
 from porter_mesh.core.session.keys import KEY_PREFIX
 from porter_mesh.core.session.receiving import DirectReceiver, Verdict
+from porter_mesh.core.session.roster import (
+    Connect,
+    Disconnect,
+    Drop,
+    Forget,
+    PeerChanged,
+    Reconnect,
+    Refuse,
+    Roster,
+    RosterAction,
+)
 from porter_mesh.core.session.sending import Run, Sender
 
 __all__ = [
@@ -92,13 +106,6 @@ class Deliver:
     """Hand ``frame``'s activities to the application (inbox or handlers)."""
 
     frame: DirectFrame | BroadcastFrame
-
-
-@dataclass(frozen=True, slots=True)
-class PeerChanged:
-    """The roster changed (the node connects, disconnects and tells listeners)."""
-
-    event: PeerEvent
 
 
 Action = SendFrame | Journal | Deliver | Settle[T] | Fail[T] | Count | PeerChanged
@@ -131,10 +138,16 @@ class Endpoint(Generic[T]):
                                          retry_initial=retry_initial, retry_max=retry_max,
                                          max_pending=max_pending)
         self.receiver = DirectReceiver(key_window=key_window)
-        self.peers = PeerTable(evasive_after=evasive_after, expire_after=expire_after)
+        self.roster: Roster[T] = Roster(self.name, advert.mesh, self.sending,
+                                        evasive_after=evasive_after, expire_after=expire_after)
         # Broadcasts: a late joiner starts where it joins (Node's _btracker).
         self.btracker = SequenceTracker(from_start=False)
         self._beat_due = now + heartbeat_interval
+
+    @property
+    def peers(self) -> PeerTable:
+        """The roster's peers."""
+        return self.roster.peers
 
     @property
     def outbox(self) -> Outbox[Run[T]]:
@@ -195,20 +208,20 @@ class Endpoint(Generic[T]):
         if isinstance(frame, AckFrame):
             return self._on_ack(frame, now)
         if isinstance(frame, HelloFrame | WelcomeFrame):
-            actions = self._peer_events(self.peers.found(frame.advert, now), now)
+            actions = self._roster_actions(self.roster.found(frame.advert, now))
             if isinstance(frame, HelloFrame):
                 actions.append(SendFrame(WelcomeFrame(self.advert, frame.advert.name)))
             return actions
         if isinstance(frame, ByeFrame):
             # The rule of Node._on_control for ``bye``.
-            return self._peer_events(self.peers.left(frame.sender, frame.incarnation), now)
+            return self._roster_actions(self.roster.left(frame.sender, frame.incarnation, now))
         return self._on_broadcast(frame, now)
 
     def _heard(self, sender: str, incarnation: int,
                now: float) -> tuple[bool, list[Action[T]]]:
         """Mark ``sender`` heard (``Node._heard``): whether it is on the roster."""
-        known, events = self.peers.heard(sender, incarnation, now)
-        return known, self._peer_events(events, now)
+        known, actions = self.roster.heard(sender, incarnation, now)
+        return known, self._roster_actions(actions)
 
     def _on_direct(self, frame: DirectFrame, now: float, wall: float, room: int | None,
                    consumer: bool, held_full: bool) -> list[Action[T]]:
@@ -283,24 +296,23 @@ class Endpoint(Generic[T]):
 
     # -- the roster -----------------------------------------------------------------
 
-    def _peer_events(self, events: list[PeerEvent], now: float) -> list[Action[T]]:
-        """The rule of ``Node._apply_peer_events`` and ``Node._connect``."""
-        actions: list[Action[T]] = []
-        for event in events:
-            actions.append(PeerChanged(event))
-            name = event.peer.name
-            if event.kind is PeerEventKind.JOINED:
-                # A new connection starts with a hello (so the peer knows this node
-                # before anything else arrives on it); then anything still in flight
-                # to this name goes to it at once.
-                actions.append(SendFrame(HelloFrame(self.advert, name)))
-                actions += self.sending.joined(name, now)
-            elif event.kind is PeerEventKind.LEFT:
-                actions += self.sending.left(name, event.peer.advert.role, event.reason)
-                if event.reason == "restarted":
-                    self.btracker.forget(name)
-                    self.receiver.forget(name)
-        return actions
+    def _roster_actions(self, actions: Iterable[RosterAction | Action[T]]) -> list[Action[T]]:
+        """The roster's actions (:class:`~.roster.Roster`, the node's own rules) as this
+        endpoint carries them: a link is a hello on the in-memory wire; a restarted
+        peer's streams start over here."""
+        out: list[Action[T]] = []
+        for action in actions:
+            if isinstance(action, Connect | Reconnect):
+                out.append(SendFrame(HelloFrame(self.advert, action.advert.name)))
+            elif isinstance(action, Forget):
+                self.btracker.forget(action.name)
+                self.receiver.forget(action.name)
+            elif isinstance(action, Drop | Refuse):
+                out.append(Count("dropped." + (action.reason if isinstance(action, Drop)
+                                               else action.event)))
+            elif not isinstance(action, Disconnect):
+                out.append(action)
+        return out
 
     # -- a life's start and end ----------------------------------------------------
 
@@ -347,5 +359,5 @@ class Endpoint(Generic[T]):
         if now >= self._beat_due:
             self._beat_due = now + self.heartbeat_interval
             actions.append(SendFrame(HeartbeatFrame(self.name, self.incarnation)))
-            actions += self._peer_events(self.peers.tick(now), now)
+            actions += self._roster_actions(self.roster.tick(now))
         return actions
