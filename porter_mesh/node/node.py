@@ -202,14 +202,13 @@ from porter_mesh.errors import (
     UnknownPeerError,
 )
 from porter_mesh.node.config import NodeConfig, split_seed
-from porter_mesh.node.zio import readable, recv_frames, recv_frames_from, send_frames
+from porter_mesh.node.links import PeerLink, Sockets, recv_subscription, tcp_address
+from porter_mesh.node.zio import recv_frames, recv_frames_from, send_frames
 
 __all__ = ["Message", "Node"]
 
 log = logging.getLogger("porter_mesh.node")
 
-#: Most messages read from one socket in one go before the others get their turn.
-_READ_LIMIT = 512
 #: Most refusing peers remembered (see Node.refusals).
 _MAX_REFUSALS = 1024
 #: A wake-up this much later than its timer asked for means the process was stopped
@@ -282,14 +281,6 @@ class Message(NamedTuple):
 _T = TypeVar("_T")
 
 
-def _tcp_address(sock: zmq.Socket[bytes], host: str) -> str:
-    """``tcp://HOST`` for binding ``sock`` on ``host`` (without the port); an IPv6 host
-    is bracketed and turns IPv6 on for the socket."""
-    if ":" in host:
-        sock.setsockopt(zmq.IPV6, 1)
-    return f"tcp://{url_host(host)}"
-
-
 #: A new direct message read from the ROUTER: its envelope, the envelope's bytes, the
 #: payload, the decoded activities and the sender's ROUTER identity.
 _Accepted = tuple[Envelope, bytes, bytes, list[Activity], bytes]
@@ -326,21 +317,6 @@ class _OnceLog:
         self._seen.add(key)
         log.warning(message + " (further drops of this kind from %s are only counted)",
                     *args, origin)
-
-
-class _PeerLink:
-    """Sockets and endpoints used to reach one peer (``sub``: its own SUB, secured only;
-    ``introduced``: its hello or welcome, and so its roster, has arrived on this link)."""
-
-    __slots__ = ("advert", "dealer", "introduced", "pub_endpoint", "sub")
-
-    def __init__(self, advert: PeerAdvert, dealer: zmq.Socket[bytes], pub_endpoint: str,
-                 sub: zmq.Socket[bytes] | None = None) -> None:
-        self.advert = advert
-        self.dealer = dealer
-        self.pub_endpoint = pub_endpoint
-        self.sub = sub
-        self.introduced = False
 
 
 class _Countdown:
@@ -427,15 +403,6 @@ def _index_of(items: tuple[_T, ...], item: _T) -> int:
     return next(i for i, x in enumerate(items) if x is item)
 
 
-def _recv_subscription(sock: zmq.Socket[bytes]) -> bytes:
-    """One (un)subscription frame from an XPUB (``zmq.Again`` when none waits)."""
-    return sock.recv(zmq.NOBLOCK)
-
-
-def _fd(sock: zmq.Socket[bytes]) -> int:
-    return cast(int, sock.getsockopt(zmq.FD))
-
-
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -474,7 +441,7 @@ class Node:
         self.view_sections: dict[str, Callable[[], dict[str, Any]]] = {}
         self._dir_lock: DirLock | None = None
         self._started_at = time.monotonic()
-        self._links: dict[str, _PeerLink] = {}
+        self._links: dict[str, PeerLink] = {}
         # The sending rules (queues, batching, numbering, the outbox): pure; the node
         # carries out what they return (_carry_out).
         self._sending: Sender[Completion] = Sender(
@@ -528,7 +495,9 @@ class Node:
         self._pending_acks: dict[bytes, list[int]] = {}
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        # The sockets, how they are made and watched, and the one read loop.
+        self._sockets = Sockets(config, after_batch=self._after_batch,
+                                closed=lambda: self._closed)
         self._pub: zmq.Socket[bytes] | None = None
         self._sub: zmq.Socket[bytes] | None = None
         self._router: zmq.Socket[bytes] | None = None
@@ -547,7 +516,6 @@ class Node:
         self._handshakes: dict[zmq.Socket[bytes], tuple[HandshakeWatch, str | None]] = {}
         self._refusals: dict[str, PeerRefusedError] = {}
         self._observing = False
-        self._readers: dict[zmq.Socket[bytes], Callable[[], None]] = {}
         self._journal: DeliveryJournal | None = None
         # Journal records owed to the application, delivered before anything new.
         self._replay: list[tuple[int, JournalRecord]] = []
@@ -599,21 +567,21 @@ class Node:
         self._loop = asyncio.get_running_loop()
         self._inbox_event = asyncio.Event()
         self._halt_event = asyncio.Event()
-        self._ctx = zmq.Context()
+        ctx = self._sockets.open(self._loop)
         if security is not None:
             # The authenticator must answer before the first client can knock.
-            self._watch(security.start(self._ctx), self._answer_zap)
-            self._security = security
+            self._sockets.watch(security.start(ctx), self._answer_zap)
+            self._security = self._sockets.security = security
             self._trust_generation = security.store.generation
             self._trust_removals = security.store.removals
         try:
-            self._pub = self._new_pub()
-            self.pub_port = self._bind(self._pub, cfg.pub_port)
-            self._router = self._server_socket(zmq.ROUTER)
+            self._pub = self._sockets.new_pub()
+            self.pub_port = self._sockets.bind(self._pub, cfg.pub_port)
+            self._router = self._sockets.server(zmq.ROUTER)
             self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
-            self.router_port = self._bind(self._router, cfg.router_port)
+            self.router_port = self._sockets.bind(self._router, cfg.router_port)
             # A secured node keeps one SUB per peer instead (see the module docstring).
-            self._sub = self._socket(zmq.SUB) if security is None else None
+            self._sub = self._sockets.socket(zmq.SUB) if security is None else None
         except zmq.ZMQError as exc:
             self._close_sockets()
             self._release_data_dir()
@@ -635,9 +603,9 @@ class Node:
                 self._release_data_dir()
                 raise
         if self._sub is not None:
-            self._watch(self._sub, self._read_sub)
-        self._watch(self._router, self._read_router)
-        self._watch(self._pub, self._read_xpub)
+            self._sockets.watch(self._sub, self._read_sub)
+        self._sockets.watch(self._router, self._read_router)
+        self._sockets.watch(self._pub, self._read_xpub)
         self._beat_due = time.monotonic()  # the first heartbeat goes at once
         if cfg.discovery:
             from porter_mesh.adapters.discovery import Discovery
@@ -770,12 +738,7 @@ class Node:
     def _close_sockets(self) -> None:
         for watched in list(self._handshakes):
             self._end_handshake_watch(watched)
-        loop = self._loop
-        for sock in list(self._readers):
-            if loop is not None:
-                with contextlib.suppress(Exception):
-                    loop.remove_reader(_fd(sock))
-        self._readers.clear()
+        self._sockets.unwatch_all()
         if self._pub is not None:
             # Give queued broadcasts (the goodbye among them) a moment to leave.
             self._pub.close(linger=500)
@@ -795,70 +758,7 @@ class Node:
         if self._security is not None:
             # After the server sockets: none of them may outlive the authenticator.
             self._security.stop()
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
-
-    # ------------------------------------------------------------------ sockets
-
-    def _socket(self, kind: int) -> zmq.Socket[bytes]:
-        assert self._ctx is not None
-        sock = self._ctx.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, self.config.sndhwm)
-        sock.setsockopt(zmq.RCVHWM, self.config.rcvhwm)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
-        return sock
-
-    def _server_socket(self, kind: int) -> zmq.Socket[bytes]:
-        sock = self._socket(kind)
-        if self._security is not None:
-            self._security.serve(sock)
-        return sock
-
-    def _client_socket(self, kind: int, server_key: str | None) -> zmq.Socket[bytes]:
-        sock = self._socket(kind)
-        if self._security is not None:
-            assert server_key is not None
-            self._security.client(sock, server_key)
-        return sock
-
-    def _new_pub(self) -> zmq.Socket[bytes]:
-        # XPUB rather than PUB: it tells us who subscribed to what, so callers can wait
-        # for subscribers instead of guessing (the "slow joiner" problem).
-        sock = self._server_socket(zmq.XPUB)
-        sock.setsockopt(zmq.XPUB_VERBOSER, 1)
-        # Bound in bytes: messages are at most broadcast_message_bytes (see Sender).
-        sock.setsockopt(zmq.SNDHWM, self.config.pub_hwm)
-        return sock
-
-    def _bind(self, sock: zmq.Socket[bytes], port: int) -> int:
-        chosen = port
-        for host in self.config.interfaces:
-            if chosen == 0:
-                chosen = sock.bind_to_random_port(_tcp_address(sock, host))
-            else:
-                sock.bind(f"{_tcp_address(sock, host)}:{chosen}")
-        return chosen
-
-    def _watch(self, sock: zmq.Socket[bytes], read: Callable[[], None]) -> None:
-        assert self._loop is not None
-        self._readers[sock] = read
-        self._loop.add_reader(_fd(sock), read)
-        # Input may already be waiting: the edge may have fired before we watched.
-        self._loop.call_soon(read)
-
-    def _unwatch(self, sock: zmq.Socket[bytes]) -> None:
-        if self._readers.pop(sock, None) is not None and self._loop is not None:
-            with contextlib.suppress(Exception):
-                self._loop.remove_reader(_fd(sock))
-
-    def _after_send(self, sock: zmq.Socket[bytes]) -> None:
-        """A send can consume the edge of ZeroMQ's descriptor: re-check for input."""
-        read = self._readers.get(sock)
-        if read is not None and readable(sock):
-            assert self._loop is not None
-            self._loop.call_soon(read)
+        self._sockets.term()
 
     # ------------------------------------------------------------------ adverts
 
@@ -927,12 +827,12 @@ class Node:
             assert self._sub is not None
             self._sub.connect(pub)
         else:
-            sub = self._client_socket(zmq.SUB, advert.public_key)
+            sub = self._sockets.client(zmq.SUB, advert.public_key)
             for topic in self._topics():
                 sub.setsockopt(zmq.SUBSCRIBE, topic)
             sub.connect(pub)
-            self._watch(sub, functools.partial(self._read_sub, sub, advert.name))
-        dealer = self._client_socket(zmq.DEALER, advert.public_key)
+            self._sockets.watch(sub, functools.partial(self._read_sub, sub, advert.name))
+        dealer = self._sockets.client(zmq.DEALER, advert.public_key)
         if self._security is None:
             # A readable id helps debugging; a secured ROUTER makes up its own (see above).
             dealer.setsockopt(zmq.ROUTING_ID, f"{self.name}/{self.incarnation:x}".encode())
@@ -940,8 +840,8 @@ class Node:
         self._refusals.pop(advert.name, None)  # a new connection: ask again
         self._watch_handshake(dealer, advert.name)
         dealer.connect(advert.endpoint_router())
-        self._links[advert.name] = _PeerLink(advert, dealer, pub, sub)
-        self._watch(dealer, functools.partial(self._read_dealer, dealer, advert.name))
+        self._links[advert.name] = PeerLink(advert, dealer, pub, sub)
+        self._sockets.watch(dealer, functools.partial(self._read_dealer, dealer, advert.name))
         self._send_hello(dealer)
 
     def _disconnect(self, name: str) -> None:
@@ -950,12 +850,12 @@ class Node:
         if link is None:
             return
         if link.sub is not None:
-            self._unwatch(link.sub)
+            self._sockets.unwatch(link.sub)
             link.sub.close(linger=0)
         elif self._sub is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self._sub.disconnect(link.pub_endpoint)
-        self._unwatch(link.dealer)
+        self._sockets.unwatch(link.dealer)
         self._end_handshake_watch(link.dealer)
         link.dealer.close(linger=0)
 
@@ -992,13 +892,13 @@ class Node:
         old = self._pub
         if old is None or self._closed:
             return
-        self._unwatch(old)
+        self._sockets.unwatch(old)
         self._end_handshake_watch(old)
         old.close(linger=0)
         self._subscribers.clear()
         self._subscribed.clear()
         self._direct_watched = False
-        sock = self._pub = self._new_pub()
+        sock = self._pub = self._sockets.new_pub()
         self.counters["security.pub-reopened"] += 1
         log.info("node %s: a key left the trusted directory; every subscriber of this "
                  "node's PUB was cut and must reconnect", self.name)
@@ -1015,7 +915,7 @@ class Node:
         while hosts:
             host = hosts[0]
             try:
-                sock.bind(f"{_tcp_address(sock, host)}:{self.pub_port}")
+                sock.bind(f"{tcp_address(sock, host)}:{self.pub_port}")
             except zmq.ZMQError as exc:
                 if exc.errno == zmq.EADDRINUSE and time.monotonic() < deadline:
                     assert self._loop is not None
@@ -1030,7 +930,7 @@ class Node:
             hosts.pop(0)
         if self._security is not None:
             self._watch_handshake(sock, None)
-        self._watch(sock, self._read_xpub)
+        self._sockets.watch(sock, self._read_xpub)
 
     # ------------------------------------------------------------------ handshakes
 
@@ -1039,12 +939,12 @@ class Node:
         connects to) until its first success, a secured server's (None) for its life."""
         watch = HandshakeWatch(sock, secured=self._security is not None)
         self._handshakes[sock] = (watch, peer)
-        self._watch(watch.monitor, functools.partial(self._on_handshake, sock))
+        self._sockets.watch(watch.monitor, functools.partial(self._on_handshake, sock))
 
     def _end_handshake_watch(self, sock: zmq.Socket[bytes]) -> None:
         entry = self._handshakes.pop(sock, None)
         if entry is not None:
-            self._unwatch(entry[0].monitor)
+            self._sockets.unwatch(entry[0].monitor)
             entry[0].close()
 
     def _on_handshake(self, sock: zmq.Socket[bytes]) -> None:
@@ -1156,7 +1056,7 @@ class Node:
                 self._end_probe(key)
                 return
         self._close_probe(key)
-        dealer = self._client_socket(zmq.DEALER, server_key)
+        dealer = self._sockets.client(zmq.DEALER, server_key)
         if self._security is None:
             dealer.setsockopt(zmq.ROUTING_ID,
                               f"{self.name}/{self.incarnation:x}/{key[0][0]}".encode())
@@ -1178,13 +1078,13 @@ class Node:
             self._recontact.stop(key)
             return
         self._probes[key] = dealer
-        self._watch(dealer, functools.partial(self._read_dealer, dealer, None, name, key))
+        self._sockets.watch(dealer, functools.partial(self._read_dealer, dealer, None, name, key))
         self._send_hello(dealer)
 
     def _close_probe(self, key: Target) -> None:
         dealer = self._probes.pop(key, None)
         if dealer is not None:
-            self._unwatch(dealer)
+            self._sockets.unwatch(dealer)
             self._end_handshake_watch(dealer)
             dealer.close(linger=0)
 
@@ -1527,7 +1427,7 @@ class Node:
             else:
                 self._refuse(action.event, action.peer, action.detail, key=action.key)
         if published and self._pub is not None:
-            self._after_send(self._pub)
+            self._sockets.after_send(self._pub)
 
     def _send_error(self, fail: Fail[Completion]) -> Exception:
         """The exception a failed send raises in its caller, saying what to do."""
@@ -1558,7 +1458,7 @@ class Node:
             self.counters["backpressure.dealer"] += 1
             return False
         finally:
-            self._after_send(sock)
+            self._sockets.after_send(sock)
         return True
 
     def _send_control_direct(self, sock: zmq.Socket[bytes], kind: str,
@@ -1590,62 +1490,21 @@ class Node:
 
     # ------------------------------------------------------------------ receiving
 
-    def _read(self, sock: zmq.Socket[bytes], recv: Callable[[zmq.Socket[bytes]], _T | None],
-              handle: Callable[[_T], None]) -> bool | None:
-        """The one read loop: ``handle(recv(sock))`` per waiting message, without
-        blocking, up to a fairness limit.
-
-        Args:
-            sock: the socket whose descriptor fired.
-            recv: reads one message, None (or ``zmq.Again``) when none waits.
-            handle: takes one message.
-
-        Returns:
-            True when the limit was reached (more may wait: the caller reads again on
-            the next loop turn), False when the socket is empty, None when it was
-            closed under the read (a peer's goodbye can close its own socket).
-        """
-        if sock.closed:
-            return None
-        n = 0
-        try:
-            while n < _READ_LIMIT:
-                item = recv(sock)
-                if item is None:
-                    return False
-                n += 1
-                handle(item)
-        except zmq.Again:
-            return False  # a handler's send found a full queue: the rest waits for next time
-        except zmq.ZMQError:
-            if not self._closed and not sock.closed:
-                raise
-            return None
-        return True
-
-    def _read_done(self, more: bool | None, again: Callable[[], None]) -> None:
-        """After a read: read again next turn if ``more``; then flush and re-arm."""
-        if more is None:
-            return
-        if more and self._loop is not None:
-            self._loop.call_soon(again)
-        self._after_batch()
-
     def _read_sub(self, sock: zmq.Socket[bytes] | None = None,
                   peer: str | None = None) -> None:
         """Read the shared SUB, or (secured) the SUB of ``peer``."""
         if sock is None:
             sock = self._sub
         if sock is not None:
-            more = self._read(sock, recv_frames,
+            more = self._sockets.read(sock, recv_frames,
                               lambda frames: self._on_broadcast(frames, peer))
-            self._read_done(more, functools.partial(self._read_sub, sock, peer))
+            self._sockets.read_done(more, functools.partial(self._read_sub, sock, peer))
 
     def _read_dealer(self, sock: zmq.Socket[bytes], peer: str | None,
                      seed_name: str | None = None, probe: Target | None = None) -> None:
-        more = self._read(sock, recv_frames,
+        more = self._sockets.read(sock, recv_frames,
                           lambda frames: self._on_dealer(frames, peer, seed_name, probe))
-        self._read_done(more, functools.partial(self._read_dealer, sock, peer, seed_name,
+        self._sockets.read_done(more, functools.partial(self._read_dealer, sock, peer, seed_name,
                                                 probe))
 
     def _read_router(self) -> None:
@@ -1654,23 +1513,23 @@ class Node:
             return
         accepted: list[_Accepted] = []
         if self._security is None:
-            more = self._read(sock, recv_frames,
+            more = self._sockets.read(sock, recv_frames,
                               lambda frames: self._on_direct(frames, accepted))
         else:
-            more = self._read(sock, recv_frames_from,
+            more = self._sockets.read(sock, recv_frames_from,
                               lambda got: self._on_direct(got[0], accepted, got[1]))
         if more is not None and accepted:
             self._accept(accepted)
-        self._read_done(more, self._read_router)
+        self._sockets.read_done(more, self._read_router)
 
     def _read_xpub(self) -> None:
         """Read the (un)subscriptions that reach this node's PUB."""
         sock = self._pub
         if sock is None:
             return
-        more = self._read(sock, _recv_subscription, self._on_subscription)
+        more = self._sockets.read(sock, recv_subscription, self._on_subscription)
         self._direct_watched = _watches_direct(self._subscribers)
-        self._read_done(more, self._read_xpub)
+        self._sockets.read_done(more, self._read_xpub)
 
     def _on_subscription(self, frame: bytes) -> None:
         subs = self._subscribers
@@ -2081,7 +1940,7 @@ class Node:
                 with contextlib.suppress(zmq.Again):
                     send_frames(pub, [encode_topic(env.channel), env_bytes, payload])
         if pub is not None and watched:
-            self._after_send(pub)
+            self._sockets.after_send(pub)
 
     def _storage_failed(self, error: StorageError, accepted: list[_Accepted]) -> None:
         """The journal could not keep ``accepted``: refuse them (no acknowledgement)."""
@@ -2197,7 +2056,7 @@ class Node:
                 send_frames(router, frames)
             except zmq.ZMQError:
                 self.counters["dropped.ack"] += 1
-        self._after_send(router)
+        self._sockets.after_send(router)
 
     def _on_dealer(self, frames: list[bytes], peer: str | None,
                    seed_name: str | None = None, probe: Target | None = None) -> None:
