@@ -1446,9 +1446,13 @@ class Node:
             return DeliveryError(
                 f"{recipient} left the mesh before it received this (a command line's seat "
                 "that has finished)", recipient=recipient)
-        refused = self._refusals.get(recipient)
-        if fail.reason == "refused" and refused is not None:
-            return PeerRefusedError(str(refused), recipient=recipient, reason=refused.reason)
+        if fail.reason == "refused":
+            refused = self._refusals.get(recipient)
+            if refused is not None:
+                return PeerRefusedError(str(refused), recipient=recipient,
+                                        reason=refused.reason)
+            return PeerRefusedError(f"{recipient} refused the connection of {self.name}; "
+                                    "see docs/security.md", recipient=recipient)
         return NodeClosedError(f"node {self.name} closed before {recipient} acknowledged")
 
     def _send_frames(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> bool:
