@@ -14,9 +14,13 @@ Sockets (all owned by the event-loop thread; ZeroMQ sockets are not thread-safe)
 
 Reading never costs one ``await`` per message: each socket's file descriptor is watched
 with ``loop.add_reader``; when it fires, the socket is read without blocking (up to a
-fairness limit, then the read is rescheduled; one loop, ``Node._read``, serves every
-socket). ZeroMQ's descriptor is edge-triggered,
-so every send on a socket is followed by a check of its ``EVENTS`` for pending input.
+fairness limit, then the read is rescheduled; one loop,
+:meth:`~porter_mesh.node.links.Sockets.read`, serves every socket). ZeroMQ's descriptor
+is edge-triggered, so every send on a socket is followed by a check of its ``EVENTS``
+for pending input. How sockets are made, bound and watched lives in
+:mod:`porter_mesh.node.links`; the protocol's rules live in the pure sessions of
+:mod:`porter_mesh.core.session` (sending, roster, receiving), and the node carries out
+the actions they return.
 
 Sending is batched under load: ``async_publish`` and ``async_send_nowait`` only queue;
 one flush per loop iteration packs what accumulated into messages of up to
