@@ -85,6 +85,8 @@ def test_too_much_in_flight_fails_at_once_with_overflow() -> None:
     assert len(direct(actions)) == 2
     assert Fail((2,), "b", "overflow", 0, 1) in actions
     assert Count("sent.direct", 2) in actions
+    s.queue("b", note(3), 3, 10.0)  # a lone activity (its own path) fails the same way
+    assert s.flush(0.0, {"b"}) == [Fail((3,), "b", "overflow", 0, 1)]
 
 
 def test_a_message_to_an_unreachable_recipient_waits_and_goes_when_it_joins() -> None:

@@ -12,7 +12,7 @@ Pure: data only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import Generic, Literal, NamedTuple, TypeVar
 
 from porter_mesh.core.advert import PeerAdvert
 from porter_mesh.core.tracecontext import TraceContext
@@ -28,16 +28,20 @@ T = TypeVar("T")
 # -- frames ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class DirectFrame:
+class DirectFrame(NamedTuple):
     """A direct message (``task:<recipient>``) of ``count`` activities from ``seq``;
-    ``trace``: the W3C trace context it carries, if it belongs to a traced task."""
+    ``trace``: the W3C trace context it carries, if it belongs to a traced task.
+
+    A ``NamedTuple`` rather than a frozen dataclass, as the envelope is, because one is
+    built per message: it is as immutable and builds in about a third of the time.
+    """
 
     sender: str
     incarnation: int
     recipient: str
     seq: int
-    count: int
+    # Shadows tuple.count, as Envelope.count does: the wire's name reads better.
+    count: int  # type: ignore[assignment]
     msg_id: str
     payload: bytes
     trace: TraceContext | None = None
@@ -54,17 +58,17 @@ class AckFrame:
     firsts: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class BroadcastFrame:
+class BroadcastFrame(NamedTuple):
     """A broadcast of ``count`` activities on ``channel``, numbered per (sender,
-    channel) from ``seq``; ``kind`` names a control message (its body is the payload)."""
+    channel) from ``seq``; ``kind`` names a control message (its body is the payload).
+    A ``NamedTuple`` for the reason :class:`DirectFrame` is one."""
 
     sender: str
     incarnation: int
     channel: str
     seq: int
     payload: bytes
-    count: int = 1
+    count: int = 1  # type: ignore[assignment]
     kind: str | None = None
     trace: TraceContext | None = None
 

@@ -44,8 +44,7 @@ Pure: no sockets, no event loop, no clock; ``now`` is monotonic seconds.
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterator
-from dataclasses import dataclass
-from typing import Generic, TypeVar, cast
+from typing import Generic, NamedTuple, TypeVar, cast
 
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.constants import CHANNEL_CONTROL, DIRECT_PREFIX, MAX_BATCH, ROLE_SEAT
@@ -77,8 +76,7 @@ SendAction = SendFrame | Settle[T] | Fail[T] | Count
 _Queued = tuple[Activity, T, float, str | None, TraceContext | None]
 
 
-@dataclass(frozen=True, slots=True)
-class Run(Generic[T]):
+class Run(NamedTuple, Generic[T]):
     """One direct message in flight: its frame and the tokens of its activities (what
     the outbox keeps for each entry)."""
 
@@ -304,6 +302,15 @@ class Sender(Generic[T]):
               trace: TraceContext | None, now: float, reachable: Container[str],
               actions: list[SendAction[T]]) -> int:
         """Cut ``items`` into messages and send each; returns the activities sent."""
+        if len(items) == 1:
+            # The common case of a request or a reply: one activity, one message.
+            activity, token, deadline, _, _ = items[0]
+            action = self.send_run(recipient, encode_payload([activity]), 1, (token,),
+                                   now=now, deadline=deadline, reachable=reachable, key=key,
+                                   trace=trace)
+            if action is not None:
+                actions.append(action)
+            return 0 if type(action) is Fail else 1
         sent = 0
         for chunk, payload in runs(items, _activity, batch_max=self.batch_max):
             tokens = tuple([item[1] for item in chunk])
