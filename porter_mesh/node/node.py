@@ -14,21 +14,27 @@ Sockets (all owned by the event-loop thread; ZeroMQ sockets are not thread-safe)
 
 Reading never costs one ``await`` per message: each socket's file descriptor is watched
 with ``loop.add_reader``; when it fires, the socket is read without blocking (up to a
-fairness limit, then the read is rescheduled; one loop, ``Node._read``, serves every
-socket). ZeroMQ's descriptor is edge-triggered,
-so every send on a socket is followed by a check of its ``EVENTS`` for pending input.
+fairness limit, then the read is rescheduled; one loop,
+:meth:`~porter_mesh.node.links.Sockets.read`, serves every socket). ZeroMQ's descriptor
+is edge-triggered, so every send on a socket is followed by a check of its ``EVENTS``
+for pending input. How sockets are made, bound and watched lives in
+:mod:`porter_mesh.node.links`; the protocol's rules live in the pure sessions of
+:mod:`porter_mesh.core.session` (sending, roster, receiving), and the node carries out
+the actions they return.
 
 Sending is batched under load: ``async_publish`` and ``async_send_nowait`` only queue;
 one flush per loop iteration packs what accumulated into messages of up to
 ``batch_max`` activities. A lone message therefore goes out on the next iteration and a
-burst goes out in a few large messages.
+burst goes out in a few large messages. The queues, the runs, the numbering and the
+outbox are the pure :class:`~porter_mesh.core.session.sending.Sender`; the node carries
+out the frames, settlements and failures it returns (``_carry_out``).
 
 Broadcast is best effort and ordered per sender (one PUB socket, one TCP stream). Each
 message carries a per-(sender, channel) sequence number; heartbeats carry the last one
 per channel, so loss (even of the last message) is detected and counted, never silent.
 
 Direct delivery is at-least-once on the wire and once to the application: the sender
-keeps each message in its :class:`~porter_mesh.core.outbox.Outbox` and resends it with
+keeps each message in its sender's :class:`~porter_mesh.core.outbox.Outbox` and resends it with
 backoff until acknowledged or its deadline passes (then the caller's future fails with
 ``DeliveryTimeout``). The receiver de-duplicates by (sender, incarnation, sequence),
 records accepted messages in its journal (when it has a data directory) before
@@ -104,7 +110,7 @@ import logging
 import pathlib
 import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, TypeVar, cast
 
 import zmq
@@ -158,22 +164,38 @@ from porter_mesh.core.envelope import (
     decode_payload,
     encode_broadcast,
     encode_direct,
-    encode_payload,
     encode_topic,
     make_msg_id,
 )
 from porter_mesh.core.hlc import HybridClock
-from porter_mesh.core.outbox import Outbox
-from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, PeerTable, Recontact
+from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, Recontact
 from porter_mesh.core.sequence import SequenceTracker, SeqVerdict
+from porter_mesh.core.session.frames import (
+    BroadcastFrame,
+    Count,
+    DirectFrame,
+    Fail,
+    SendFrame,
+    Settle,
+)
 from porter_mesh.core.session.keys import KEY_PREFIX, MAX_KEY_CHARS
 from porter_mesh.core.session.receiving import DirectReceiver, Verdict
+from porter_mesh.core.session.roster import (
+    Connect,
+    Disconnect,
+    Drop,
+    Forget,
+    PeerChanged,
+    Reconnect,
+    Roster,
+    RosterAction,
+)
+from porter_mesh.core.session.sending import SendAction, Sender
 from porter_mesh.core.tracecontext import TraceContext
 from porter_mesh.errors import (
     ConfigError,
     DeliveryError,
     DeliveryTimeout,
-    FrameError,
     NodeClosedError,
     NotHandled,
     PeerRefusedError,
@@ -184,14 +206,13 @@ from porter_mesh.errors import (
     UnknownPeerError,
 )
 from porter_mesh.node.config import NodeConfig, split_seed
-from porter_mesh.node.zio import readable, recv_frames, recv_frames_from, send_frames
+from porter_mesh.node.links import PeerLink, Sockets, recv_subscription, tcp_address
+from porter_mesh.node.zio import recv_frames, recv_frames_from, send_frames
 
 __all__ = ["Message", "Node"]
 
 log = logging.getLogger("porter_mesh.node")
 
-#: Most messages read from one socket in one go before the others get their turn.
-_READ_LIMIT = 512
 #: Most refusing peers remembered (see Node.refusals).
 _MAX_REFUSALS = 1024
 #: A wake-up this much later than its timer asked for means the process was stopped
@@ -264,18 +285,6 @@ class Message(NamedTuple):
 _T = TypeVar("_T")
 
 
-def _tcp_address(sock: zmq.Socket[bytes], host: str) -> str:
-    """``tcp://HOST`` for binding ``sock`` on ``host`` (without the port); an IPv6 host
-    is bracketed and turns IPv6 on for the socket."""
-    if ":" in host:
-        sock.setsockopt(zmq.IPV6, 1)
-    return f"tcp://{url_host(host)}"
-
-
-def _first(item: tuple[Activity, Any, Any]) -> Activity:
-    return item[0]
-
-
 #: A new direct message read from the ROUTER: its envelope, the envelope's bytes, the
 #: payload, the decoded activities and the sender's ROUTER identity.
 _Accepted = tuple[Envelope, bytes, bytes, list[Activity], bytes]
@@ -312,21 +321,6 @@ class _OnceLog:
         self._seen.add(key)
         log.warning(message + " (further drops of this kind from %s are only counted)",
                     *args, origin)
-
-
-class _PeerLink:
-    """Sockets and endpoints used to reach one peer (``sub``: its own SUB, secured only;
-    ``introduced``: its hello or welcome, and so its roster, has arrived on this link)."""
-
-    __slots__ = ("advert", "dealer", "introduced", "pub_endpoint", "sub")
-
-    def __init__(self, advert: PeerAdvert, dealer: zmq.Socket[bytes], pub_endpoint: str,
-                 sub: zmq.Socket[bytes] | None = None) -> None:
-        self.advert = advert
-        self.dealer = dealer
-        self.pub_endpoint = pub_endpoint
-        self.sub = sub
-        self.introduced = False
 
 
 class _Countdown:
@@ -413,15 +407,6 @@ def _index_of(items: tuple[_T, ...], item: _T) -> int:
     return next(i for i, x in enumerate(items) if x is item)
 
 
-def _recv_subscription(sock: zmq.Socket[bytes]) -> bytes:
-    """One (un)subscription frame from an XPUB (``zmq.Again`` when none waits)."""
-    return sock.recv(zmq.NOBLOCK)
-
-
-def _fd(sock: zmq.Socket[bytes]) -> int:
-    return cast(int, sock.getsockopt(zmq.FD))
-
-
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -460,14 +445,19 @@ class Node:
         self.view_sections: dict[str, Callable[[], dict[str, Any]]] = {}
         self._dir_lock: DirLock | None = None
         self._started_at = time.monotonic()
-        self._peers = PeerTable(evasive_after=config.evasive_after,
-                                expire_after=config.expire_after)
-        self._links: dict[str, _PeerLink] = {}
-        self._bseq: dict[str, int] = {}
-        self._outbox: Outbox[list[Completion]] = Outbox(
-            retry_initial=config.retry_initial, retry_max=config.retry_max,
-            max_pending=config.max_pending,
+        self._links: dict[str, PeerLink] = {}
+        # The sending rules (queues, batching, numbering, the outbox): pure; the node
+        # carries out what they return (_carry_out).
+        self._sending: Sender[Completion] = Sender(
+            self.name, self.incarnation, retry_initial=config.retry_initial,
+            retry_max=config.retry_max, max_pending=config.max_pending,
+            batch_max=config.batch_max, broadcast_bytes=config.broadcast_message_bytes,
         )
+        # The roster's rules (adverts vetted, what each change asks of the node): pure.
+        self._roster: Roster[Completion] = Roster(
+            self.name, config.mesh, self._sending, evasive_after=config.evasive_after,
+            expire_after=config.expire_after)
+        self._peers = self._roster.peers
         # Broadcast subscribers may join a running mesh: the first sequence seen is the
         # start. Direct streams are expected from 1, so retries that overtake each other
         # are still accepted once.
@@ -506,12 +496,12 @@ class Node:
         self._subscribers: collections.Counter[bytes] = collections.Counter()
         self._subscribed: collections.Counter[tuple[str, str]] = collections.Counter()
         self._direct_watched = False
-        self._pending_bcast: dict[str, list[Activity]] = {}
-        self._pending_direct: dict[str, list[tuple[Activity, Completion, float]]] = {}
         self._pending_acks: dict[bytes, list[int]] = {}
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        # The sockets, how they are made and watched, and the one read loop.
+        self._sockets = Sockets(config, after_batch=self._after_batch,
+                                closed=lambda: self._closed)
         self._pub: zmq.Socket[bytes] | None = None
         self._sub: zmq.Socket[bytes] | None = None
         self._router: zmq.Socket[bytes] | None = None
@@ -530,16 +520,11 @@ class Node:
         self._handshakes: dict[zmq.Socket[bytes], tuple[HandshakeWatch, str | None]] = {}
         self._refusals: dict[str, PeerRefusedError] = {}
         self._observing = False
-        self._readers: dict[zmq.Socket[bytes], Callable[[], None]] = {}
         self._journal: DeliveryJournal | None = None
         # Journal records owed to the application, delivered before anything new.
         self._replay: list[tuple[int, JournalRecord]] = []
         # The journal position after the last message handed out by receive()/drain().
         self._handed = 0
-        # Keys of queued direct sends: recipient -> {index in its queue: key}.
-        self._pending_keys: dict[str, dict[int, str]] = {}
-        # Trace context of queued direct sends: recipient -> queue index -> context.
-        self._pending_traces: dict[str, dict[int, TraceContext]] = {}
         self._discovery: Any = None
         # The one timer of the node, armed at the earliest deadline of everything that
         # waits on time (see _rearm), and when it is due (monotonic; inf: not armed).
@@ -586,21 +571,21 @@ class Node:
         self._loop = asyncio.get_running_loop()
         self._inbox_event = asyncio.Event()
         self._halt_event = asyncio.Event()
-        self._ctx = zmq.Context()
+        ctx = self._sockets.open(self._loop)
         if security is not None:
             # The authenticator must answer before the first client can knock.
-            self._watch(security.start(self._ctx), self._answer_zap)
-            self._security = security
+            self._sockets.watch(security.start(ctx), self._answer_zap)
+            self._security = self._sockets.security = security
             self._trust_generation = security.store.generation
             self._trust_removals = security.store.removals
         try:
-            self._pub = self._new_pub()
-            self.pub_port = self._bind(self._pub, cfg.pub_port)
-            self._router = self._server_socket(zmq.ROUTER)
+            self._pub = self._sockets.new_pub()
+            self.pub_port = self._sockets.bind(self._pub, cfg.pub_port)
+            self._router = self._sockets.server(zmq.ROUTER)
             self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
-            self.router_port = self._bind(self._router, cfg.router_port)
+            self.router_port = self._sockets.bind(self._router, cfg.router_port)
             # A secured node keeps one SUB per peer instead (see the module docstring).
-            self._sub = self._socket(zmq.SUB) if security is None else None
+            self._sub = self._sockets.socket(zmq.SUB) if security is None else None
         except zmq.ZMQError as exc:
             self._close_sockets()
             self._release_data_dir()
@@ -622,9 +607,9 @@ class Node:
                 self._release_data_dir()
                 raise
         if self._sub is not None:
-            self._watch(self._sub, self._read_sub)
-        self._watch(self._router, self._read_router)
-        self._watch(self._pub, self._read_xpub)
+            self._sockets.watch(self._sub, self._read_sub)
+        self._sockets.watch(self._router, self._read_router)
+        self._sockets.watch(self._pub, self._read_xpub)
         self._beat_due = time.monotonic()  # the first heartbeat goes at once
         if cfg.discovery:
             from porter_mesh.adapters.discovery import Discovery
@@ -737,13 +722,7 @@ class Node:
         if self._discovery is not None:
             with contextlib.suppress(Exception):
                 await self._discovery.aclose()
-        for entry in self._outbox.fail_all():
-            self._fail(entry.token, NodeClosedError(f"node {self.name} closed before "
-                                                    f"{entry.recipient} acknowledged"))
-        for items in self._pending_direct.values():
-            for _, done, _ in items:
-                _fail_one(done, NodeClosedError(f"node {self.name} closed"))
-        self._pending_direct.clear()
+        self._carry_out(self._sending.close())
         self._close_sockets()
         if self._journal is not None:
             # Closing the node means the application is done with what it took.
@@ -763,12 +742,7 @@ class Node:
     def _close_sockets(self) -> None:
         for watched in list(self._handshakes):
             self._end_handshake_watch(watched)
-        loop = self._loop
-        for sock in list(self._readers):
-            if loop is not None:
-                with contextlib.suppress(Exception):
-                    loop.remove_reader(_fd(sock))
-        self._readers.clear()
+        self._sockets.unwatch_all()
         if self._pub is not None:
             # Give queued broadcasts (the goodbye among them) a moment to leave.
             self._pub.close(linger=500)
@@ -788,70 +762,7 @@ class Node:
         if self._security is not None:
             # After the server sockets: none of them may outlive the authenticator.
             self._security.stop()
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
-
-    # ------------------------------------------------------------------ sockets
-
-    def _socket(self, kind: int) -> zmq.Socket[bytes]:
-        assert self._ctx is not None
-        sock = self._ctx.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, self.config.sndhwm)
-        sock.setsockopt(zmq.RCVHWM, self.config.rcvhwm)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
-        return sock
-
-    def _server_socket(self, kind: int) -> zmq.Socket[bytes]:
-        sock = self._socket(kind)
-        if self._security is not None:
-            self._security.serve(sock)
-        return sock
-
-    def _client_socket(self, kind: int, server_key: str | None) -> zmq.Socket[bytes]:
-        sock = self._socket(kind)
-        if self._security is not None:
-            assert server_key is not None
-            self._security.client(sock, server_key)
-        return sock
-
-    def _new_pub(self) -> zmq.Socket[bytes]:
-        # XPUB rather than PUB: it tells us who subscribed to what, so callers can wait
-        # for subscribers instead of guessing (the "slow joiner" problem).
-        sock = self._server_socket(zmq.XPUB)
-        sock.setsockopt(zmq.XPUB_VERBOSER, 1)
-        # Bound in bytes: messages are at most broadcast_message_bytes (see _batches).
-        sock.setsockopt(zmq.SNDHWM, self.config.pub_hwm)
-        return sock
-
-    def _bind(self, sock: zmq.Socket[bytes], port: int) -> int:
-        chosen = port
-        for host in self.config.interfaces:
-            if chosen == 0:
-                chosen = sock.bind_to_random_port(_tcp_address(sock, host))
-            else:
-                sock.bind(f"{_tcp_address(sock, host)}:{chosen}")
-        return chosen
-
-    def _watch(self, sock: zmq.Socket[bytes], read: Callable[[], None]) -> None:
-        assert self._loop is not None
-        self._readers[sock] = read
-        self._loop.add_reader(_fd(sock), read)
-        # Input may already be waiting: the edge may have fired before we watched.
-        self._loop.call_soon(read)
-
-    def _unwatch(self, sock: zmq.Socket[bytes]) -> None:
-        if self._readers.pop(sock, None) is not None and self._loop is not None:
-            with contextlib.suppress(Exception):
-                self._loop.remove_reader(_fd(sock))
-
-    def _after_send(self, sock: zmq.Socket[bytes]) -> None:
-        """A send can consume the edge of ZeroMQ's descriptor: re-check for input."""
-        read = self._readers.get(sock)
-        if read is not None and readable(sock):
-            assert self._loop is not None
-            self._loop.call_soon(read)
+        self._sockets.term()
 
     # ------------------------------------------------------------------ adverts
 
@@ -880,38 +791,9 @@ class Node:
     def _found(self, advert: PeerAdvert, *, verified: bool = False) -> None:
         """An advert arrived; ``verified``: first-hand from that peer over an
         authenticated connection (only a secured node tells the difference)."""
-        if advert.mesh != self.config.mesh or advert.name == self.name:
-            return
-        if advert.version != C.PROTOCOL_VERSION:
-            self._drop("version", advert.name, "peer %s speaks protocol version %s, not %s; "
-                       "upgrade one side", advert.name, advert.version, C.PROTOCOL_VERSION)
-            return
-        if not advert.addresses:
-            self._drop("bad-advert", advert.name, "advert of %s has no address", advert.name)
-            return
-        if self._security is not None and not self._advert_acceptable(advert, verified):
-            return
-        self._apply_peer_events(self._peers.found(advert, time.monotonic()))
-
-    def _advert_acceptable(self, advert: PeerAdvert, verified: bool) -> bool:
-        assert self._security is not None
-        problem = self._security.store.advert_problem(advert)
-        if problem is not None:
-            event, detail = problem
-            self._refuse(event, advert.name, detail, key=advert.public_key)
-            return False
-        current = self._peers.get(advert.name)
-        if (not verified and current is not None
-                and (current.incarnation, current.advert.public_key,
-                     current.advert.endpoint_pub(), current.advert.endpoint_router())
-                != (advert.incarnation, advert.public_key, advert.endpoint_pub(),
-                    advert.endpoint_router())):
-            # Anyone can send mDNS or repeat a public key; only the peer itself, over its
-            # authenticated connection, may move it. A genuine restart says hello itself.
-            self._drop("unverified-advert", advert.name, "ignored a second-hand advert that "
-                       "would move live peer %s", advert.name)
-            return False
-        return True
+        trust = self._security.store if self._security is not None else None
+        self._carry_out(self._roster.found(advert, time.monotonic(), verified=verified,
+                                           trust=trust))
 
     def _refuse(self, event: str, peer: str | None, detail: str, *,
                 key: str | None = None) -> None:
@@ -920,46 +802,27 @@ class Node:
         if self._security is not None:
             self._security.audit.record(event, detail, peer=peer, key=key)
 
-    def _apply_peer_events(self, events: Iterable[PeerEvent]) -> None:
-        for event in events:
-            peer = event.peer
-            note = f" ({event.reason})" if event.reason else ""
-            if event.kind is PeerEventKind.JOINED:
-                self._connect(peer.advert)
-                note = self._reached(peer.name)
-            elif event.kind is PeerEventKind.LEFT:
-                self._disconnect(peer.name)
-                if peer.advert.role == C.ROLE_SEAT and event.reason == "goodbye":
-                    # A command line's seat that said goodbye is not coming back for its
-                    # replies: fail them now rather than at their deadline.
-                    for entry in self._outbox.fail_for(peer.name):
-                        self._fail(entry.token, DeliveryError(
-                            f"{peer.name} left the mesh before it received this (a command "
-                            "line's seat that has finished)", recipient=peer.name))
-                if event.reason == "restarted":
-                    self._btracker.forget(peer.name)
-                    self._receiver.forget(peer.name)
-                note += self._lost(peer, event.reason)
-            elif event.kind is PeerEventKind.UPDATED:
-                link = self._links.get(peer.name)
-                if link is not None and (link.advert.endpoint_pub() != peer.advert.endpoint_pub()
-                                         or link.advert.endpoint_router()
-                                         != peer.advert.endpoint_router()
-                                         or link.advert.public_key != peer.advert.public_key):
-                    self._disconnect(peer.name)
-                    self._connect(peer.advert)
-            self.counters["peer." + event.kind.value] += 1
-            if event.kind is PeerEventKind.CLOCK_SKEW:
-                self._warn_skew(peer)
-            else:
-                # A command line's seat comes and goes with every command: not news.
-                level = logging.DEBUG if peer.advert.role == C.ROLE_SEAT else logging.INFO
-                log.log(level, "peer %s %s%s", peer.name, event.kind.value, note)
-            for listener in list(self._peer_listeners):
-                try:
-                    listener(event)
-                except Exception:
-                    log.exception("peer listener failed")
+    def _peer_changed(self, event: PeerEvent) -> None:
+        """A change of the roster, carried out: re-contact started or stopped, counted,
+        logged, told to the listeners."""
+        peer = event.peer
+        note = f" ({event.reason})" if event.reason else ""
+        if event.kind is PeerEventKind.JOINED:
+            note = self._reached(peer.name)
+        elif event.kind is PeerEventKind.LEFT:
+            note += self._lost(peer, event.reason)
+        self.counters["peer." + event.kind.value] += 1
+        if event.kind is PeerEventKind.CLOCK_SKEW:
+            self._warn_skew(peer)
+        else:
+            # A command line's seat comes and goes with every command: not news.
+            level = logging.DEBUG if peer.advert.role == C.ROLE_SEAT else logging.INFO
+            log.log(level, "peer %s %s%s", peer.name, event.kind.value, note)
+        for listener in list(self._peer_listeners):
+            try:
+                listener(event)
+            except Exception:
+                log.exception("peer listener failed")
 
     def _connect(self, advert: PeerAdvert) -> None:
         pub = advert.endpoint_pub()
@@ -968,12 +831,12 @@ class Node:
             assert self._sub is not None
             self._sub.connect(pub)
         else:
-            sub = self._client_socket(zmq.SUB, advert.public_key)
+            sub = self._sockets.client(zmq.SUB, advert.public_key)
             for topic in self._topics():
                 sub.setsockopt(zmq.SUBSCRIBE, topic)
             sub.connect(pub)
-            self._watch(sub, functools.partial(self._read_sub, sub, advert.name))
-        dealer = self._client_socket(zmq.DEALER, advert.public_key)
+            self._sockets.watch(sub, functools.partial(self._read_sub, sub, advert.name))
+        dealer = self._sockets.client(zmq.DEALER, advert.public_key)
         if self._security is None:
             # A readable id helps debugging; a secured ROUTER makes up its own (see above).
             dealer.setsockopt(zmq.ROUTING_ID, f"{self.name}/{self.incarnation:x}".encode())
@@ -981,25 +844,22 @@ class Node:
         self._refusals.pop(advert.name, None)  # a new connection: ask again
         self._watch_handshake(dealer, advert.name)
         dealer.connect(advert.endpoint_router())
-        self._links[advert.name] = _PeerLink(advert, dealer, pub, sub)
-        self._watch(dealer, functools.partial(self._read_dealer, dealer, advert.name))
+        self._links[advert.name] = PeerLink(advert, dealer, pub, sub)
+        self._sockets.watch(dealer, functools.partial(self._read_dealer, dealer, advert.name))
         self._send_hello(dealer)
-        # Anything still in flight to this name goes to the new connection now.
-        now = time.monotonic()
-        for entry in self._outbox.retry_now(advert.name, now):
-            self._send_frames(dealer, entry.frames)
 
     def _disconnect(self, name: str) -> None:
+        self._roster.unlinked(name)
         link = self._links.pop(name, None)
         if link is None:
             return
         if link.sub is not None:
-            self._unwatch(link.sub)
+            self._sockets.unwatch(link.sub)
             link.sub.close(linger=0)
         elif self._sub is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self._sub.disconnect(link.pub_endpoint)
-        self._unwatch(link.dealer)
+        self._sockets.unwatch(link.dealer)
         self._end_handshake_watch(link.dealer)
         link.dealer.close(linger=0)
 
@@ -1007,6 +867,7 @@ class Node:
         """The trusted keys changed: cut off peers whose key is no longer trusted."""
         assert self._security is not None
         store = self._security.store
+        now = time.monotonic()
         for name, link in list(self._links.items()):
             key = link.advert.public_key
             if key is None or store.name_for(key) != key_name(name):
@@ -1014,11 +875,9 @@ class Node:
                              "disconnected", key=key)
                 info = self._peers.get(name)
                 if info is not None:
-                    self._apply_peer_events(self._peers.left(name, info.incarnation,
-                                                             "untrusted"))
+                    self._carry_out(self._roster.left(name, info.incarnation, now, "untrusted"))
                 self._disconnect(name)
         # A seed refused for want of a key may be trusted now: try every target afresh.
-        now = time.monotonic()
         for seed in self.config.seeds:
             if self._seed_names.get(seed) not in self._links:
                 self._recontact.start((_SEED, seed), None, now, delay=0, pinned=True)
@@ -1037,13 +896,13 @@ class Node:
         old = self._pub
         if old is None or self._closed:
             return
-        self._unwatch(old)
+        self._sockets.unwatch(old)
         self._end_handshake_watch(old)
         old.close(linger=0)
         self._subscribers.clear()
         self._subscribed.clear()
         self._direct_watched = False
-        sock = self._pub = self._new_pub()
+        sock = self._pub = self._sockets.new_pub()
         self.counters["security.pub-reopened"] += 1
         log.info("node %s: a key left the trusted directory; every subscriber of this "
                  "node's PUB was cut and must reconnect", self.name)
@@ -1060,7 +919,7 @@ class Node:
         while hosts:
             host = hosts[0]
             try:
-                sock.bind(f"{_tcp_address(sock, host)}:{self.pub_port}")
+                sock.bind(f"{tcp_address(sock, host)}:{self.pub_port}")
             except zmq.ZMQError as exc:
                 if exc.errno == zmq.EADDRINUSE and time.monotonic() < deadline:
                     assert self._loop is not None
@@ -1075,7 +934,7 @@ class Node:
             hosts.pop(0)
         if self._security is not None:
             self._watch_handshake(sock, None)
-        self._watch(sock, self._read_xpub)
+        self._sockets.watch(sock, self._read_xpub)
 
     # ------------------------------------------------------------------ handshakes
 
@@ -1084,12 +943,12 @@ class Node:
         connects to) until its first success, a secured server's (None) for its life."""
         watch = HandshakeWatch(sock, secured=self._security is not None)
         self._handshakes[sock] = (watch, peer)
-        self._watch(watch.monitor, functools.partial(self._on_handshake, sock))
+        self._sockets.watch(watch.monitor, functools.partial(self._on_handshake, sock))
 
     def _end_handshake_watch(self, sock: zmq.Socket[bytes]) -> None:
         entry = self._handshakes.pop(sock, None)
         if entry is not None:
-            self._unwatch(entry[0].monitor)
+            self._sockets.unwatch(entry[0].monitor)
             entry[0].close()
 
     def _on_handshake(self, sock: zmq.Socket[bytes]) -> None:
@@ -1134,13 +993,10 @@ class Node:
                     f"{peer}'); see docs/security.md")
         if len(self._refusals) >= _MAX_REFUSALS:
             del self._refusals[next(iter(self._refusals))]
-        error = self._refusals[peer] = PeerRefusedError(text, recipient=peer,
-                                                        reason=refusal.value)
+        self._refusals[peer] = PeerRefusedError(text, recipient=peer, reason=refusal.value)
         self.counters["refused." + refusal.value] += 1
         log.info("node %s: %s", self.name, text)
-        for entry in self._outbox.fail_for(peer):
-            self._fail(entry.token, PeerRefusedError(text, recipient=peer,
-                                                     reason=error.reason))
+        self._carry_out(self._sending.refused(peer))
         if refusal is Refusal.KEY_REFUSED:
             return
         link = self._links.get(peer)
@@ -1204,7 +1060,7 @@ class Node:
                 self._end_probe(key)
                 return
         self._close_probe(key)
-        dealer = self._client_socket(zmq.DEALER, server_key)
+        dealer = self._sockets.client(zmq.DEALER, server_key)
         if self._security is None:
             dealer.setsockopt(zmq.ROUTING_ID,
                               f"{self.name}/{self.incarnation:x}/{key[0][0]}".encode())
@@ -1226,13 +1082,13 @@ class Node:
             self._recontact.stop(key)
             return
         self._probes[key] = dealer
-        self._watch(dealer, functools.partial(self._read_dealer, dealer, None, name, key))
+        self._sockets.watch(dealer, functools.partial(self._read_dealer, dealer, None, name, key))
         self._send_hello(dealer)
 
     def _close_probe(self, key: Target) -> None:
         dealer = self._probes.pop(key, None)
         if dealer is not None:
-            self._unwatch(dealer)
+            self._sockets.unwatch(dealer)
             self._end_handshake_watch(dealer)
             dealer.close(linger=0)
 
@@ -1378,16 +1234,14 @@ class Node:
         if trace is not None:
             self._publish_traced(channel, activity, trace)
             return
-        queue = self._pending_bcast.get(channel)
-        if queue is not None:
+        if self._sending.publish_more(channel, activity):
             # Checked when the queue began; it lives until the flush already scheduled
             # (closing flushes, so a closed node never has one).
-            queue.append(activity)
             return
         self._check_open()
         if channel.startswith(C.DIRECT_PREFIX):
             raise ConfigError(f"{channel!r} is a direct inbox; use send() to reach one agent")
-        self._pending_bcast[channel] = [activity]
+        self._sending.publish(channel, activity)
         self._schedule_flush()
 
     async def publish(self, channel: str, activity: Activity, *,
@@ -1401,15 +1255,12 @@ class Node:
         self._check_open()
         if channel.startswith(C.DIRECT_PREFIX):
             raise ConfigError(f"{channel!r} is a direct inbox; use send() to reach one agent")
-        queued = self._pending_bcast.pop(channel, None)
-        if queued:
-            self._flush_broadcast(channel, queued)
-        self._flush_broadcast(channel, [activity], trace=trace)
+        self._carry_out(self._sending.publish_now(channel, activity, trace))
 
     def _direct_queue(
         self, recipient: str, timeout: float | None
-    ) -> tuple[list[tuple[Activity, Completion, float]], asyncio.Future[None], float]:
-        """The send queue of ``recipient``, a new future and the deadline of a send."""
+    ) -> tuple[str, asyncio.Future[None], float]:
+        """The agent name of ``recipient``, a new future and the deadline of a send."""
         self._check_open()
         if recipient.startswith(C.DIRECT_PREFIX):
             recipient = recipient[len(C.DIRECT_PREFIX):]
@@ -1423,14 +1274,11 @@ class Node:
                 "check the name, or wait for discovery with wait_for_peer()",
                 recipient=recipient,
             )
-        queue = self._pending_direct.get(recipient)
-        if queue is None:
-            queue = self._pending_direct[recipient] = []
         self._schedule_flush()
         assert self._loop is not None
         deadline = time.monotonic() + (timeout if timeout is not None
                                        else self.config.send_timeout)
-        return queue, self._loop.create_future(), deadline
+        return recipient, self._loop.create_future(), deadline
 
     def async_send_nowait(
         self, recipient: str, activity: Activity, *, timeout: float | None = None,
@@ -1448,17 +1296,11 @@ class Node:
             UnknownPeerError: the recipient is not on the mesh.
             ConfigError: ``key`` is empty or longer than 256 characters.
         """
-        queue, fut, deadline = self._direct_queue(recipient, timeout)
-        if key is not None:
-            if not 0 < len(key) <= MAX_KEY_CHARS:
-                raise ConfigError(f"an idempotency key must be 1-{MAX_KEY_CHARS} "
-                                  f"characters, got {len(key)}")
-            name = recipient.removeprefix(C.DIRECT_PREFIX)
-            self._pending_keys.setdefault(name, {})[len(queue)] = key
-        if trace is not None:
-            name = recipient.removeprefix(C.DIRECT_PREFIX)
-            self._pending_traces.setdefault(name, {})[len(queue)] = trace
-        queue.append((activity, fut, deadline))
+        name, fut, deadline = self._direct_queue(recipient, timeout)
+        if key is not None and not 0 < len(key) <= MAX_KEY_CHARS:
+            raise ConfigError(f"an idempotency key must be 1-{MAX_KEY_CHARS} "
+                              f"characters, got {len(key)}")
+        self._sending.queue(name, activity, fut, deadline, key=key, trace=trace)
         return fut
 
     def async_send_many(
@@ -1474,13 +1316,15 @@ class Node:
         Raises:
             UnknownPeerError: the recipient is not on the mesh.
         """
-        queue, fut, deadline = self._direct_queue(recipient, timeout)
+        name, fut, deadline = self._direct_queue(recipient, timeout)
         items = list(activities)
         if not items:
             fut.set_result(None)
             return fut
         countdown = _Countdown(fut, len(items))
-        queue.extend([(activity, countdown, deadline) for activity in items])
+        queue = self._sending.queue
+        for activity in items:
+            queue(name, activity, countdown, deadline)
         return fut
 
     async def send(self, recipient: str, activity: Activity, *,
@@ -1517,14 +1361,9 @@ class Node:
         self._flush_scheduled = False
         if self._closed and self._pub is None:
             return
-        if self._pending_bcast:
-            pending, self._pending_bcast = self._pending_bcast, {}
-            for channel, activities in pending.items():
-                self._flush_broadcast(channel, activities)
-        if self._pending_direct:
-            pending_d, self._pending_direct = self._pending_direct, {}
-            for recipient, items in pending_d.items():
-                self._flush_direct(recipient, items)
+        sending = self._sending
+        if sending.broadcasts_queued or sending.direct_queued:
+            self._carry_out(sending.flush(time.monotonic(), self._links))
         if self._pending_acks:
             self._flush_acks()
         self._rearm()
@@ -1538,102 +1377,87 @@ class Node:
             ref, count, kind, *(trace or (None, None)),
         )
 
-    def _batches(self, items: list[_T], activity: Callable[[_T], Activity] | None, *,
-                 max_bytes: int | None = None) -> Iterator[tuple[list[_T], bytes]]:
-        """``items`` in runs of at most ``batch_max``, each with its encoded payload
-        (``activity`` picks an item's activity; ``None``: the items are activities).
-
-        A run whose activities together pass one message's size limit (or ``max_bytes``)
-        is split into parts that fit (a single activity is sent whatever its size).
-        """
-        step = self.config.batch_max
-        pending = [items[start:start + step] for start in range(0, len(items), step)][::-1]
-        while pending:
-            chunk = pending.pop()
-            try:
-                payload = encode_payload(
-                    cast(list[Activity], chunk) if activity is None
-                    else [activity(item) for item in chunk])
-            except FrameError as exc:
-                if exc.reason != "too-large" or len(chunk) == 1:
-                    raise
-                parts = 2
+    def _carry_out(self, actions: Iterable[RosterAction | SendAction[Completion]]) -> None:
+        """Carry out what the sending side and the roster ask, in order: frames onto
+        sockets (a direct frame only over a link; once a DEALER refuses one, the
+        recipient's later frames of the list wait for their resend so the stream stays
+        in order), completions settled or failed, links opened and closed, the roster's
+        changes told, counters."""
+        blocked: set[str] | None = None
+        published = False
+        for action in actions:
+            if isinstance(action, SendFrame):
+                frame = action.frame
+                if isinstance(frame, DirectFrame):
+                    recipient = frame.recipient
+                    link = self._links.get(recipient)
+                    if link is None or (blocked is not None and recipient in blocked):
+                        continue
+                    env = self._envelope(C.DIRECT_PREFIX + recipient, frame.seq, frame.count,
+                                         recipient=recipient, msg_id=frame.msg_id,
+                                         trace=frame.trace)
+                    if not self._send_frames(link.dealer, encode_direct(env, frame.payload)):
+                        blocked = blocked or set()
+                        blocked.add(recipient)
+                elif isinstance(frame, BroadcastFrame) and self._pub is not None:
+                    env = self._envelope(frame.channel, frame.seq, frame.count,
+                                         kind=frame.kind, trace=frame.trace)
+                    try:
+                        send_frames(self._pub, encode_broadcast(env, frame.payload))
+                    except zmq.Again:
+                        self.counters["dropped.pub-hwm"] += frame.count
+                    published = True
+            elif isinstance(action, Settle):
+                for done in action.tokens:
+                    _settle(done)
+            elif isinstance(action, Fail):
+                self._fail(action.tokens, self._send_error(action))
+            elif isinstance(action, Count):
+                self.counters[action.name] += action.n
+            elif isinstance(action, PeerChanged):
+                self._peer_changed(action.event)
+            elif isinstance(action, Connect):
+                self._connect(action.advert)
+            elif isinstance(action, Disconnect):
+                self._disconnect(action.name)
+            elif isinstance(action, Reconnect):
+                self._disconnect(action.advert.name)
+                self._connect(action.advert)
+            elif isinstance(action, Forget):
+                self._btracker.forget(action.name)
+                self._receiver.forget(action.name)
+            elif isinstance(action, Drop):
+                self._drop(action.reason, action.peer, "%s", action.detail)
             else:
-                if max_bytes is None or len(payload) <= max_bytes or len(chunk) == 1:
-                    yield chunk, payload
-                    continue
-                parts = -(-len(payload) // max_bytes)
-            size = -(-len(chunk) // min(parts, len(chunk)))
-            pending += [chunk[i:i + size] for i in range(0, len(chunk), size)][::-1]
+                self._refuse(action.event, action.peer, action.detail, key=action.key)
+        if published and self._pub is not None:
+            self._sockets.after_send(self._pub)
 
-    def _flush_broadcast(self, channel: str, activities: list[Activity], *,
-                         trace: TraceContext | None = None) -> None:
-        assert self._pub is not None
-        last = self._bseq.get(channel, 0)
-        for chunk, payload in self._batches(activities, None,
-                                            max_bytes=self.config.broadcast_message_bytes):
-            env = self._envelope(channel, last + 1, len(chunk), trace=trace)
-            last += len(chunk)
-            frames = encode_broadcast(env, payload)
-            try:
-                send_frames(self._pub, frames)
-            except zmq.Again:
-                self.counters["dropped.pub-hwm"] += len(chunk)
-        self._bseq[channel] = last
-        self.counters["sent.broadcast"] += len(activities)
-        self._after_send(self._pub)
-
-    def _flush_direct(
-        self, recipient: str, items: list[tuple[Activity, Completion, float]]
-    ) -> None:
-        keys = self._pending_keys.pop(recipient, None) or {}
-        traces = self._pending_traces.pop(recipient, None) or {}
-        if not keys and not traces:
-            self._flush_direct_run(recipient, items)
-            return
-        # A keyed send travels alone, its key as the message id ("k:" and the key, which
-        # no conventional id starts with), so that the receiver can recognise it; a
-        # traced send travels alone with its trace context.
-        start = 0
-        for index in sorted(keys.keys() | traces.keys()):
-            if index > start:
-                self._flush_direct_run(recipient, items[start:index])
-            key = keys.get(index)
-            self._flush_direct_run(recipient, items[index:index + 1],
-                                   msg_id=None if key is None else KEY_PREFIX + key,
-                                   trace=traces.get(index))
-            start = index + 1
-        if start < len(items):
-            self._flush_direct_run(recipient, items[start:])
-
-    def _flush_direct_run(
-        self, recipient: str, items: list[tuple[Activity, Completion, float]],
-        msg_id: str | None = None, trace: TraceContext | None = None,
-    ) -> None:
-        link = self._links.get(recipient)
-        now = time.monotonic()
-        blocked = False
-        for chunk, payload in self._batches(items, _first):
-            futs = [fut for _, fut, _ in chunk]
-            try:
-                first = self._outbox.allocate(recipient, len(chunk))
-            except OverflowError:
-                self._fail(futs, DeliveryError(
-                    f"{self.config.max_pending} messages to {recipient} are already waiting "
-                    "for acknowledgement; the receiver is slow or stopped, retry later",
-                    recipient=recipient))
-                continue
-            env = self._envelope(C.DIRECT_PREFIX + recipient, first, len(chunk),
-                                 recipient=recipient, msg_id=msg_id, trace=trace)
-            frames = encode_direct(env, payload)
-            deadline = min(d for _, _, d in chunk)
-            self._outbox.add(recipient, first, len(chunk), frames, deadline=deadline, now=now,
-                             token=futs)
-            if link is not None and not blocked:
-                # After one refused send, keep the rest for the retry timer so that the
-                # stream stays in order (the receiver's window then never sees old gaps).
-                blocked = not self._send_frames(link.dealer, frames)
-            self.counters["sent.direct"] += len(chunk)
+    def _send_error(self, fail: Fail[Completion]) -> Exception:
+        """The exception a failed send raises in its caller, saying what to do."""
+        recipient = fail.recipient
+        if fail.reason == "deadline":
+            return DeliveryTimeout(
+                f"{recipient} did not acknowledge {fail.count} message(s) after "
+                f"{fail.attempts} attempt(s); it may be stopped, overloaded or gone",
+                recipient=recipient)
+        if fail.reason == "overflow":
+            return DeliveryError(
+                f"{self.config.max_pending} messages to {recipient} are already waiting "
+                "for acknowledgement; the receiver is slow or stopped, retry later",
+                recipient=recipient)
+        if fail.reason == "left":
+            return DeliveryError(
+                f"{recipient} left the mesh before it received this (a command line's seat "
+                "that has finished)", recipient=recipient)
+        if fail.reason == "refused":
+            refused = self._refusals.get(recipient)
+            if refused is not None:
+                return PeerRefusedError(str(refused), recipient=recipient,
+                                        reason=refused.reason)
+            return PeerRefusedError(f"{recipient} refused the connection of {self.name}; "
+                                    "see docs/security.md", recipient=recipient)
+        return NodeClosedError(f"node {self.name} closed before {recipient} acknowledged")
 
     def _send_frames(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> bool:
         try:
@@ -1642,7 +1466,7 @@ class Node:
             self.counters["backpressure.dealer"] += 1
             return False
         finally:
-            self._after_send(sock)
+            self._sockets.after_send(sock)
         return True
 
     def _send_control_direct(self, sock: zmq.Socket[bytes], kind: str,
@@ -1657,12 +1481,7 @@ class Node:
         """Broadcast one control message on ``control``, next in its sequence."""
         if self._pub is None:
             return
-        last = self._bseq.get(C.CHANNEL_CONTROL, 0) + 1
-        self._bseq[C.CHANNEL_CONTROL] = last
-        env = self._envelope(C.CHANNEL_CONTROL, last, 1, kind=kind)
-        with contextlib.suppress(zmq.Again):
-            send_frames(self._pub, encode_broadcast(env, payload))
-        self._after_send(self._pub)
+        self._carry_out([self._sending.broadcast(C.CHANNEL_CONTROL, payload, kind=kind)])
 
     def async_control(self, kind: str, *, target: str | None = None,
                       body: dict[str, Any] | None = None) -> None:
@@ -1673,52 +1492,11 @@ class Node:
             fields["to"] = target
         self._publish_control(kind, encode_control(fields))
 
-    def _fail(self, futs: list[Completion], exc: Exception) -> None:
+    def _fail(self, futs: Iterable[Completion], exc: Exception) -> None:
         for done in futs:
             _fail_one(done, exc)
 
     # ------------------------------------------------------------------ receiving
-
-    def _read(self, sock: zmq.Socket[bytes], recv: Callable[[zmq.Socket[bytes]], _T | None],
-              handle: Callable[[_T], None]) -> bool | None:
-        """The one read loop: ``handle(recv(sock))`` per waiting message, without
-        blocking, up to a fairness limit.
-
-        Args:
-            sock: the socket whose descriptor fired.
-            recv: reads one message, None (or ``zmq.Again``) when none waits.
-            handle: takes one message.
-
-        Returns:
-            True when the limit was reached (more may wait: the caller reads again on
-            the next loop turn), False when the socket is empty, None when it was
-            closed under the read (a peer's goodbye can close its own socket).
-        """
-        if sock.closed:
-            return None
-        n = 0
-        try:
-            while n < _READ_LIMIT:
-                item = recv(sock)
-                if item is None:
-                    return False
-                n += 1
-                handle(item)
-        except zmq.Again:
-            return False  # a handler's send found a full queue: the rest waits for next time
-        except zmq.ZMQError:
-            if not self._closed and not sock.closed:
-                raise
-            return None
-        return True
-
-    def _read_done(self, more: bool | None, again: Callable[[], None]) -> None:
-        """After a read: read again next turn if ``more``; then flush and re-arm."""
-        if more is None:
-            return
-        if more and self._loop is not None:
-            self._loop.call_soon(again)
-        self._after_batch()
 
     def _read_sub(self, sock: zmq.Socket[bytes] | None = None,
                   peer: str | None = None) -> None:
@@ -1726,15 +1504,15 @@ class Node:
         if sock is None:
             sock = self._sub
         if sock is not None:
-            more = self._read(sock, recv_frames,
+            more = self._sockets.read(sock, recv_frames,
                               lambda frames: self._on_broadcast(frames, peer))
-            self._read_done(more, functools.partial(self._read_sub, sock, peer))
+            self._sockets.read_done(more, functools.partial(self._read_sub, sock, peer))
 
     def _read_dealer(self, sock: zmq.Socket[bytes], peer: str | None,
                      seed_name: str | None = None, probe: Target | None = None) -> None:
-        more = self._read(sock, recv_frames,
+        more = self._sockets.read(sock, recv_frames,
                           lambda frames: self._on_dealer(frames, peer, seed_name, probe))
-        self._read_done(more, functools.partial(self._read_dealer, sock, peer, seed_name,
+        self._sockets.read_done(more, functools.partial(self._read_dealer, sock, peer, seed_name,
                                                 probe))
 
     def _read_router(self) -> None:
@@ -1743,23 +1521,23 @@ class Node:
             return
         accepted: list[_Accepted] = []
         if self._security is None:
-            more = self._read(sock, recv_frames,
+            more = self._sockets.read(sock, recv_frames,
                               lambda frames: self._on_direct(frames, accepted))
         else:
-            more = self._read(sock, recv_frames_from,
+            more = self._sockets.read(sock, recv_frames_from,
                               lambda got: self._on_direct(got[0], accepted, got[1]))
         if more is not None and accepted:
             self._accept(accepted)
-        self._read_done(more, self._read_router)
+        self._sockets.read_done(more, self._read_router)
 
     def _read_xpub(self) -> None:
         """Read the (un)subscriptions that reach this node's PUB."""
         sock = self._pub
         if sock is None:
             return
-        more = self._read(sock, _recv_subscription, self._on_subscription)
+        more = self._sockets.read(sock, recv_subscription, self._on_subscription)
         self._direct_watched = _watches_direct(self._subscribers)
-        self._read_done(more, self._read_xpub)
+        self._sockets.read_done(more, self._read_xpub)
 
     def _on_subscription(self, frame: bytes) -> None:
         subs = self._subscribers
@@ -1815,9 +1593,9 @@ class Node:
         # now, with the acknowledgements: a request's answer should not wait a loop turn.
         # Otherwise the flush waits for the next turn, so that waiters run first and
         # acknowledgements of several reads share one message.
-        if self._pending_direct:
+        if self._sending.direct_queued:
             self._flush()
-        elif self._pending_acks or self._pending_bcast:
+        elif self._pending_acks or self._sending.broadcasts_queued:
             self._schedule_flush()
         self._rearm()
 
@@ -1852,9 +1630,9 @@ class Node:
         (and carry out the roster changes that follow). Returns whether it is on the
         roster."""
         skew = self._clock.receive(env.hlc, _wall_ms())
-        known, events = self._peers.heard(env.sender, env.incarnation, now, skew)
-        if events:
-            self._apply_peer_events(events)
+        known, actions = self._roster.heard(env.sender, env.incarnation, now, skew)
+        if actions:
+            self._carry_out(actions)
         return known
 
     def _count_seq(self, result: Any, sender: str) -> None:
@@ -2170,7 +1948,7 @@ class Node:
                 with contextlib.suppress(zmq.Again):
                     send_frames(pub, [encode_topic(env.channel), env_bytes, payload])
         if pub is not None and watched:
-            self._after_send(pub)
+            self._sockets.after_send(pub)
 
     def _storage_failed(self, error: StorageError, accepted: list[_Accepted]) -> None:
         """The journal could not keep ``accepted``: refuse them (no acknowledgement)."""
@@ -2286,7 +2064,7 @@ class Node:
                 send_frames(router, frames)
             except zmq.ZMQError:
                 self.counters["dropped.ack"] += 1
-        self._after_send(router)
+        self._sockets.after_send(router)
 
     def _on_dealer(self, frames: list[bytes], peer: str | None,
                    seed_name: str | None = None, probe: Target | None = None) -> None:
@@ -2394,11 +2172,7 @@ class Node:
     def _on_ack(self, env: Envelope, ack: Ack) -> None:
         now = time.monotonic()
         self._heard(env, now)
-        for first in ack.firsts:
-            entry = self._outbox.acked(env.sender, first, now)
-            if entry is not None:
-                for done in entry.token:
-                    _settle(done)
+        self._carry_out(self._sending.acked(env.sender, ack.firsts, now))
 
     def _on_control(self, env: Envelope, payload: bytes, ident: bytes | None) -> None:
         handler = self._kind_handlers.get(env.kind or "")
@@ -2425,7 +2199,8 @@ class Node:
                                           encode_welcome(self._introduction()), ident=ident)
         elif kind == KIND_BYE:
             if self._decode_body(env, decode_bye, payload) is not None:
-                self._apply_peer_events(self._peers.left(env.sender, env.incarnation))
+                self._carry_out(self._roster.left(env.sender, env.incarnation,
+                                                  time.monotonic()))
         else:
             # drain, halt, or a kind of the application's: its listeners decide.
             body = self._decode_body(env, decode_control, payload)
@@ -2476,7 +2251,7 @@ class Node:
         heartbeat (which also checks peer silence, the trusted directory and unread
         messages), a resend or a send's deadline, a re-contact attempt, the next offer
         of a declined message."""
-        due = min(self._beat_due, self._outbox.next_due, self._recontact.next_due)
+        due = min(self._beat_due, self._sending.next_due, self._recontact.next_due)
         if self._held:
             due = min(due, min(q.due for q in self._held.values()))
         return due
@@ -2536,22 +2311,10 @@ class Node:
         force_beat = now >= self._beat_due
         if force_beat:
             self._beat_due = now + self.config.heartbeat_interval
-        resend, failed = self._outbox.poll(now)
-        blocked: set[str] = set()
-        for entry in resend:
-            link = self._links.get(entry.recipient)
-            if (link is not None and entry.recipient not in blocked
-                    and not self._send_frames(link.dealer, entry.frames)):
-                blocked.add(entry.recipient)
-        for entry in failed:
-            self._fail(entry.token, DeliveryTimeout(
-                f"{entry.recipient} did not acknowledge {entry.count} message(s) after "
-                f"{entry.attempts} attempt(s); it may be stopped, overloaded or gone",
-                recipient=entry.recipient))
+        self._carry_out(self._sending.timer(now, self._links))
         if force_beat and not self.config.observer:
             self._publish_control(KIND_HEARTBEAT, encode_heartbeat(Heartbeat(
-                {ch: seq for ch, seq in self._bseq.items() if ch != C.CHANNEL_CONTROL},
-                self.draining)))
+                self._sending.broadcast_positions(), self.draining)))
         if force_beat and self._security is not None:
             # The ZAP callback may have re-read the directory already: compare generations.
             store = self._security.store
@@ -2563,7 +2326,7 @@ class Node:
                 self._trust_removals = store.removals
                 self._reopen_pub()
         if force_beat:
-            self._apply_peer_events(self._peers.tick(now))
+            self._carry_out(self._roster.tick(now))
             if self.config.unread_warning:
                 self._check_unread(now)
         if now >= self._recontact.next_due:
@@ -2795,8 +2558,8 @@ class Node:
         """Counters: sent, received, dropped (by reason), lost, duplicates, retries..."""
         out = dict(self.counters)
         out["inbox"] = len(self._inbox)
-        out["outbox"] = len(self._outbox)
-        out["retries"] = self._outbox.resent
+        out["outbox"] = len(self._sending.outbox)
+        out["retries"] = self._sending.outbox.resent
         out["peers"] = len(self._peers)
         if self._storage_error is not None:
             out["storage.full"] = 1
@@ -2851,7 +2614,7 @@ class Node:
             "peers": peers,
             "lost": sum(v for k, v in self.counters.items() if k.startswith("lost.")),
             "dropped": sum(v for k, v in self.counters.items() if k.startswith("dropped.")),
-            "queues": {"inbox": len(self._inbox), "outbox": len(self._outbox),
+            "queues": {"inbox": len(self._inbox), "outbox": len(self._sending.outbox),
                        "subscribers": self._subscribers[encode_topic(C.CHANNEL_CONTROL)]},
             "counters": dict(self.counters),
         }

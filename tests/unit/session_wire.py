@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from porter_mesh.core.advert import PeerAdvert
+from porter_mesh.core.constants import PROTOCOL_VERSION
 from porter_mesh.core.session.endpoint import (
     AckFrame,
     Action,
@@ -47,7 +48,8 @@ SETTINGS = dict(retry_initial=0.2, retry_max=2.0, max_pending=64, key_window=60.
 
 def advert(name: str, incarnation: int, role: str = "worker") -> PeerAdvert:
     return PeerAdvert(name=name, role=role, mesh="m", pub_port=5000, router_port=5001,
-                      version=1, incarnation=incarnation, addresses=("127.0.0.1",))
+                      version=PROTOCOL_VERSION, incarnation=incarnation,
+                      addresses=("127.0.0.1",))
 
 
 @dataclass(order=True)
@@ -140,7 +142,8 @@ class Wire:
         side = self.sides[name]
         for entry in side.endpoint.outbox.fail_all():
             # The process died: its callers are gone with it.
-            self._resolve(entry.token, failed="killed")
+            for token in entry.token.tokens:
+                self._resolve(token, failed="killed")
         side.endpoint = self._endpoint(name)
         side.endpoint.restore(side.journal)
         side.restarts += 1
@@ -188,9 +191,11 @@ class Wire:
             elif isinstance(action, Deliver):
                 side.delivered.append(action.frame)
             elif isinstance(action, Settle):
-                self._resolve(action.token)
+                for token in action.tokens:
+                    self._resolve(token)
             elif isinstance(action, Fail):
-                self._resolve(action.token, failed=action.reason)
+                for token in action.tokens:
+                    self._resolve(token, failed=action.reason)
             elif isinstance(action, Count):
                 side.counters[action.name] += action.n
             elif isinstance(action, PeerChanged):

@@ -13,6 +13,7 @@ import pytest
 from porter_mesh.adapters.dirlock import DirLock
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.envelope import decode_payload
+from porter_mesh.core.session.sending import runs
 from porter_mesh.errors import ConfigError, KnowledgeError
 from porter_mesh.node.config import (
     BROADCAST_MESSAGE_BYTES,
@@ -21,7 +22,6 @@ from porter_mesh.node.config import (
     data_root,
     default_data_dir,
 )
-from porter_mesh.node.node import Node
 
 
 def test_the_data_root_is_porter_mesh_data_else_the_user_data_directory(
@@ -67,11 +67,10 @@ def _note(i: int, size: int) -> Activity:
 
 @pytest.mark.parametrize("size", [10, 300, 3000, 9000])
 def test_broadcast_batches_are_split_by_bytes_in_order(size: int) -> None:
-    node = Node(name="w", batch_max=64)  # not started: batching needs no socket
     activities = [_note(i, size) for i in range(500)]
     cap = 8192
     got = []
-    for chunk, payload in node._batches(activities, None, max_bytes=cap):
+    for chunk, payload in runs(activities, None, batch_max=64, max_bytes=cap):
         assert len(payload) <= cap or len(chunk) == 1
         assert len(chunk) <= 64
         assert [a.summary for a in decode_payload(payload, len(chunk))] == [

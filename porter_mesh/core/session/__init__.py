@@ -1,12 +1,17 @@
 """The mesh's protocol as pure sessions: rules that take decoded frames and explicit
 times and say what to do, with no socket, no event loop and no clock of their own.
 
+* :mod:`.frames`: the frames as typed values and the actions the sessions share;
+* :mod:`.sending`: queues, runs, numbering and the outbox's outcomes (send, resend,
+  settle, fail), which the node and the endpoint both drive;
+* :mod:`.roster`: adverts vetted and what each change of the roster asks (connect,
+  disconnect, forget a restarted peer's streams, fail a seat's sends);
 * :mod:`.keys`: the receiver's idempotency-key window (wall time passed in);
 * :mod:`.receiving`: the verdict on each arrival of a direct message (new, duplicate,
   held, or refused for want of room), which the node carries out;
-* :mod:`.endpoint`: one node's end composed of those pure pieces and the outbox, the
-  sequence trackers and the roster (sending, receiving, broadcasts), returning ordered
-  actions; the unit tests drive endpoints over an in-memory wire;
+* :mod:`.endpoint`: one node's end composed of those pure pieces, the sequence trackers
+  and the roster (sending, receiving, broadcasts), returning ordered actions; the unit
+  tests drive endpoints over an in-memory wire;
 * :mod:`.sync`: knowledge sync (asked ranges, the catch-up queue, gap pulls, digests,
   refusals, timeouts) over the replica's state, returning ordered actions for the
   knowledge driver; its unit tests drive sessions over real shards on an in-memory wire.

@@ -4,34 +4,38 @@ the roster of peers, all driven by frames, timer expiries and an explicit ``now`
 
 Theory of operation
 -------------------
-An :class:`Endpoint` composes the core's pure pieces the way the node glues them today,
-and says what to do as an ordered list of :data:`Action` values instead of doing it:
+An :class:`Endpoint` composes the core's pure pieces the way the node glues them,
+and says what to do as an ordered list of :data:`Action` values instead of doing it.
+Its sending side and roster are the node's own :class:`~.sending.Sender` and
+:class:`~.roster.Roster`:
 
 ::
 
-    send()  --> Outbox.allocate/add --> [SendFrame(direct)]        (or [Fail] when full)
-    timer() --> Outbox.poll         --> [SendFrame(resend)...,  Fail(deadline)...]
-            --> PeerTable.tick      --> [PeerChanged(evasive | left expired)...]
+    send()  --> Sender.send_run     --> [SendFrame(direct)]        (or [Fail] when full)
+    timer() --> Sender.timer        --> [SendFrame(resend)...,  Fail(deadline)...]
+            --> Roster.tick         --> [PeerChanged(evasive | left expired)...]
     receive(direct) --> roster? --no--> [Count(dropped.unknown-peer)]        (no ack)
                     --> DirectReceiver.admit
                           NEW        --> [Journal, Deliver, SendFrame(ack)]
                           DUPLICATE* --> [Count, SendFrame(ack)]
                           HELD       --> [Count]                              (no ack)
                           no room... --> [Count]                              (no ack)
-    receive(ack)    --> Outbox.acked --> [Settle(token)...]
-    receive(hello)  --> PeerTable.found --> [PeerChanged(joined), SendFrame(hello),
-                                             SendFrame(resend)..., SendFrame(welcome)]
+    receive(ack)    --> Sender.acked --> [Settle(tokens)...]
+    receive(hello)  --> Roster.found --> [SendFrame(hello), SendFrame(resend)...,
+                                          PeerChanged(joined), SendFrame(welcome)]
     receive(broadcast) --> roster? --> SequenceTracker --> [Count(lost.broadcast)?, Deliver]
-    receive(bye)    --> PeerTable.left --> [PeerChanged(left), Fail(left)... for a seat]
+    receive(bye)    --> Roster.left  --> [Fail(left)... for a seat, PeerChanged(left)]
 
 "Journal before deliver before acknowledge" is the order of the list the receiving side
 returns. The driver carries the actions out in order; when a :class:`Journal` cannot be
 written (a full disk) it stops there and calls :meth:`Endpoint.journal_failed`, so the
 message is neither delivered nor acknowledged and its retry is judged new again.
 
-The rules are the node's, not new ones: each method names the method of
-:class:`porter_mesh.node.node.Node` whose rule it encodes. Frames are typed values here
-(the node encodes them as envelopes and control bodies, see :mod:`..control`); a
+The sending and roster rules are written once, in :mod:`.sending` and :mod:`.roster`,
+which the node drives too. The receiving rules are still the node's as well: each
+method here names the method of :class:`porter_mesh.node.node.Node` whose rule it
+encodes. Frames are typed
+values (:mod:`.frames`; the node encodes them as envelopes and control bodies); a
 completion token is opaque (the node keeps futures in it).
 
 Pure: no sockets, no event loop, no clock; ``now`` is monotonic seconds and ``wall`` is
@@ -40,16 +44,42 @@ seconds since the epoch (for idempotency keys only).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from porter_mesh.core.advert import PeerAdvert
-from porter_mesh.core.constants import ROLE_SEAT
-from porter_mesh.core.outbox import Outbox, Pending
-from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerTable
+from porter_mesh.core.outbox import Outbox
+from porter_mesh.core.peers import PeerTable
 from porter_mesh.core.sequence import SequenceTracker, SeqVerdict
+from porter_mesh.core.session.frames import (
+    AckFrame,
+    BroadcastFrame,
+    ByeFrame,
+    Count,
+    DirectFrame,
+    Fail,
+    Frame,
+    HeartbeatFrame,
+    HelloFrame,
+    SendFrame,
+    Settle,
+    WelcomeFrame,
+)
 from porter_mesh.core.session.keys import KEY_PREFIX
 from porter_mesh.core.session.receiving import DirectReceiver, Verdict
+from porter_mesh.core.session.roster import (
+    Connect,
+    Disconnect,
+    Drop,
+    Forget,
+    PeerChanged,
+    Reconnect,
+    Refuse,
+    Roster,
+    RosterAction,
+)
+from porter_mesh.core.session.sending import Run, Sender
 
 __all__ = [
     "AckFrame", "Action", "BroadcastFrame", "ByeFrame", "Count", "Deliver", "DirectFrame",
@@ -61,88 +91,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-# -- frames ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DirectFrame:
-    """A direct message (``task:<recipient>``) of ``count`` activities from ``seq``."""
-
-    sender: str
-    incarnation: int
-    recipient: str
-    seq: int
-    count: int
-    msg_id: str
-    payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class AckFrame:
-    """``ack``: the direct messages of ``recipient`` received by ``sender``, each named
-    by its first sequence number."""
-
-    sender: str
-    incarnation: int
-    recipient: str
-    firsts: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class BroadcastFrame:
-    """A broadcast on ``channel``, numbered per (sender, channel)."""
-
-    sender: str
-    incarnation: int
-    channel: str
-    seq: int
-    payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class HelloFrame:
-    """``hello``: the sender introduces itself to ``recipient``."""
-
-    advert: PeerAdvert
-    recipient: str
-
-
-@dataclass(frozen=True, slots=True)
-class WelcomeFrame:
-    """``welcome``: the answer to a hello, the answerer's introduction."""
-
-    advert: PeerAdvert
-    recipient: str
-
-
-@dataclass(frozen=True, slots=True)
-class HeartbeatFrame:
-    """``hb`` on the control channel: the sender is alive."""
-
-    sender: str
-    incarnation: int
-
-
-@dataclass(frozen=True, slots=True)
-class ByeFrame:
-    """``bye`` on the control channel: the sender leaves the mesh."""
-
-    sender: str
-    incarnation: int
-
-
-Frame = (DirectFrame | AckFrame | BroadcastFrame | HelloFrame | WelcomeFrame | HeartbeatFrame
-         | ByeFrame)
-
-
 # -- actions --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SendFrame:
-    """Put ``frame`` on the wire (a broadcast goes to every subscriber)."""
-
-    frame: Frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,41 +106,6 @@ class Deliver:
     """Hand ``frame``'s activities to the application (inbox or handlers)."""
 
     frame: DirectFrame | BroadcastFrame
-
-
-@dataclass(frozen=True, slots=True)
-class Settle(Generic[T]):
-    """The send behind ``token`` was acknowledged."""
-
-    token: T
-
-
-@dataclass(frozen=True, slots=True)
-class Fail(Generic[T]):
-    """The send behind ``token`` failed: ``reason`` is ``deadline`` (not acknowledged
-    in time), ``overflow`` (too much in flight to ``recipient``), ``left`` (the
-    recipient, a command line's seat, said goodbye) or ``closed`` (this node closed
-    first)."""
-
-    token: T
-    recipient: str
-    reason: str
-    attempts: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Count:
-    """Add ``n`` to the counter ``name`` (what ``porter-mesh stats`` shows)."""
-
-    name: str
-    n: int = 1
-
-
-@dataclass(frozen=True, slots=True)
-class PeerChanged:
-    """The roster changed (the node connects, disconnects and tells listeners)."""
-
-    event: PeerEvent
 
 
 Action = SendFrame | Journal | Deliver | Settle[T] | Fail[T] | Count | PeerChanged
@@ -220,17 +134,25 @@ class Endpoint(Generic[T]):
         self.incarnation = advert.incarnation
         self.journal = journal
         self.heartbeat_interval = heartbeat_interval
-        self.outbox: Outbox[T] = Outbox(retry_initial=retry_initial, retry_max=retry_max,
-                                        max_pending=max_pending)
+        self.sending: Sender[T] = Sender(self.name, self.incarnation,
+                                         retry_initial=retry_initial, retry_max=retry_max,
+                                         max_pending=max_pending)
         self.receiver = DirectReceiver(key_window=key_window)
-        self.peers = PeerTable(evasive_after=evasive_after, expire_after=expire_after)
+        self.roster: Roster[T] = Roster(self.name, advert.mesh, self.sending,
+                                        evasive_after=evasive_after, expire_after=expire_after)
         # Broadcasts: a late joiner starts where it joins (Node's _btracker).
         self.btracker = SequenceTracker(from_start=False)
-        self._bseq: dict[str, int] = {}
-        # The outbox keeps the node's encoded frames; here the typed frame rides beside
-        # each entry, keyed as the outbox keys it.
-        self._frames: dict[tuple[str, int], DirectFrame] = {}
         self._beat_due = now + heartbeat_interval
+
+    @property
+    def peers(self) -> PeerTable:
+        """The roster's peers."""
+        return self.roster.peers
+
+    @property
+    def outbox(self) -> Outbox[Run[T]]:
+        """The direct messages in flight (the sender's)."""
+        return self.sending.outbox
 
     # -- sending --------------------------------------------------------------------
 
@@ -240,7 +162,8 @@ class Endpoint(Generic[T]):
 
     def send(self, recipient: str, payload: bytes, *, now: float, deadline: float,
              token: T, count: int = 1, key: str | None = None) -> list[Action[T]]:
-        """Send one direct message (the rule of ``Node._flush_direct_run``).
+        """Send one direct message (:meth:`Sender.send_run`, which the node's flush
+        uses too).
 
         Args:
             recipient: the agent it is for.
@@ -256,25 +179,13 @@ class Endpoint(Generic[T]):
             in the outbox for it to join), or ``[Fail(overflow)]`` when ``max_pending``
             messages to it already wait for acknowledgement.
         """
-        try:
-            first = self.outbox.allocate(recipient, count)
-        except OverflowError:
-            return [Fail(token, recipient, "overflow")]
-        msg_id = KEY_PREFIX + key if key is not None else f"{self.name}-{first}"
-        frame = DirectFrame(self.name, self.incarnation, recipient, first, count, msg_id,
-                            payload)
-        self.outbox.add(recipient, first, count, [], deadline=deadline, now=now, token=token)
-        self._frames[(recipient, first)] = frame
-        return [SendFrame(frame)] if recipient in self.peers else []
-
-    def _forget_frame(self, entry: Pending[T]) -> None:
-        self._frames.pop((entry.recipient, entry.first_seq), None)
+        action = self.sending.send_run(recipient, payload, count, (token,), now=now,
+                                       deadline=deadline, reachable=self.peers, key=key)
+        return [] if action is None else [action]
 
     def broadcast(self, channel: str, payload: bytes) -> list[Action[T]]:
         """Publish on ``channel``: best effort, numbered per channel so loss shows."""
-        seq = self._bseq.get(channel, 0) + 1
-        self._bseq[channel] = seq
-        return [SendFrame(BroadcastFrame(self.name, self.incarnation, channel, seq, payload))]
+        return [self.sending.broadcast(channel, payload)]
 
     # -- receiving ------------------------------------------------------------------
 
@@ -297,20 +208,20 @@ class Endpoint(Generic[T]):
         if isinstance(frame, AckFrame):
             return self._on_ack(frame, now)
         if isinstance(frame, HelloFrame | WelcomeFrame):
-            actions = self._peer_events(self.peers.found(frame.advert, now), now)
+            actions = self._roster_actions(self.roster.found(frame.advert, now))
             if isinstance(frame, HelloFrame):
                 actions.append(SendFrame(WelcomeFrame(self.advert, frame.advert.name)))
             return actions
         if isinstance(frame, ByeFrame):
             # The rule of Node._on_control for ``bye``.
-            return self._peer_events(self.peers.left(frame.sender, frame.incarnation), now)
+            return self._roster_actions(self.roster.left(frame.sender, frame.incarnation, now))
         return self._on_broadcast(frame, now)
 
     def _heard(self, sender: str, incarnation: int,
                now: float) -> tuple[bool, list[Action[T]]]:
         """Mark ``sender`` heard (``Node._heard``): whether it is on the roster."""
-        known, events = self.peers.heard(sender, incarnation, now)
-        return known, self._peer_events(events, now)
+        known, actions = self.roster.heard(sender, incarnation, now)
+        return known, self._roster_actions(actions)
 
     def _on_direct(self, frame: DirectFrame, now: float, wall: float, room: int | None,
                    consumer: bool, held_full: bool) -> list[Action[T]]:
@@ -359,11 +270,7 @@ class Endpoint(Generic[T]):
     def _on_ack(self, frame: AckFrame, now: float) -> list[Action[T]]:
         """The rule of ``Node._on_ack``: each named message settles once."""
         _, actions = self._heard(frame.sender, frame.incarnation, now)
-        for first in frame.firsts:
-            entry = self.outbox.acked(frame.sender, first, now)
-            if entry is not None:
-                self._forget_frame(entry)
-                actions.append(Settle(entry.token))
+        actions += self.sending.acked(frame.sender, frame.firsts, now)
         return actions
 
     def _on_broadcast(self, frame: BroadcastFrame | HeartbeatFrame,
@@ -389,30 +296,23 @@ class Endpoint(Generic[T]):
 
     # -- the roster -----------------------------------------------------------------
 
-    def _peer_events(self, events: list[PeerEvent], now: float) -> list[Action[T]]:
-        """The rule of ``Node._apply_peer_events`` and ``Node._connect``."""
-        actions: list[Action[T]] = []
-        for event in events:
-            actions.append(PeerChanged(event))
-            name = event.peer.name
-            if event.kind is PeerEventKind.JOINED:
-                # A new connection starts with a hello (so the peer knows this node
-                # before anything else arrives on it); then anything still in flight
-                # to this name goes to it at once.
-                actions.append(SendFrame(HelloFrame(self.advert, name)))
-                for entry in self.outbox.retry_now(name, now):
-                    actions.append(SendFrame(self._frames[(name, entry.first_seq)]))
-            elif event.kind is PeerEventKind.LEFT:
-                if event.peer.advert.role == ROLE_SEAT and event.reason == "goodbye":
-                    # A command line's seat that said goodbye is not coming back for its
-                    # replies: fail them now rather than at their deadline.
-                    for entry in self.outbox.fail_for(name):
-                        self._forget_frame(entry)
-                        actions.append(Fail(entry.token, name, "left", entry.attempts))
-                if event.reason == "restarted":
-                    self.btracker.forget(name)
-                    self.receiver.forget(name)
-        return actions
+    def _roster_actions(self, actions: Iterable[RosterAction | Action[T]]) -> list[Action[T]]:
+        """The roster's actions (:class:`~.roster.Roster`, the node's own rules) as this
+        endpoint carries them: a link is a hello on the in-memory wire; a restarted
+        peer's streams start over here."""
+        out: list[Action[T]] = []
+        for action in actions:
+            if isinstance(action, Connect | Reconnect):
+                out.append(SendFrame(HelloFrame(self.advert, action.advert.name)))
+            elif isinstance(action, Forget):
+                self.btracker.forget(action.name)
+                self.receiver.forget(action.name)
+            elif isinstance(action, Drop | Refuse):
+                out.append(Count("dropped." + (action.reason if isinstance(action, Drop)
+                                               else action.event)))
+            elif not isinstance(action, Disconnect):
+                out.append(action)
+        return out
 
     # -- a life's start and end ----------------------------------------------------
 
@@ -429,9 +329,7 @@ class Endpoint(Generic[T]):
         """The node is closing (``Node.aclose``): the peers are told goodbye, and every
         send in flight fails."""
         actions: list[Action[T]] = [SendFrame(ByeFrame(self.name, self.incarnation))]
-        actions += [Fail(entry.token, entry.recipient, "closed", entry.attempts)
-                    for entry in self.outbox.fail_all()]
-        self._frames.clear()
+        actions += self.sending.close()
         return actions
 
     # -- time -----------------------------------------------------------------------
@@ -443,7 +341,7 @@ class Endpoint(Generic[T]):
             Monotonic seconds: the next heartbeat, resend or send deadline. May be
             early, never late (a settled send's old time is found, then passed over).
         """
-        return min(self._beat_due, self.outbox.next_due)
+        return min(self._beat_due, self.sending.next_due)
 
     def timer(self, now: float) -> list[Action[T]]:
         """Time passed to ``now`` (``Node._tick``): resends, failed sends, and on the
@@ -457,16 +355,9 @@ class Endpoint(Generic[T]):
             ``Fail(deadline)`` for each send past its deadline, then the heartbeat and
             the roster's changes.
         """
-        actions: list[Action[T]] = []
-        resend, failed = self.outbox.poll(now)
-        for entry in resend:
-            if entry.recipient in self.peers:
-                actions.append(SendFrame(self._frames[(entry.recipient, entry.first_seq)]))
-        for entry in failed:
-            self._forget_frame(entry)
-            actions.append(Fail(entry.token, entry.recipient, "deadline", entry.attempts))
+        actions: list[Action[T]] = list(self.sending.timer(now, self.peers))
         if now >= self._beat_due:
             self._beat_due = now + self.heartbeat_interval
             actions.append(SendFrame(HeartbeatFrame(self.name, self.incarnation)))
-            actions += self._peer_events(self.peers.tick(now), now)
+            actions += self._roster_actions(self.roster.tick(now))
         return actions
