@@ -269,7 +269,9 @@ def test_streaming_query_stops_at_its_deadline(shard: Shard) -> None:
     with pytest.raises(QueryTimeout, match="deadline"):
         shard.query("SELECT * WHERE { ?a ?b ?c . ?d ?e ?f }", row_limit=1_000_000,
                     deadline=0.3, isolate=False)
-    assert time.monotonic() - started < 0.3 + 0.5
+    # Without the deadline this runs for minutes (300 observations, squared, a million
+    # rows); the bound leaves room for a loaded machine.
+    assert time.monotonic() - started < 0.3 + 5.0
 
 
 # --- classification ----------------------------------------------------------------------------

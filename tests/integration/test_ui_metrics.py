@@ -109,8 +109,11 @@ def test_the_roster_shows_each_agents_loss_queues_and_model_metrics(
     async def body(session: aiohttp.ClientSession) -> None:
         async def answered() -> dict[str, dict[str, Any]] | None:
             peers = _by_name(await get(session, ui, "/api/peers"))
-            # An agent adds its "agent" section while it starts up: wait for it.
-            ready = all("agent" in peers.get(n, {}).get("stats", {}) for n in ("w1", "lw1"))
+            # An agent's knowledge replica joins its view once it has opened, after the
+            # node has started: wait for both sections.
+            ready = all({"agent", "knowledge"} <= {
+                key for key, value in peers.get(n, {}).get("stats", {}).items()
+                if value is not None} for n in ("w1", "lw1"))
             return peers if ready and {"old", "mute"} <= peers.keys() else None
 
         peers = await until(answered, DEADLINE, "w1 and lw1 with stats, old and mute")
