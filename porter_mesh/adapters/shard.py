@@ -149,6 +149,7 @@ from porter_mesh.core.knowledge import (
     Retraction,
     SyncMessage,
     authenticate,
+    bulk_allocation,
     encode_record,
     format_timestamp,
     observation_id_from_iri,
@@ -1155,7 +1156,7 @@ class Shard:
         """
         if len(records) > MAX_RECORDS_PER_MESSAGE * 16:
             raise SyncError(f"a merge batch of {len(records)} records is too large; split it")
-        with self._lock:
+        with self._lock, bulk_allocation():
             return self._commit(records, after=after, sync=durable)
 
     # -- sync --
