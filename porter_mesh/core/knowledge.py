@@ -74,6 +74,7 @@ import functools
 import gc
 import hashlib
 import re
+import struct
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -298,6 +299,10 @@ def _canonical_field(value: object, what: str, limit: int) -> bytes:
 
 
 _KNOWN_SEVERITIES: set[str] = set()  # severities already checked (bounded below)
+#: The 0x00 and 4-byte length that stand before each present field's UTF-8.
+_HEAD: Final = struct.Struct(">xI").pack
+#: An absent optional field in the canonical bytes.
+_ABSENT: Final = b"\xff"
 
 
 def _observation_id(
@@ -311,17 +316,32 @@ def _observation_id(
     Raises:
         KnowledgeError: a field is missing, too long or malformed.
     """
-    canonical = b"".join((
-        _OBS_TAG,
-        _canonical_field(about, "about", MAX_ABOUT_CHARS),
-        _canonical_field(finding, "finding", MAX_FINDING_CHARS),
-        _canonical_field(by, "discoveredBy", 64),
-        b"\xff" if context is None else _canonical_field(context, "context",
-                                                          MAX_CONTEXT_CHARS),
-        b"\xff" if severity is None else _canonical_field(severity, "severity",
-                                                           MAX_SEVERITY_CHARS),
-        _canonical_field(at, "generatedAtTime", 64),
-    ))
+    canonical = None
+    if (
+        type(about) is str and type(finding) is str and type(by) is str and type(at) is str
+        and 0 < len(about) <= MAX_ABOUT_CHARS and 0 < len(finding) <= MAX_FINDING_CHARS
+        and 0 < len(by) <= 64 and 0 < len(at) <= 64
+        and (context is None or (type(context) is str and 0 < len(context) <= MAX_CONTEXT_CHARS))
+        and (severity is None
+             or (type(severity) is str and 0 < len(severity) <= MAX_SEVERITY_CHARS))
+    ):
+        try:  # the usual case: every field well-formed text
+            a, f, b, t = about.encode(), finding.encode(), by.encode(), at.encode()
+            c = _ABSENT if context is None else _HEAD(len(enc := context.encode())) + enc
+            s = _ABSENT if severity is None else _HEAD(len(enc := severity.encode())) + enc
+            canonical = b"".join((_OBS_TAG, _HEAD(len(a)), a, _HEAD(len(f)), f,
+                                  _HEAD(len(b)), b, c, s, _HEAD(len(t)), t))
+        except UnicodeEncodeError:
+            pass
+    if canonical is None:  # find the first field at fault, in order, for its error
+        for value, what, limit in (
+            (about, "about", MAX_ABOUT_CHARS), (finding, "finding", MAX_FINDING_CHARS),
+            (by, "discoveredBy", 64), (context, "context", MAX_CONTEXT_CHARS),
+            (severity, "severity", MAX_SEVERITY_CHARS), (at, "generatedAtTime", 64),
+        ):
+            if value is not None or what not in ("context", "severity"):
+                _canonical_field(value, what, limit)
+        raise AssertionError("unreachable: a field failed the checks above")
     _check_origin(by, local=True)
     if severity is not None and severity not in _KNOWN_SEVERITIES:
         if not isinstance(severity, str) or not _SEVERITY_RE.fullmatch(severity):
@@ -1164,6 +1184,13 @@ class _Slots:
         return bytes(self.keys[start:start + _KEY_BYTES])
 
     def put(self, seq: int, key: bytes, locator: int) -> None:
+        if seq == len(self.locators) + 1:  # the usual case: the next record of the log
+            self.locators.append(locator)
+            self.keys += key
+            self.count += 1
+            if self.contiguous == seq - 1:
+                self.contiguous = seq
+            return
         grow = seq - len(self.locators)
         if grow > 0:
             self.locators.extend(array("q", [-1]) * grow)
