@@ -1039,10 +1039,11 @@ _NOT_A_MAP: Final = ("a sync message must be a msgpack map with a 't' type tag, 
 def _unpack_message(data: bytes) -> dict[str, Any]:
     """Unpack a sync message map; each record is kept with its msgpack encoding.
 
-    The message is unpacked in one call (this path carries every record a node merges,
-    and unpacking record by record costs five times as much), then each record is packed
-    again, which gives the canonical bytes the journal stores: the bytes a sender that
-    writes with :func:`encode_record` sent.
+    The message is unpacked in one call, then each record is packed again, which gives
+    the canonical bytes the journal stores (the bytes a sender that writes with
+    :func:`encode_record` sent). This path carries every record a node merges, and
+    unpacking record by record, to slice out the bytes as they came, cost about three
+    times as much (1.2 against 3.8 us per record measured).
     """
     try:
         msg = msgpack.unpackb(data, raw=False, strict_map_key=True)
