@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import random
 
 import msgpack
@@ -125,6 +126,20 @@ def test_invalid_observations_are_refused_clearly(kwargs: dict[str, object],
         Observation(**fields)  # type: ignore[arg-type]
 
 
+def test_the_first_field_at_fault_is_named_whichever_path_decodes_it() -> None:
+    with pytest.raises(KnowledgeError, match="about"):
+        Observation(42, "", "Worker One", "yesterday")  # type: ignore[arg-type]
+    with pytest.raises(KnowledgeError, match="context"):
+        Observation("a", "f", "w", "yesterday", context="", severity="very bad!")
+    good = msgpack.unpackb(encode_record(rec("worker-1", 1)), raw=False)
+    for index, value, fragment in ((5, "", "finding"), (7, 42, "context"),
+                                   (8, "x" * 40, "severity"), (6, "noon", "xsd:dateTime")):
+        item = list(good)
+        item[index] = value
+        with pytest.raises(SyncError, match=fragment):
+            decode_sync(msgpack.packb({"t": "rec", "r": [item]}, use_bin_type=True))
+
+
 def test_record_origin_must_be_the_author() -> None:
     with pytest.raises(KnowledgeError, match="author"):
         Record("worker-2", 1, obs(1, "worker-1"))
@@ -223,6 +238,34 @@ def test_records_keep_the_bytes_they_arrived_in() -> None:
     assert isinstance(decoded, Records)
     for original, back in zip(records, decoded.records, strict=True):
         assert back.wire == encode_record(original)
+
+
+def test_a_record_sent_in_another_msgpack_form_is_kept_in_its_canonical_bytes() -> None:
+    record = rec("worker-1", 1)
+    canonical = encode_record(record)
+    assert canonical[:2] == b"\x99\x00" and canonical[2:11] == b"\xa8worker-1"
+    # The same array with seq 1 written as a 64-bit integer instead of a fixint.
+    wide = canonical[:11] + b"\xcf" + (1).to_bytes(8, "big") + canonical[12:]
+    message = b"\x82\xa1t\xa3rec\xa1r\x91" + wide
+    decoded = decode_sync(message)
+    assert isinstance(decoded, Records) and decoded.records == (record,)
+    assert decoded.records[0].wire == canonical
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_decoding_leaves_the_garbage_collector_as_it_found_it(enabled: bool) -> None:
+    was = gc.isenabled()
+    try:
+        if not enabled:
+            gc.disable()
+        decode_sync(encode_sync(Records((rec("worker-1", 1), rec("worker-1", 2)))))
+        assert gc.isenabled() is enabled
+        with pytest.raises(SyncError):
+            decode_sync(msgpack.packb({"t": "rec", "r": [[0, "worker-1", 1]]}))
+        assert gc.isenabled() is enabled
+    finally:
+        if was:
+            gc.enable()
 
 
 def _raw(message: object) -> dict[str, object]:
