@@ -169,7 +169,6 @@ from porter_mesh.core.envelope import (
 )
 from porter_mesh.core.hlc import HybridClock
 from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, Recontact
-from porter_mesh.core.sequence import SequenceTracker, SeqVerdict
 from porter_mesh.core.session.frames import (
     BroadcastFrame,
     Count,
@@ -179,7 +178,14 @@ from porter_mesh.core.session.frames import (
     Settle,
 )
 from porter_mesh.core.session.keys import KEY_PREFIX, MAX_KEY_CHARS
-from porter_mesh.core.session.receiving import DirectReceiver, Verdict
+from porter_mesh.core.session.receiving import (
+    LOST_BROADCAST,
+    MISADDRESSED,
+    UNKNOWN_SENDER,
+    Receipt,
+    Receiving,
+    Step,
+)
 from porter_mesh.core.session.roster import (
     Connect,
     Disconnect,
@@ -458,12 +464,8 @@ class Node:
             self.name, config.mesh, self._sending, evasive_after=config.evasive_after,
             expire_after=config.expire_after)
         self._peers = self._roster.peers
-        # Broadcast subscribers may join a running mesh: the first sequence seen is the
-        # start. Direct streams are expected from 1, so retries that overtake each other
-        # are still accepted once.
-        self._btracker = SequenceTracker(from_start=False)
-        # Direct messages received: sequences, idempotency keys, refusals (pure).
-        self._receiver = DirectReceiver(key_window=config.idempotency_window)
+        # The receiving rules (direct and broadcast; what to do with each arrival): pure.
+        self._receiving = Receiving(key_window=config.idempotency_window)
         self._clock = HybridClock(max_skew_ms=round(config.max_clock_skew * 1000))
         self._skew_warned: set[str] = set()
         self._inbox: collections.deque[Message] = collections.deque()
@@ -642,8 +644,9 @@ class Node:
         self._journal = journal = DeliveryJournal(
             path, key_window=window, compact_bytes=self.config.journal_compact_bytes)
         self._handed = journal.taken
+        self._receiving.journal = True
         for record in journal.known:
-            self._receiver.restore(record.sender, record.incarnation, record.first_seq,
+            self._receiving.direct.restore(record.sender, record.incarnation, record.first_seq,
                                    record.count, record.key, record.wall_ms / 1000)
         self._replay = journal.pending
         if self._replay:
@@ -1424,8 +1427,7 @@ class Node:
                 self._disconnect(action.advert.name)
                 self._connect(action.advert)
             elif isinstance(action, Forget):
-                self._btracker.forget(action.name)
-                self._receiver.forget(action.name)
+                self._receiving.forget(action.name)
             elif isinstance(action, Drop):
                 self._drop(action.reason, action.peer, "%s", action.detail)
             else:
@@ -1612,17 +1614,19 @@ class Node:
             return
         if peer is not None and self._spoofed(env, peer, f"{peer!r} published a message"):
             return
-        if not self._heard(env, time.monotonic()):
-            self._drop("unknown-peer", env.sender,
-                       "broadcast from %s (incarnation %x) which is not on the roster",
-                       env.sender, env.incarnation)
-            return
-        if env.kind is not None:
+        known = self._heard(env, time.monotonic())
+        if known and env.kind is not None:
             self._on_control(env, payload, None)
             return
-        result = self._btracker.observe_range(env.sender, env.channel, env.incarnation,
-                                             env.seq, env.count)
-        self._count_seq(result, env.sender)
+        receipt = self._receiving.broadcast(env.sender, env.channel, env.incarnation,
+                                            env.seq, env.count, known=known)
+        if receipt.counter:
+            if receipt is UNKNOWN_SENDER:
+                self._drop("unknown-peer", env.sender,
+                           "broadcast from %s (incarnation %x) which is not on the roster",
+                           env.sender, env.incarnation)
+                return
+            self._count_receipt(receipt, env.sender)
         self._deliver(env, payload, direct=False)
 
     def _heard(self, env: Envelope, now: float) -> bool:
@@ -1635,19 +1639,18 @@ class Node:
             self._carry_out(actions)
         return known
 
-    def _count_seq(self, result: Any, sender: str) -> None:
-        if result.verdict is SeqVerdict.GAP and result.missing is not None:
-            lo, hi = result.missing
-            self.counters["lost.broadcast"] += hi - lo + 1
+    def _count_receipt(self, receipt: Receipt, sender: str) -> None:
+        """Add a receipt's count; lost broadcasts also per sender, the first logged."""
+        n = receipt.n
+        self.counters[receipt.counter] += n
+        if receipt.counter == LOST_BROADCAST:
             first = sender not in self.lost_by and len(self.lost_by) < _MAX_COUNTED_SENDERS
-            _count_for(self.lost_by, sender, hi - lo + 1)
+            _count_for(self.lost_by, sender, n)
             if first:
                 log.warning("lost %d broadcast(s) from %s (a sequence gap: it sent faster "
                             "than this node read, or the link dropped); further losses from "
                             "%s are only counted (porter-mesh stats %s shows them)",
-                            hi - lo + 1, sender, sender, self.name)
-        elif result.verdict is SeqVerdict.DUPLICATE:
-            self.counters["duplicate.broadcast"] += 1
+                            n, sender, sender, self.name)
 
     def _deliver(self, env: Envelope, payload: bytes, *, direct: bool) -> None:
         try:
@@ -1768,7 +1771,8 @@ class Node:
             else:
                 self._take(end)
         if ident is not None:
-            self._receiver.taken(env.sender, env.incarnation, env.seq)
+            # Not journaled: acknowledged now that it is taken.
+            self._receiving.taken(env.sender, env.incarnation, env.seq)
             self._queue_ack(ident, env.seq)
         if not limit or not msgs:
             return None
@@ -1806,7 +1810,7 @@ class Node:
 
     def _track_unacked(self, held: _Held) -> None:
         if held.ident is not None:
-            self._receiver.hold(held.env.sender, held.env.incarnation, held.env.seq)
+            self._receiving.declined(held.env.sender, held.env.incarnation, held.env.seq)
 
     def _queue_ack(self, ident: bytes, seq: int) -> None:
         acks = self._pending_acks.get(ident)
@@ -1952,12 +1956,11 @@ class Node:
 
     def _storage_failed(self, error: StorageError, accepted: list[_Accepted]) -> None:
         """The journal could not keep ``accepted``: refuse them (no acknowledgement)."""
-        refused = 0
         for env, _, _, _, _ in accepted:
-            refused += env.count
             # Not kept, so not seen: its retry (with its key, if any) must land.
-            self._receiver.refused(env.sender, env.incarnation, env.seq, env.msg_id)
-        self.counters["refused.disk"] += refused
+            receipt = self._receiving.journal_failed(env.sender, env.incarnation, env.seq,
+                                                     env.msg_id, env.count)
+            self.counters[receipt.counter] += receipt.n
         first = self._storage_error is None
         self._storage_error = error
         log.log(logging.WARNING if first else logging.DEBUG,
@@ -1991,43 +1994,41 @@ class Node:
         if env.kind is not None:
             self._on_control(env, payload, ident)
             return
-        if not self._heard(env, time.monotonic()):
-            # No ack: the sender retries, by which time its hello has introduced it.
-            self._drop("unknown-peer", env.sender,
-                       "direct message from %s which has not said hello", env.sender)
-            return
-        if env.recipient != self.name:
-            self._drop("misaddressed", env.sender, "direct message from %s for %r reached %s",
-                       env.sender, env.recipient, self.name)
-            return
+        known = self._heard(env, time.monotonic())
         limit = self.config.inbox_size
-        verdict = self._receiver.admit(
-            env.sender, env.incarnation, env.seq, env.count, env.msg_id,
+        receipt = self._receiving.direct_message(
+            env.sender, env.incarnation, env.recipient or "", env.seq, env.count, env.msg_id,
+            known=known, me=self.name,
             room=(limit - len(self._inbox) - sum(a[0].count for a in accepted[-64:])
                   if limit else None),
             # Without an inbox: a handler, and no owed message that must go first.
             consumer=bool(self._handlers or self._batch_handlers) and not self._replay,
             held_full=self._held_count >= self._held_limit, wall=time.time())
-        if verdict is Verdict.NEW:
+        steps = receipt.steps
+        if receipt.counter:
+            if receipt is UNKNOWN_SENDER:
+                self._drop("unknown-peer", env.sender,
+                           "direct message from %s which has not said hello", env.sender)
+            elif receipt is MISADDRESSED:
+                self._drop("misaddressed", env.sender,
+                           "direct message from %s for %r reached %s",
+                           env.sender, env.recipient, self.name)
+            else:
+                self.counters[receipt.counter] += receipt.n
+        if Step.DELIVER in steps:
             try:
                 activities = decode_payload(payload, env.count)
             except ProtocolError as exc:
                 # Acknowledged all the same: resending a poison message cannot help.
                 self._drop(exc.reason, env.sender, "dropped %d activities from %s: %s",
                            env.count, env.sender, exc)
+                self._queue_ack(ident, env.seq)
             else:
-                # Journaled, delivered, then acknowledged (see _accept).
+                # Journal, deliver, then acknowledge, for the whole read (_accept); without
+                # a journal the acknowledgement waits for the message to be taken.
                 accepted.append((env, frames[1], payload, activities, ident))
-                return
-        elif verdict.acknowledged:
-            self.counters[verdict.value] += env.count
-        elif verdict is Verdict.HELD:
-            self.counters[verdict.value] += env.count
-            return  # acknowledged when a handler takes it
-        else:
-            self.counters[verdict.value] += 1
-            return  # backpressure: not acknowledged, the sender retries later
-        self._queue_ack(ident, env.seq)
+        elif steps:
+            self._queue_ack(ident, env.seq)  # a duplicate: acknowledged again
 
     def _spoofed(self, env: Envelope, authentic: str | None, what: str, *,
                  owner: bool = False) -> bool:
@@ -2235,14 +2236,15 @@ class Node:
         for channel, last in beat.last_seqs.items():
             if channel in self._channels:
                 try:
-                    result = self._btracker.observe_last(env.sender, channel,
-                                                         env.incarnation, last)
+                    receipt = self._receiving.position(env.sender, channel,
+                                                       env.incarnation, last)
                 except ProtocolError as exc:
                     self._drop(exc.reason, env.sender, "bad heartbeat from %s: %s",
                                env.sender, exc)
                     return
                 info.last_seqs[channel] = last
-                self._count_seq(result, env.sender)
+                if receipt.counter:
+                    self._count_receipt(receipt, env.sender)
 
     # ------------------------------------------------------------------ timers
 
