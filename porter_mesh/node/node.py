@@ -116,7 +116,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 import zmq
 
 from porter_mesh.adapters.dirlock import DirLock
-from porter_mesh.adapters.handshake import HandshakeWatch, Refusal
+from porter_mesh.adapters.handshake import Refusal
 from porter_mesh.adapters.journal import DeliveryJournal, JournalRecord
 from porter_mesh.adapters.security import AUDIT_FILE, MeshSecurity, check_libzmq
 from porter_mesh.core import constants as C
@@ -212,7 +212,13 @@ from porter_mesh.errors import (
     UnknownPeerError,
 )
 from porter_mesh.node.config import NodeConfig, split_seed
-from porter_mesh.node.links import PeerLink, Sockets, recv_subscription, tcp_address
+from porter_mesh.node.links import (
+    Links,
+    Sockets,
+    Target,
+    recv_subscription,
+    tcp_address,
+)
 from porter_mesh.node.zio import recv_frames, recv_frames_from, send_frames
 
 __all__ = ["Message", "Node"]
@@ -248,7 +254,6 @@ _MAX_COUNTED_SENDERS = 1024
 #: Re-contact targets: ``(_SEED, "[NAME@]HOST:PORT")`` or ``(_PEER, agent name)``.
 _SEED = "seed"
 _PEER = "peer"
-Target = tuple[str, str]
 #: Peers left for these reasons are not tried again (a newer incarnation is already
 #: here; an untrusted key is retried when the trusted directory changes).
 _NO_RECONTACT = frozenset({"restarted", "untrusted"})
@@ -451,7 +456,6 @@ class Node:
         self.view_sections: dict[str, Callable[[], dict[str, Any]]] = {}
         self._dir_lock: DirLock | None = None
         self._started_at = time.monotonic()
-        self._links: dict[str, PeerLink] = {}
         # The sending rules (queues, batching, numbering, the outbox): pure; the node
         # carries out what they return (_carry_out).
         self._sending: Sender[Completion] = Sender(
@@ -504,6 +508,13 @@ class Node:
         # The sockets, how they are made and watched, and the one read loop.
         self._sockets = Sockets(config, after_batch=self._after_batch,
                                 closed=lambda: self._closed)
+        # The links to peers, the probes and every handshake watch (socket work only;
+        # the roster and the re-contact schedule decide when).
+        self._net = Links(self._sockets, routing_id=f"{self.name}/{self.incarnation:x}",
+                          read_sub=self._read_sub, read_dealer=self._read_dealer,
+                          on_handshake=self._on_handshake)
+        self._links = self._net.links
+        self._probes = self._net.probes
         self._pub: zmq.Socket[bytes] | None = None
         self._sub: zmq.Socket[bytes] | None = None
         self._router: zmq.Socket[bytes] | None = None
@@ -511,15 +522,12 @@ class Node:
         # each seed (from its name or its first welcome), when each lost peer was lost.
         self._recontact: Recontact[Target, PeerAdvert | None] = Recontact(
             initial=config.heartbeat_interval, cap=config.recontact_max)
-        self._probes: dict[Target, zmq.Socket[bytes]] = {}
         self._seed_names: dict[str, str] = {}
         self._lost_at: dict[str, float] = {}
         self._security: MeshSecurity | None = None
         self._trust_generation = 0
         self._trust_removals = 0
-        # Sockets whose handshakes are watched, with the peer a client socket connects to
-        # (None for this node's own server sockets); and the peers that refused us.
-        self._handshakes: dict[zmq.Socket[bytes], tuple[HandshakeWatch, str | None]] = {}
+        # The peers that refused us.
         self._refusals: dict[str, PeerRefusedError] = {}
         self._observing = False
         self._journal: DeliveryJournal | None = None
@@ -599,8 +607,8 @@ class Node:
             self.subscribe(channel)
         if security is not None:
             # A client without keys is refused before ZAP hears of it: watch for it.
-            self._watch_handshake(self._pub, None)
-            self._watch_handshake(self._router, None)
+            self._net.watch_handshake(self._pub, None)
+            self._net.watch_handshake(self._router, None)
         if cfg.data_dir is not None:
             try:
                 self._open_journal(cfg.data_dir / "inbox.journal")
@@ -743,25 +751,16 @@ class Node:
             self._dir_lock = None
 
     def _close_sockets(self) -> None:
-        for watched in list(self._handshakes):
-            self._end_handshake_watch(watched)
-        self._sockets.unwatch_all()
+        self._sockets.unwatch_all()  # before any socket closes: its descriptor goes with it
+        self._net.close_all()
         if self._pub is not None:
             # Give queued broadcasts (the goodbye among them) a moment to leave.
             self._pub.close(linger=500)
             self._pub = None
-        socks: list[zmq.Socket[bytes] | None] = [
-            self._sub, self._router,
-            *(link.dealer for link in self._links.values()),
-            *(link.sub for link in self._links.values()),
-            *self._probes.values(),
-        ]
-        for other in socks:
+        for other in (self._sub, self._router):
             if other is not None:
                 other.close(linger=0)
         self._sub = self._router = None
-        self._links.clear()
-        self._probes.clear()
         if self._security is not None:
             # After the server sockets: none of them may outlive the authenticator.
             self._security.stop()
@@ -828,43 +827,13 @@ class Node:
                 log.exception("peer listener failed")
 
     def _connect(self, advert: PeerAdvert) -> None:
-        pub = advert.endpoint_pub()
-        sub = None
-        if self._security is None:
-            assert self._sub is not None
-            self._sub.connect(pub)
-        else:
-            sub = self._sockets.client(zmq.SUB, advert.public_key)
-            for topic in self._topics():
-                sub.setsockopt(zmq.SUBSCRIBE, topic)
-            sub.connect(pub)
-            self._sockets.watch(sub, functools.partial(self._read_sub, sub, advert.name))
-        dealer = self._sockets.client(zmq.DEALER, advert.public_key)
-        if self._security is None:
-            # A readable id helps debugging; a secured ROUTER makes up its own (see above).
-            dealer.setsockopt(zmq.ROUTING_ID, f"{self.name}/{self.incarnation:x}".encode())
-        dealer.setsockopt(zmq.IMMEDIATE, 0)
         self._refusals.pop(advert.name, None)  # a new connection: ask again
-        self._watch_handshake(dealer, advert.name)
-        dealer.connect(advert.endpoint_router())
-        self._links[advert.name] = PeerLink(advert, dealer, pub, sub)
-        self._sockets.watch(dealer, functools.partial(self._read_dealer, dealer, advert.name))
-        self._send_hello(dealer)
+        link = self._net.open(advert, shared_sub=self._sub, topics=self._topics())
+        self._send_hello(link.dealer)
 
     def _disconnect(self, name: str) -> None:
         self._roster.unlinked(name)
-        link = self._links.pop(name, None)
-        if link is None:
-            return
-        if link.sub is not None:
-            self._sockets.unwatch(link.sub)
-            link.sub.close(linger=0)
-        elif self._sub is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self._sub.disconnect(link.pub_endpoint)
-        self._sockets.unwatch(link.dealer)
-        self._end_handshake_watch(link.dealer)
-        link.dealer.close(linger=0)
+        self._net.close(name, shared_sub=self._sub)
 
     def _revalidate_links(self) -> None:
         """The trusted keys changed: cut off peers whose key is no longer trusted."""
@@ -900,7 +869,7 @@ class Node:
         if old is None or self._closed:
             return
         self._sockets.unwatch(old)
-        self._end_handshake_watch(old)
+        self._net.end_handshake_watch(old)
         old.close(linger=0)
         self._subscribers.clear()
         self._subscribed.clear()
@@ -936,26 +905,16 @@ class Node:
                 return
             hosts.pop(0)
         if self._security is not None:
-            self._watch_handshake(sock, None)
+            self._net.watch_handshake(sock, None)
         self._sockets.watch(sock, self._read_xpub)
 
     # ------------------------------------------------------------------ handshakes
 
-    def _watch_handshake(self, sock: zmq.Socket[bytes], peer: str | None) -> None:
-        """Read the handshake outcomes of ``sock``: a client's (``peer``: whom it
-        connects to) until its first success, a secured server's (None) for its life."""
-        watch = HandshakeWatch(sock, secured=self._security is not None)
-        self._handshakes[sock] = (watch, peer)
-        self._sockets.watch(watch.monitor, functools.partial(self._on_handshake, sock))
-
-    def _end_handshake_watch(self, sock: zmq.Socket[bytes]) -> None:
-        entry = self._handshakes.pop(sock, None)
-        if entry is not None:
-            self._sockets.unwatch(entry[0].monitor)
-            entry[0].close()
-
     def _on_handshake(self, sock: zmq.Socket[bytes]) -> None:
-        entry = self._handshakes.get(sock)
+        """What a handshake outcome on ``sock`` means: a server's refusal of a client
+        without keys audited; a client's success ends its watch, its refusal fails what
+        waits for that peer (:meth:`_refused_by`)."""
+        entry = self._net.handshake(sock)
         if entry is None:
             return
         watch, peer = entry
@@ -967,7 +926,7 @@ class Node:
                                  "address is not reported before ZAP)")
             elif outcome.succeeded:
                 self._refusals.pop(peer, None)
-                self._end_handshake_watch(sock)
+                self._net.end_handshake_watch(sock)
                 return
             elif outcome.refusal is not None and peer not in self._refusals:
                 self._refused_by(peer, outcome.refusal, sock)
@@ -1005,9 +964,8 @@ class Node:
         link = self._links.get(peer)
         if link is not None and link.dealer is sock:
             self._disconnect(peer)
-        for key, dealer in list(self._probes.items()):
-            if dealer is sock:
-                self._end_probe(key)  # tried again when the trusted directory changes
+        for key in self._net.probes_of(sock):
+            self._end_probe(key)  # tried again when the trusted directory changes
 
     def refusals(self) -> dict[str, PeerRefusedError]:
         """The peers that refused this node's connection for a reason keys explain, by
@@ -1025,7 +983,7 @@ class Node:
         if self.config.observer:
             # An observer stays off every roster, but a seed must still tell it who is
             # there: its hello carries no advert, only the wish for a welcome.
-            if any(dealer is probe for key, probe in self._probes.items() if key[0] == _SEED):
+            if self._net.is_probe(dealer, _SEED):
                 self._send_control_direct(dealer, KIND_HELLO, encode_hello(ObserverHello()))
             return
         self._send_control_direct(dealer, KIND_HELLO, encode_hello(self._introduction()))
@@ -1062,41 +1020,17 @@ class Node:
                            key[1], name)
                 self._end_probe(key)
                 return
-        self._close_probe(key)
-        dealer = self._sockets.client(zmq.DEALER, server_key)
-        if self._security is None:
-            dealer.setsockopt(zmq.ROUTING_ID,
-                              f"{self.name}/{self.incarnation:x}/{key[0][0]}".encode())
-        if "[" in endpoint:
-            dealer.setsockopt(zmq.IPV6, 1)
-        # Within one attempt, libzmq's own reconnects back off too (a closed port is
-        # knocked on about once per attempt, not ten times a second).
-        cfg = self.config
-        dealer.setsockopt(zmq.RECONNECT_IVL, round(cfg.heartbeat_interval * 1000))
-        dealer.setsockopt(zmq.RECONNECT_IVL_MAX, round(cfg.recontact_max * 1000))
-        self._watch_handshake(dealer, name or key[1])
         try:
-            dealer.connect(endpoint)
+            dealer = self._net.open_probe(key, endpoint, server_key, name=name)
         except zmq.ZMQError as exc:
-            self._end_handshake_watch(dealer)
-            dealer.close(linger=0)
             self._drop("bad-endpoint", key[1], "cannot connect to %s (%s): %s", key[1],
                        endpoint, exc)
             self._recontact.stop(key)
             return
-        self._probes[key] = dealer
-        self._sockets.watch(dealer, functools.partial(self._read_dealer, dealer, None, name, key))
         self._send_hello(dealer)
 
-    def _close_probe(self, key: Target) -> None:
-        dealer = self._probes.pop(key, None)
-        if dealer is not None:
-            self._sockets.unwatch(dealer)
-            self._end_handshake_watch(dealer)
-            dealer.close(linger=0)
-
     def _end_probe(self, key: Target) -> tuple[float, int] | None:
-        self._close_probe(key)
+        self._net.close_probe(key)
         return self._recontact.stop(key)
 
     def _probe_answered(self, key: Target, sender: str) -> None:
@@ -1135,7 +1069,7 @@ class Node:
             if reason != "expired":
                 return ""  # a goodbye: it left on purpose, and says hello when back
             for old in self._recontact.start((_PEER, peer.name), peer.advert, now):
-                self._close_probe(old)
+                self._net.close_probe(old)
                 self._lost_at.pop(old[1], None)
         self._lost_at[peer.name] = now
         return f"; trying it again every {self.config.recontact_max:g}s at most"
