@@ -2047,6 +2047,21 @@ class Node:
             raise ConfigError(f"kind {kind!r} is the node's own")
         self._kind_handlers[kind] = handler
 
+    def unregister_kind(self, kind: str) -> None:
+        """Stop routing ``kind`` (idempotent): its handler and its ``unsupported``
+        handler (:meth:`register_unsupported`) go. From then on this node answers a
+        request of ``kind`` with ``unsupported``, as a node that never ran that
+        protocol does, so that the asker turns elsewhere (a knowledge replica closed
+        while its node runs on).
+
+        Raises:
+            ConfigError: ``kind`` is one of the node's own.
+        """
+        if kind in NODE_KINDS:
+            raise ConfigError(f"kind {kind!r} is the node's own")
+        self._kind_handlers.pop(kind, None)
+        self._unsupported_handlers.pop(kind, None)
+
     def register_unsupported(self, kind: str, handler: KindHandler) -> None:
         """Route the ``unsupported`` answers to this node's requests of ``kind`` to
         ``handler`` (same arguments as for :meth:`register_kind`; the payload is
