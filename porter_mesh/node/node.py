@@ -17,7 +17,8 @@ with ``loop.add_reader``; when it fires, the socket is read without blocking (up
 fairness limit, then the read is rescheduled; one loop,
 :meth:`~porter_mesh.node.links.Sockets.read`, serves every socket). ZeroMQ's descriptor
 is edge-triggered, so every send on a socket is followed by a check of its ``EVENTS``
-for pending input. How sockets are made, bound and watched lives in
+for pending input. How sockets are made, bound and watched, and the sockets that reach
+peers (links, probes, handshake watches: :class:`~porter_mesh.node.links.Links`), live in
 :mod:`porter_mesh.node.links`; the protocol's rules live in the pure sessions of
 :mod:`porter_mesh.core.session` (sending, roster, receiving), and the node carries out
 the actions they return.
@@ -578,6 +579,10 @@ class Node:
             self._dir_lock = DirLock(cfg.data_dir, filename=DATA_DIR_LOCK)
         self._started = True
         self._started_at = time.monotonic()
+        # The first heartbeat goes at once. Set before anything can arm the timer (a
+        # subscription, the journal's redelivery): a deadline of 0 would make the first
+        # timer run look as late as the machine's uptime, that is, a long pause.
+        self._beat_due = self._started_at
         self._loop = asyncio.get_running_loop()
         self._inbox_event = asyncio.Event()
         self._halt_event = asyncio.Event()
@@ -620,7 +625,6 @@ class Node:
             self._sockets.watch(self._sub, self._read_sub)
         self._sockets.watch(self._router, self._read_router)
         self._sockets.watch(self._pub, self._read_xpub)
-        self._beat_due = time.monotonic()  # the first heartbeat goes at once
         if cfg.discovery:
             from porter_mesh.adapters.discovery import Discovery
 
