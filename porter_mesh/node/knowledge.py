@@ -210,6 +210,8 @@ class Knowledge:
     async def aclose(self) -> None:
         """Stop replicating and close the shard (records merged so far are durable)."""
         self._loop = None
+        # The node runs on: peers asking for sync are told this node has no replica.
+        self.node.unregister_kind(KIND_SYNC)
         if self._timer is not None:
             self._timer.close()  # nothing is armed from now on
         if self._remove_listener is not None:
@@ -569,11 +571,7 @@ class Knowledge:
     # -- what the node hands over ----------------------------------------------------------
 
     def _on_sync(self, env: Envelope, payload: bytes, reply: Reply) -> None:
-        if self._loop is None:
-            # Closed (or closing) while the node runs on: its kind stays registered, but
-            # nothing may be queued for a merge, answered from or stored in a closed shard.
-            self.counters["dropped.closed"] += 1
-            return
+        # Never called once closed: aclose unregisters the kind first.
         self._use_keys()
         self._carry(self.session.receive(env.sender, payload,
                                          broadcast=env.recipient is None,

@@ -12,6 +12,15 @@ watch named. ZeroMQ's descriptor is edge-triggered and a send can consume the ed
 after a send the socket is checked again (:meth:`Sockets.after_send`), and a new watch
 reads once at once (input may have arrived before it).
 
+The sockets that reach peers are :class:`Links`: a link per peer on the roster (a
+DEALER to its ROUTER, and on a secured node a SUB of its own to its PUB, since each
+CurveZMQ client socket holds one server key), a probe per seed or lost peer being tried
+again (a fresh DEALER that says hello), and the handshake watches of both (and of the
+node's secured server sockets). Opening and closing them is all this module does: when
+to open or close one is decided by the roster (:class:`~porter_mesh.core.session.roster.Roster`)
+and the re-contact schedule (:class:`~porter_mesh.core.peers.Recontact`), and what a
+handshake's outcome means by the node.
+
 What the messages mean is not decided here: the node's handlers decode them and the pure
 sessions (:mod:`porter_mesh.core.session`) say what to do.
 """
@@ -20,23 +29,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import TypeVar, cast
 
 import zmq
 
+from porter_mesh.adapters.handshake import HandshakeWatch
 from porter_mesh.adapters.security import MeshSecurity
 from porter_mesh.core.addresses import url_host
 from porter_mesh.core.advert import PeerAdvert
 from porter_mesh.node.config import NodeConfig
 from porter_mesh.node.zio import readable
 
-__all__ = ["READ_LIMIT", "PeerLink", "Sockets", "recv_subscription", "tcp_address"]
+__all__ = [
+    "READ_LIMIT", "Links", "PeerLink", "Sockets", "Target", "recv_subscription", "tcp_address",
+]
 
 #: Most messages read from one socket in one go before the others get their turn.
 READ_LIMIT = 512
 
 _T = TypeVar("_T")
+#: What a probe tries to reach: ``("seed", "HOST:PORT")`` or ``("peer", name)``.
+Target = tuple[str, str]
+#: Reads a link's SUB (the socket, the peer's name).
+ReadSub = Callable[[zmq.Socket[bytes], str], None]
+#: Reads a DEALER (the socket; the linked peer's name, or None for a probe; the name a
+#: probe expects to answer, if known; the probe's target).
+ReadDealer = Callable[[zmq.Socket[bytes], "str | None", "str | None", "Target | None"], None]
 
 
 def tcp_address(sock: zmq.Socket[bytes], host: str) -> str:
@@ -226,3 +246,175 @@ class Sockets:
         if self.ctx is not None:
             self.ctx.term()
             self.ctx = None
+
+
+class Links:
+    """The sockets that reach peers: links (:class:`PeerLink`), probes, handshake watches.
+
+    Socket work only: the node decides when a link or probe opens and closes, and what a
+    handshake's outcome means (``on_handshake`` is called when a watched socket's
+    monitor has news; :meth:`handshake` gives the watch).
+
+    Args:
+        sockets: the node's socket factory and watcher.
+        routing_id: the node's readable DEALER identity on an unsecured mesh
+            (``name/incarnation``; a secured ROUTER makes up its own).
+        read_sub, read_dealer: the node's readers for a link's SUB and for a DEALER.
+        on_handshake: called with a watched socket when its handshake monitor fires.
+    """
+
+    def __init__(self, sockets: Sockets, *, routing_id: str, read_sub: ReadSub,
+                 read_dealer: ReadDealer,
+                 on_handshake: Callable[[zmq.Socket[bytes]], None]) -> None:
+        self._sockets = sockets
+        self._routing_id = routing_id
+        self._read_sub = read_sub
+        self._read_dealer = read_dealer
+        self._on_handshake = on_handshake
+        #: The link to each peer on the roster, by name.
+        self.links: dict[str, PeerLink] = {}
+        #: The DEALER of each target being tried again.
+        self.probes: dict[Target, zmq.Socket[bytes]] = {}
+        # Sockets whose handshakes are watched, with the peer a client socket connects to
+        # (None: a server socket).
+        self._handshakes: dict[zmq.Socket[bytes], tuple[HandshakeWatch, str | None]] = {}
+
+    @property
+    def _secured(self) -> bool:
+        return self._sockets.security is not None
+
+    # -- links ------------------------------------------------------------------------
+
+    def open(self, advert: PeerAdvert, *, shared_sub: zmq.Socket[bytes] | None,
+             topics: list[bytes]) -> PeerLink:
+        """Link to ``advert``'s peer: its PUB subscribed to (through ``shared_sub``, or
+        on a secured node a SUB of its own subscribed to ``topics``), a DEALER to its
+        ROUTER with its handshake watched. The caller says hello on ``link.dealer``."""
+        pub = advert.endpoint_pub()
+        sub = None
+        if not self._secured:
+            assert shared_sub is not None
+            shared_sub.connect(pub)
+        else:
+            sub = self._sockets.client(zmq.SUB, advert.public_key)
+            for topic in topics:
+                sub.setsockopt(zmq.SUBSCRIBE, topic)
+            sub.connect(pub)
+            self._sockets.watch(sub, functools.partial(self._read_sub, sub, advert.name))
+        dealer = self._sockets.client(zmq.DEALER, advert.public_key)
+        if not self._secured:
+            # A readable id helps debugging; a secured ROUTER makes up its own.
+            dealer.setsockopt(zmq.ROUTING_ID, self._routing_id.encode())
+        dealer.setsockopt(zmq.IMMEDIATE, 0)
+        self.watch_handshake(dealer, advert.name)
+        dealer.connect(advert.endpoint_router())
+        link = self.links[advert.name] = PeerLink(advert, dealer, pub, sub)
+        self._sockets.watch(dealer, functools.partial(self._read_dealer, dealer, advert.name,
+                                                      None, None))
+        return link
+
+    def close(self, name: str, *, shared_sub: zmq.Socket[bytes] | None) -> PeerLink | None:
+        """Close the link to ``name`` (its SUB, or its PUB left by ``shared_sub``; its
+        DEALER and handshake watch). Returns the link, None when there was none."""
+        link = self.links.pop(name, None)
+        if link is None:
+            return None
+        if link.sub is not None:
+            self._sockets.unwatch(link.sub)
+            link.sub.close(linger=0)
+        elif shared_sub is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                shared_sub.disconnect(link.pub_endpoint)
+        self._close_dealer(link.dealer)
+        return link
+
+    def _close_dealer(self, dealer: zmq.Socket[bytes]) -> None:
+        self._sockets.unwatch(dealer)
+        self.end_handshake_watch(dealer)
+        dealer.close(linger=0)
+
+    # -- probes -----------------------------------------------------------------------
+
+    def open_probe(self, key: Target, endpoint: str, server_key: str | None, *,
+                   name: str | None) -> zmq.Socket[bytes]:
+        """A fresh DEALER to ``endpoint`` trying to reach ``key`` (``name``: the agent
+        expected there, if known), replacing an earlier probe of ``key``. The caller
+        says hello on it.
+
+        Raises:
+            zmq.ZMQError: ``endpoint`` cannot be connected to (no probe is left open).
+        """
+        self.close_probe(key)
+        dealer = self._sockets.client(zmq.DEALER, server_key)
+        if not self._secured:
+            dealer.setsockopt(zmq.ROUTING_ID, f"{self._routing_id}/{key[0][0]}".encode())
+        if "[" in endpoint:
+            dealer.setsockopt(zmq.IPV6, 1)
+        # Within one attempt, libzmq's own reconnects back off too (a closed port is
+        # knocked on about once per attempt, not ten times a second).
+        cfg = self._sockets.config
+        dealer.setsockopt(zmq.RECONNECT_IVL, round(cfg.heartbeat_interval * 1000))
+        dealer.setsockopt(zmq.RECONNECT_IVL_MAX, round(cfg.recontact_max * 1000))
+        self.watch_handshake(dealer, name or key[1])
+        try:
+            dealer.connect(endpoint)
+        except zmq.ZMQError:
+            self.end_handshake_watch(dealer)
+            dealer.close(linger=0)
+            raise
+        self.probes[key] = dealer
+        self._sockets.watch(dealer, functools.partial(self._read_dealer, dealer, None, name,
+                                                      key))
+        return dealer
+
+    def close_probe(self, key: Target) -> None:
+        """Close the probe of ``key``, if any."""
+        dealer = self.probes.pop(key, None)
+        if dealer is not None:
+            self._close_dealer(dealer)
+
+    def is_probe(self, sock: zmq.Socket[bytes], kind: str | None = None) -> bool:
+        """Whether ``sock`` is a probe (of a target of ``kind``, when given)."""
+        return any(sock is probe for key, probe in self.probes.items()
+                   if kind is None or key[0] == kind)
+
+    def probes_of(self, sock: zmq.Socket[bytes]) -> list[Target]:
+        """The targets ``sock`` probes."""
+        return [key for key, probe in self.probes.items() if probe is sock]
+
+    # -- handshakes -------------------------------------------------------------------
+
+    def watch_handshake(self, sock: zmq.Socket[bytes], peer: str | None) -> None:
+        """Watch the handshake outcomes of ``sock``: a client's (``peer``: whom it
+        connects to) until the node ends the watch, a secured server's (None) for its
+        life."""
+        watch = HandshakeWatch(sock, secured=self._secured)
+        self._handshakes[sock] = (watch, peer)
+        self._sockets.watch(watch.monitor, functools.partial(self._on_handshake, sock))
+
+    def handshake(self, sock: zmq.Socket[bytes]) -> tuple[HandshakeWatch, str | None] | None:
+        """The watch of ``sock`` and the peer it connects to, None when not watched."""
+        return self._handshakes.get(sock)
+
+    def end_handshake_watch(self, sock: zmq.Socket[bytes]) -> None:
+        """Stop watching ``sock``'s handshakes (idempotent)."""
+        entry = self._handshakes.pop(sock, None)
+        if entry is not None:
+            self._sockets.unwatch(entry[0].monitor)
+            entry[0].close()
+
+    # -- the end ----------------------------------------------------------------------
+
+    def close_all(self) -> None:
+        """Close every link, probe and handshake watch (the node is closing, and has
+        stopped watching every socket: a closed socket's descriptor cannot be unwatched)."""
+        for watched in list(self._handshakes):
+            self.end_handshake_watch(watched)
+        for link in self.links.values():
+            link.dealer.close(linger=0)
+            if link.sub is not None:
+                link.sub.close(linger=0)
+        for dealer in self.probes.values():
+            dealer.close(linger=0)
+        self.links.clear()
+        self.probes.clear()

@@ -17,7 +17,8 @@ with ``loop.add_reader``; when it fires, the socket is read without blocking (up
 fairness limit, then the read is rescheduled; one loop,
 :meth:`~porter_mesh.node.links.Sockets.read`, serves every socket). ZeroMQ's descriptor
 is edge-triggered, so every send on a socket is followed by a check of its ``EVENTS``
-for pending input. How sockets are made, bound and watched lives in
+for pending input. How sockets are made, bound and watched, and the sockets that reach
+peers (links, probes, handshake watches: :class:`~porter_mesh.node.links.Links`), live in
 :mod:`porter_mesh.node.links`; the protocol's rules live in the pure sessions of
 :mod:`porter_mesh.core.session` (sending, roster, receiving), and the node carries out
 the actions they return.
@@ -116,7 +117,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 import zmq
 
 from porter_mesh.adapters.dirlock import DirLock
-from porter_mesh.adapters.handshake import HandshakeWatch, Refusal
+from porter_mesh.adapters.handshake import Refusal
 from porter_mesh.adapters.journal import DeliveryJournal, JournalRecord
 from porter_mesh.adapters.security import AUDIT_FILE, MeshSecurity, check_libzmq
 from porter_mesh.core import constants as C
@@ -169,7 +170,6 @@ from porter_mesh.core.envelope import (
 )
 from porter_mesh.core.hlc import HybridClock
 from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, Recontact
-from porter_mesh.core.sequence import SequenceTracker, SeqVerdict
 from porter_mesh.core.session.frames import (
     BroadcastFrame,
     Count,
@@ -179,7 +179,14 @@ from porter_mesh.core.session.frames import (
     Settle,
 )
 from porter_mesh.core.session.keys import KEY_PREFIX, MAX_KEY_CHARS
-from porter_mesh.core.session.receiving import DirectReceiver, Verdict
+from porter_mesh.core.session.receiving import (
+    LOST_BROADCAST,
+    MISADDRESSED,
+    UNKNOWN_SENDER,
+    Receipt,
+    Receiving,
+    Step,
+)
 from porter_mesh.core.session.roster import (
     Connect,
     Disconnect,
@@ -206,7 +213,13 @@ from porter_mesh.errors import (
     UnknownPeerError,
 )
 from porter_mesh.node.config import NodeConfig, split_seed
-from porter_mesh.node.links import PeerLink, Sockets, recv_subscription, tcp_address
+from porter_mesh.node.links import (
+    Links,
+    Sockets,
+    Target,
+    recv_subscription,
+    tcp_address,
+)
 from porter_mesh.node.zio import recv_frames, recv_frames_from, send_frames
 
 __all__ = ["Message", "Node"]
@@ -242,7 +255,6 @@ _MAX_COUNTED_SENDERS = 1024
 #: Re-contact targets: ``(_SEED, "[NAME@]HOST:PORT")`` or ``(_PEER, agent name)``.
 _SEED = "seed"
 _PEER = "peer"
-Target = tuple[str, str]
 #: Peers left for these reasons are not tried again (a newer incarnation is already
 #: here; an untrusted key is retried when the trusted directory changes).
 _NO_RECONTACT = frozenset({"restarted", "untrusted"})
@@ -445,7 +457,6 @@ class Node:
         self.view_sections: dict[str, Callable[[], dict[str, Any]]] = {}
         self._dir_lock: DirLock | None = None
         self._started_at = time.monotonic()
-        self._links: dict[str, PeerLink] = {}
         # The sending rules (queues, batching, numbering, the outbox): pure; the node
         # carries out what they return (_carry_out).
         self._sending: Sender[Completion] = Sender(
@@ -458,12 +469,8 @@ class Node:
             self.name, config.mesh, self._sending, evasive_after=config.evasive_after,
             expire_after=config.expire_after)
         self._peers = self._roster.peers
-        # Broadcast subscribers may join a running mesh: the first sequence seen is the
-        # start. Direct streams are expected from 1, so retries that overtake each other
-        # are still accepted once.
-        self._btracker = SequenceTracker(from_start=False)
-        # Direct messages received: sequences, idempotency keys, refusals (pure).
-        self._receiver = DirectReceiver(key_window=config.idempotency_window)
+        # The receiving rules (direct and broadcast; what to do with each arrival): pure.
+        self._receiving = Receiving(key_window=config.idempotency_window)
         self._clock = HybridClock(max_skew_ms=round(config.max_clock_skew * 1000))
         self._skew_warned: set[str] = set()
         self._inbox: collections.deque[Message] = collections.deque()
@@ -502,6 +509,13 @@ class Node:
         # The sockets, how they are made and watched, and the one read loop.
         self._sockets = Sockets(config, after_batch=self._after_batch,
                                 closed=lambda: self._closed)
+        # The links to peers, the probes and every handshake watch (socket work only;
+        # the roster and the re-contact schedule decide when).
+        self._net = Links(self._sockets, routing_id=f"{self.name}/{self.incarnation:x}",
+                          read_sub=self._read_sub, read_dealer=self._read_dealer,
+                          on_handshake=self._on_handshake)
+        self._links = self._net.links
+        self._probes = self._net.probes
         self._pub: zmq.Socket[bytes] | None = None
         self._sub: zmq.Socket[bytes] | None = None
         self._router: zmq.Socket[bytes] | None = None
@@ -509,15 +523,12 @@ class Node:
         # each seed (from its name or its first welcome), when each lost peer was lost.
         self._recontact: Recontact[Target, PeerAdvert | None] = Recontact(
             initial=config.heartbeat_interval, cap=config.recontact_max)
-        self._probes: dict[Target, zmq.Socket[bytes]] = {}
         self._seed_names: dict[str, str] = {}
         self._lost_at: dict[str, float] = {}
         self._security: MeshSecurity | None = None
         self._trust_generation = 0
         self._trust_removals = 0
-        # Sockets whose handshakes are watched, with the peer a client socket connects to
-        # (None for this node's own server sockets); and the peers that refused us.
-        self._handshakes: dict[zmq.Socket[bytes], tuple[HandshakeWatch, str | None]] = {}
+        # The peers that refused us.
         self._refusals: dict[str, PeerRefusedError] = {}
         self._observing = False
         self._journal: DeliveryJournal | None = None
@@ -568,6 +579,10 @@ class Node:
             self._dir_lock = DirLock(cfg.data_dir, filename=DATA_DIR_LOCK)
         self._started = True
         self._started_at = time.monotonic()
+        # The first heartbeat goes at once. Set before anything can arm the timer (a
+        # subscription, the journal's redelivery): a deadline of 0 would make the first
+        # timer run look as late as the machine's uptime, that is, a long pause.
+        self._beat_due = self._started_at
         self._loop = asyncio.get_running_loop()
         self._inbox_event = asyncio.Event()
         self._halt_event = asyncio.Event()
@@ -597,8 +612,8 @@ class Node:
             self.subscribe(channel)
         if security is not None:
             # A client without keys is refused before ZAP hears of it: watch for it.
-            self._watch_handshake(self._pub, None)
-            self._watch_handshake(self._router, None)
+            self._net.watch_handshake(self._pub, None)
+            self._net.watch_handshake(self._router, None)
         if cfg.data_dir is not None:
             try:
                 self._open_journal(cfg.data_dir / "inbox.journal")
@@ -610,7 +625,6 @@ class Node:
             self._sockets.watch(self._sub, self._read_sub)
         self._sockets.watch(self._router, self._read_router)
         self._sockets.watch(self._pub, self._read_xpub)
-        self._beat_due = time.monotonic()  # the first heartbeat goes at once
         if cfg.discovery:
             from porter_mesh.adapters.discovery import Discovery
 
@@ -642,8 +656,9 @@ class Node:
         self._journal = journal = DeliveryJournal(
             path, key_window=window, compact_bytes=self.config.journal_compact_bytes)
         self._handed = journal.taken
+        self._receiving.journal = True
         for record in journal.known:
-            self._receiver.restore(record.sender, record.incarnation, record.first_seq,
+            self._receiving.direct.restore(record.sender, record.incarnation, record.first_seq,
                                    record.count, record.key, record.wall_ms / 1000)
         self._replay = journal.pending
         if self._replay:
@@ -740,25 +755,16 @@ class Node:
             self._dir_lock = None
 
     def _close_sockets(self) -> None:
-        for watched in list(self._handshakes):
-            self._end_handshake_watch(watched)
-        self._sockets.unwatch_all()
+        self._sockets.unwatch_all()  # before any socket closes: its descriptor goes with it
+        self._net.close_all()
         if self._pub is not None:
             # Give queued broadcasts (the goodbye among them) a moment to leave.
             self._pub.close(linger=500)
             self._pub = None
-        socks: list[zmq.Socket[bytes] | None] = [
-            self._sub, self._router,
-            *(link.dealer for link in self._links.values()),
-            *(link.sub for link in self._links.values()),
-            *self._probes.values(),
-        ]
-        for other in socks:
+        for other in (self._sub, self._router):
             if other is not None:
                 other.close(linger=0)
         self._sub = self._router = None
-        self._links.clear()
-        self._probes.clear()
         if self._security is not None:
             # After the server sockets: none of them may outlive the authenticator.
             self._security.stop()
@@ -825,43 +831,13 @@ class Node:
                 log.exception("peer listener failed")
 
     def _connect(self, advert: PeerAdvert) -> None:
-        pub = advert.endpoint_pub()
-        sub = None
-        if self._security is None:
-            assert self._sub is not None
-            self._sub.connect(pub)
-        else:
-            sub = self._sockets.client(zmq.SUB, advert.public_key)
-            for topic in self._topics():
-                sub.setsockopt(zmq.SUBSCRIBE, topic)
-            sub.connect(pub)
-            self._sockets.watch(sub, functools.partial(self._read_sub, sub, advert.name))
-        dealer = self._sockets.client(zmq.DEALER, advert.public_key)
-        if self._security is None:
-            # A readable id helps debugging; a secured ROUTER makes up its own (see above).
-            dealer.setsockopt(zmq.ROUTING_ID, f"{self.name}/{self.incarnation:x}".encode())
-        dealer.setsockopt(zmq.IMMEDIATE, 0)
         self._refusals.pop(advert.name, None)  # a new connection: ask again
-        self._watch_handshake(dealer, advert.name)
-        dealer.connect(advert.endpoint_router())
-        self._links[advert.name] = PeerLink(advert, dealer, pub, sub)
-        self._sockets.watch(dealer, functools.partial(self._read_dealer, dealer, advert.name))
-        self._send_hello(dealer)
+        link = self._net.open(advert, shared_sub=self._sub, topics=self._topics())
+        self._send_hello(link.dealer)
 
     def _disconnect(self, name: str) -> None:
         self._roster.unlinked(name)
-        link = self._links.pop(name, None)
-        if link is None:
-            return
-        if link.sub is not None:
-            self._sockets.unwatch(link.sub)
-            link.sub.close(linger=0)
-        elif self._sub is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self._sub.disconnect(link.pub_endpoint)
-        self._sockets.unwatch(link.dealer)
-        self._end_handshake_watch(link.dealer)
-        link.dealer.close(linger=0)
+        self._net.close(name, shared_sub=self._sub)
 
     def _revalidate_links(self) -> None:
         """The trusted keys changed: cut off peers whose key is no longer trusted."""
@@ -897,7 +873,7 @@ class Node:
         if old is None or self._closed:
             return
         self._sockets.unwatch(old)
-        self._end_handshake_watch(old)
+        self._net.end_handshake_watch(old)
         old.close(linger=0)
         self._subscribers.clear()
         self._subscribed.clear()
@@ -933,26 +909,16 @@ class Node:
                 return
             hosts.pop(0)
         if self._security is not None:
-            self._watch_handshake(sock, None)
+            self._net.watch_handshake(sock, None)
         self._sockets.watch(sock, self._read_xpub)
 
     # ------------------------------------------------------------------ handshakes
 
-    def _watch_handshake(self, sock: zmq.Socket[bytes], peer: str | None) -> None:
-        """Read the handshake outcomes of ``sock``: a client's (``peer``: whom it
-        connects to) until its first success, a secured server's (None) for its life."""
-        watch = HandshakeWatch(sock, secured=self._security is not None)
-        self._handshakes[sock] = (watch, peer)
-        self._sockets.watch(watch.monitor, functools.partial(self._on_handshake, sock))
-
-    def _end_handshake_watch(self, sock: zmq.Socket[bytes]) -> None:
-        entry = self._handshakes.pop(sock, None)
-        if entry is not None:
-            self._sockets.unwatch(entry[0].monitor)
-            entry[0].close()
-
     def _on_handshake(self, sock: zmq.Socket[bytes]) -> None:
-        entry = self._handshakes.get(sock)
+        """What a handshake outcome on ``sock`` means: a server's refusal of a client
+        without keys audited; a client's success ends its watch, its refusal fails what
+        waits for that peer (:meth:`_refused_by`)."""
+        entry = self._net.handshake(sock)
         if entry is None:
             return
         watch, peer = entry
@@ -964,7 +930,7 @@ class Node:
                                  "address is not reported before ZAP)")
             elif outcome.succeeded:
                 self._refusals.pop(peer, None)
-                self._end_handshake_watch(sock)
+                self._net.end_handshake_watch(sock)
                 return
             elif outcome.refusal is not None and peer not in self._refusals:
                 self._refused_by(peer, outcome.refusal, sock)
@@ -1002,9 +968,8 @@ class Node:
         link = self._links.get(peer)
         if link is not None and link.dealer is sock:
             self._disconnect(peer)
-        for key, dealer in list(self._probes.items()):
-            if dealer is sock:
-                self._end_probe(key)  # tried again when the trusted directory changes
+        for key in self._net.probes_of(sock):
+            self._end_probe(key)  # tried again when the trusted directory changes
 
     def refusals(self) -> dict[str, PeerRefusedError]:
         """The peers that refused this node's connection for a reason keys explain, by
@@ -1022,7 +987,7 @@ class Node:
         if self.config.observer:
             # An observer stays off every roster, but a seed must still tell it who is
             # there: its hello carries no advert, only the wish for a welcome.
-            if any(dealer is probe for key, probe in self._probes.items() if key[0] == _SEED):
+            if self._net.is_probe(dealer, _SEED):
                 self._send_control_direct(dealer, KIND_HELLO, encode_hello(ObserverHello()))
             return
         self._send_control_direct(dealer, KIND_HELLO, encode_hello(self._introduction()))
@@ -1059,41 +1024,17 @@ class Node:
                            key[1], name)
                 self._end_probe(key)
                 return
-        self._close_probe(key)
-        dealer = self._sockets.client(zmq.DEALER, server_key)
-        if self._security is None:
-            dealer.setsockopt(zmq.ROUTING_ID,
-                              f"{self.name}/{self.incarnation:x}/{key[0][0]}".encode())
-        if "[" in endpoint:
-            dealer.setsockopt(zmq.IPV6, 1)
-        # Within one attempt, libzmq's own reconnects back off too (a closed port is
-        # knocked on about once per attempt, not ten times a second).
-        cfg = self.config
-        dealer.setsockopt(zmq.RECONNECT_IVL, round(cfg.heartbeat_interval * 1000))
-        dealer.setsockopt(zmq.RECONNECT_IVL_MAX, round(cfg.recontact_max * 1000))
-        self._watch_handshake(dealer, name or key[1])
         try:
-            dealer.connect(endpoint)
+            dealer = self._net.open_probe(key, endpoint, server_key, name=name)
         except zmq.ZMQError as exc:
-            self._end_handshake_watch(dealer)
-            dealer.close(linger=0)
             self._drop("bad-endpoint", key[1], "cannot connect to %s (%s): %s", key[1],
                        endpoint, exc)
             self._recontact.stop(key)
             return
-        self._probes[key] = dealer
-        self._sockets.watch(dealer, functools.partial(self._read_dealer, dealer, None, name, key))
         self._send_hello(dealer)
 
-    def _close_probe(self, key: Target) -> None:
-        dealer = self._probes.pop(key, None)
-        if dealer is not None:
-            self._sockets.unwatch(dealer)
-            self._end_handshake_watch(dealer)
-            dealer.close(linger=0)
-
     def _end_probe(self, key: Target) -> tuple[float, int] | None:
-        self._close_probe(key)
+        self._net.close_probe(key)
         return self._recontact.stop(key)
 
     def _probe_answered(self, key: Target, sender: str) -> None:
@@ -1132,7 +1073,7 @@ class Node:
             if reason != "expired":
                 return ""  # a goodbye: it left on purpose, and says hello when back
             for old in self._recontact.start((_PEER, peer.name), peer.advert, now):
-                self._close_probe(old)
+                self._net.close_probe(old)
                 self._lost_at.pop(old[1], None)
         self._lost_at[peer.name] = now
         return f"; trying it again every {self.config.recontact_max:g}s at most"
@@ -1424,8 +1365,7 @@ class Node:
                 self._disconnect(action.advert.name)
                 self._connect(action.advert)
             elif isinstance(action, Forget):
-                self._btracker.forget(action.name)
-                self._receiver.forget(action.name)
+                self._receiving.forget(action.name)
             elif isinstance(action, Drop):
                 self._drop(action.reason, action.peer, "%s", action.detail)
             else:
@@ -1612,17 +1552,19 @@ class Node:
             return
         if peer is not None and self._spoofed(env, peer, f"{peer!r} published a message"):
             return
-        if not self._heard(env, time.monotonic()):
-            self._drop("unknown-peer", env.sender,
-                       "broadcast from %s (incarnation %x) which is not on the roster",
-                       env.sender, env.incarnation)
-            return
-        if env.kind is not None:
+        known = self._heard(env, time.monotonic())
+        if known and env.kind is not None:
             self._on_control(env, payload, None)
             return
-        result = self._btracker.observe_range(env.sender, env.channel, env.incarnation,
-                                             env.seq, env.count)
-        self._count_seq(result, env.sender)
+        receipt = self._receiving.broadcast(env.sender, env.channel, env.incarnation,
+                                            env.seq, env.count, known=known)
+        if receipt.counter:
+            if receipt is UNKNOWN_SENDER:
+                self._drop("unknown-peer", env.sender,
+                           "broadcast from %s (incarnation %x) which is not on the roster",
+                           env.sender, env.incarnation)
+                return
+            self._count_receipt(receipt, env.sender)
         self._deliver(env, payload, direct=False)
 
     def _heard(self, env: Envelope, now: float) -> bool:
@@ -1635,19 +1577,18 @@ class Node:
             self._carry_out(actions)
         return known
 
-    def _count_seq(self, result: Any, sender: str) -> None:
-        if result.verdict is SeqVerdict.GAP and result.missing is not None:
-            lo, hi = result.missing
-            self.counters["lost.broadcast"] += hi - lo + 1
+    def _count_receipt(self, receipt: Receipt, sender: str) -> None:
+        """Add a receipt's count; lost broadcasts also per sender, the first logged."""
+        n = receipt.n
+        self.counters[receipt.counter] += n
+        if receipt.counter == LOST_BROADCAST:
             first = sender not in self.lost_by and len(self.lost_by) < _MAX_COUNTED_SENDERS
-            _count_for(self.lost_by, sender, hi - lo + 1)
+            _count_for(self.lost_by, sender, n)
             if first:
                 log.warning("lost %d broadcast(s) from %s (a sequence gap: it sent faster "
                             "than this node read, or the link dropped); further losses from "
                             "%s are only counted (porter-mesh stats %s shows them)",
-                            hi - lo + 1, sender, sender, self.name)
-        elif result.verdict is SeqVerdict.DUPLICATE:
-            self.counters["duplicate.broadcast"] += 1
+                            n, sender, sender, self.name)
 
     def _deliver(self, env: Envelope, payload: bytes, *, direct: bool) -> None:
         try:
@@ -1768,7 +1709,8 @@ class Node:
             else:
                 self._take(end)
         if ident is not None:
-            self._receiver.taken(env.sender, env.incarnation, env.seq)
+            # Not journaled: acknowledged now that it is taken.
+            self._receiving.taken(env.sender, env.incarnation, env.seq)
             self._queue_ack(ident, env.seq)
         if not limit or not msgs:
             return None
@@ -1806,7 +1748,7 @@ class Node:
 
     def _track_unacked(self, held: _Held) -> None:
         if held.ident is not None:
-            self._receiver.hold(held.env.sender, held.env.incarnation, held.env.seq)
+            self._receiving.declined(held.env.sender, held.env.incarnation, held.env.seq)
 
     def _queue_ack(self, ident: bytes, seq: int) -> None:
         acks = self._pending_acks.get(ident)
@@ -1952,12 +1894,11 @@ class Node:
 
     def _storage_failed(self, error: StorageError, accepted: list[_Accepted]) -> None:
         """The journal could not keep ``accepted``: refuse them (no acknowledgement)."""
-        refused = 0
         for env, _, _, _, _ in accepted:
-            refused += env.count
             # Not kept, so not seen: its retry (with its key, if any) must land.
-            self._receiver.refused(env.sender, env.incarnation, env.seq, env.msg_id)
-        self.counters["refused.disk"] += refused
+            receipt = self._receiving.journal_failed(env.sender, env.incarnation, env.seq,
+                                                     env.msg_id, env.count)
+            self.counters[receipt.counter] += receipt.n
         first = self._storage_error is None
         self._storage_error = error
         log.log(logging.WARNING if first else logging.DEBUG,
@@ -1991,43 +1932,41 @@ class Node:
         if env.kind is not None:
             self._on_control(env, payload, ident)
             return
-        if not self._heard(env, time.monotonic()):
-            # No ack: the sender retries, by which time its hello has introduced it.
-            self._drop("unknown-peer", env.sender,
-                       "direct message from %s which has not said hello", env.sender)
-            return
-        if env.recipient != self.name:
-            self._drop("misaddressed", env.sender, "direct message from %s for %r reached %s",
-                       env.sender, env.recipient, self.name)
-            return
+        known = self._heard(env, time.monotonic())
         limit = self.config.inbox_size
-        verdict = self._receiver.admit(
-            env.sender, env.incarnation, env.seq, env.count, env.msg_id,
+        receipt = self._receiving.direct_message(
+            env.sender, env.incarnation, env.recipient or "", env.seq, env.count, env.msg_id,
+            known=known, me=self.name,
             room=(limit - len(self._inbox) - sum(a[0].count for a in accepted[-64:])
                   if limit else None),
             # Without an inbox: a handler, and no owed message that must go first.
             consumer=bool(self._handlers or self._batch_handlers) and not self._replay,
             held_full=self._held_count >= self._held_limit, wall=time.time())
-        if verdict is Verdict.NEW:
+        steps = receipt.steps
+        if receipt.counter:
+            if receipt is UNKNOWN_SENDER:
+                self._drop("unknown-peer", env.sender,
+                           "direct message from %s which has not said hello", env.sender)
+            elif receipt is MISADDRESSED:
+                self._drop("misaddressed", env.sender,
+                           "direct message from %s for %r reached %s",
+                           env.sender, env.recipient, self.name)
+            else:
+                self.counters[receipt.counter] += receipt.n
+        if Step.DELIVER in steps:
             try:
                 activities = decode_payload(payload, env.count)
             except ProtocolError as exc:
                 # Acknowledged all the same: resending a poison message cannot help.
                 self._drop(exc.reason, env.sender, "dropped %d activities from %s: %s",
                            env.count, env.sender, exc)
+                self._queue_ack(ident, env.seq)
             else:
-                # Journaled, delivered, then acknowledged (see _accept).
+                # Journal, deliver, then acknowledge, for the whole read (_accept); without
+                # a journal the acknowledgement waits for the message to be taken.
                 accepted.append((env, frames[1], payload, activities, ident))
-                return
-        elif verdict.acknowledged:
-            self.counters[verdict.value] += env.count
-        elif verdict is Verdict.HELD:
-            self.counters[verdict.value] += env.count
-            return  # acknowledged when a handler takes it
-        else:
-            self.counters[verdict.value] += 1
-            return  # backpressure: not acknowledged, the sender retries later
-        self._queue_ack(ident, env.seq)
+        elif steps:
+            self._queue_ack(ident, env.seq)  # a duplicate: acknowledged again
 
     def _spoofed(self, env: Envelope, authentic: str | None, what: str, *,
                  owner: bool = False) -> bool:
@@ -2111,6 +2050,21 @@ class Node:
         if kind in NODE_KINDS:
             raise ConfigError(f"kind {kind!r} is the node's own")
         self._kind_handlers[kind] = handler
+
+    def unregister_kind(self, kind: str) -> None:
+        """Stop routing ``kind`` (idempotent): its handler and its ``unsupported``
+        handler (:meth:`register_unsupported`) go. From then on this node answers a
+        request of ``kind`` with ``unsupported``, as a node that never ran that
+        protocol does, so that the asker turns elsewhere (a knowledge replica closed
+        while its node runs on).
+
+        Raises:
+            ConfigError: ``kind`` is one of the node's own.
+        """
+        if kind in NODE_KINDS:
+            raise ConfigError(f"kind {kind!r} is the node's own")
+        self._kind_handlers.pop(kind, None)
+        self._unsupported_handlers.pop(kind, None)
 
     def register_unsupported(self, kind: str, handler: KindHandler) -> None:
         """Route the ``unsupported`` answers to this node's requests of ``kind`` to
@@ -2235,14 +2189,15 @@ class Node:
         for channel, last in beat.last_seqs.items():
             if channel in self._channels:
                 try:
-                    result = self._btracker.observe_last(env.sender, channel,
-                                                         env.incarnation, last)
+                    receipt = self._receiving.position(env.sender, channel,
+                                                       env.incarnation, last)
                 except ProtocolError as exc:
                     self._drop(exc.reason, env.sender, "bad heartbeat from %s: %s",
                                env.sender, exc)
                     return
                 info.last_seqs[channel] = last
-                self._count_seq(result, env.sender)
+                if receipt.counter:
+                    self._count_receipt(receipt, env.sender)
 
     # ------------------------------------------------------------------ timers
 

@@ -1,17 +1,23 @@
-"""A knowledge replica closed while its node runs on, over real nodes on loopback: the
-peers' broadcasts that keep arriving are not queued for a merge that never comes."""
+"""A knowledge replica closed while its node runs on, over real nodes on loopback: its
+kind is unregistered, so the peers' broadcasts that keep arriving are not queued for a
+merge that never comes, and a peer that asks it for records is told it has no replica."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from porter_mesh.adapters.shard import Shard
 from porter_mesh.core import constants as C
+from porter_mesh.core.control import KIND_HELLO
+from porter_mesh.core.envelope import KIND_SYNC
+from porter_mesh.errors import ConfigError
 from porter_mesh.node.knowledge import Knowledge
 from porter_mesh.node.node import Node
 from tests.integration.test_view_client import _until
@@ -22,7 +28,10 @@ _meshes = itertools.count()
 RECORDS = 50
 
 
-async def _scenario(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def _pair(tmp_path: Path) -> AsyncIterator[tuple[Node, Knowledge, Knowledge]]:
+    """Two linked nodes with a replica each; yields the first node, its replica (to be
+    closed) and the second's (the writer)."""
     mesh = f"kgclosed{os.getpid()}-{next(_meshes)}"
     first = Node(name="first", mesh=mesh, discovery=False, data_dir=tmp_path / "first")
     async with first:
@@ -35,18 +44,54 @@ async def _scenario(tmp_path: Path) -> None:
         try:
             async with second:
                 await second.wait_for_subscribers(C.CHANNEL_CONTROL, 1, 20)
-                await closed.aclose()  # the replica goes; its node stays on the mesh
-                for i in range(RECORDS):
-                    writer.async_observe("closed replica", f"finding {i}")
-                # The broadcasts still reach the node, which hands them to the replica.
-                await _until(lambda: closed.counters["dropped.closed"]
-                             + closed.counters["received.Records"] >= RECORDS, 20,
-                             "the broadcasts reaching the closed replica's node")
-                assert closed._inbound == []  # nothing held for a merge that never runs
-                assert closed.counters["dropped.closed"] == RECORDS
+                yield first, closed, writer
         finally:
             await writer.aclose()
 
 
+async def _broadcasts(tmp_path: Path) -> None:
+    async with _pair(tmp_path) as (first, closed, writer):
+        seen: list[str] = []
+        first.add_control_listener(lambda kind, sender, body: seen.append(kind))
+        await closed.aclose()  # the replica goes; its node stays on the mesh
+        for i in range(RECORDS):
+            writer.async_observe("closed replica", f"finding {i}")
+        # The broadcasts still reach the node, which no longer hands them to the
+        # replica: they go where any kind the node does not run goes.
+        await _until(lambda: seen.count(KIND_SYNC) >= RECORDS, 20,
+                     "the broadcasts reaching the closed replica's node")
+        assert closed._inbound == []  # nothing held for a merge that never runs
+        assert closed.counters["received.Records"] == 0
+
+
+async def _requests(tmp_path: Path) -> None:
+    async with _pair(tmp_path) as (_, closed, writer):
+        await closed.aclose()
+        assert "first" not in writer.without_replica()
+        record = writer.async_observe("closed replica", "asked of a closed replica")
+        # A one-record pull: the answer is ``unsupported``, as from a node that never ran
+        # a replica, and the writer leaves the first node alone from then on.
+        ask = asyncio.ensure_future(writer.peer_holds("first", record.origin, record.seq, 30))
+        try:
+            await _until(lambda: "first" in writer.without_replica(), 20,
+                         "the closed replica's node answering 'unsupported'")
+        finally:
+            ask.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await ask
+
+
 def test_a_closed_replica_queues_nothing_while_its_node_runs_on(tmp_path: Path) -> None:
-    asyncio.run(_scenario(tmp_path))
+    asyncio.run(_broadcasts(tmp_path))
+
+
+def test_a_closed_replica_is_answered_for_as_unsupported(tmp_path: Path) -> None:
+    asyncio.run(_requests(tmp_path))
+
+
+def test_the_nodes_own_kinds_cannot_be_unregistered(tmp_path: Path) -> None:
+    node = Node(name="own", mesh=f"kgclosed{os.getpid()}-{next(_meshes)}", discovery=False,
+                data_dir=tmp_path / "own")
+    with pytest.raises(ConfigError, match="the node's own"):
+        node.unregister_kind(KIND_HELLO)
+    node.unregister_kind("never-registered")  # idempotent: nothing to remove is no error

@@ -8,14 +8,18 @@ process stopped with SIGSTOP, so nothing it sends wakes the sender's loop meanwh
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from porter_mesh.core.as2 import announce
 from porter_mesh.errors import DeliveryTimeout
+from porter_mesh.node.node import Node
 from porter_mesh.node.sync import SyncNode
 from tests.integration.harness import NodeProcess
 
@@ -53,3 +57,26 @@ def test_a_send_fails_at_its_deadline_not_at_the_next_heartbeat(
         peer.stop()
     assert took < 5.0, f"the send failed after {took:.1f}s, not at its 0.5 s deadline"
     assert retries >= 2, retries
+
+
+async def _start_pair(mesh: str, tmp_path: Path) -> None:
+    first = Node(name="first", mesh=mesh, discovery=False, data_dir=tmp_path / "first")
+    async with first:
+        second = Node(name="second", mesh=mesh, discovery=False, data_dir=tmp_path / "second",
+                      seeds=(f"127.0.0.1:{first.router_port}",))
+        async with second:
+            # Many loop turns after each start: each node's first timer has run.
+            await first.wait_for_peers(["second"], 20)
+            await second.wait_for_peers(["first"], 20)
+
+
+def test_a_starting_node_is_not_taken_for_a_paused_one(
+    mesh: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The first timer must be armed from the start's own clock: armed from nothing, it
+    # looks as late as the machine's uptime, and a pause that long would shift every
+    # peer's silence and re-introduce the node to everyone.
+    with caplog.at_level(logging.WARNING, logger="porter_mesh"):
+        asyncio.run(_start_pair(mesh, tmp_path))
+    paused = [r.getMessage() for r in caplog.records if "was paused" in r.getMessage()]
+    assert paused == []

@@ -7,8 +7,9 @@ times and say what to do, with no socket, no event loop and no clock of their ow
 * :mod:`.roster`: adverts vetted and what each change of the roster asks (connect,
   disconnect, forget a restarted peer's streams, fail a seat's sends);
 * :mod:`.keys`: the receiver's idempotency-key window (wall time passed in);
-* :mod:`.receiving`: the verdict on each arrival of a direct message (new, duplicate,
-  held, or refused for want of room), which the node carries out;
+* :mod:`.receiving`: what to do with each arrival, direct (new, duplicate, held, or
+  refused for want of room) or broadcast (gaps and repeats counted), as ordered
+  steps that the node and the endpoint both carry out;
 * :mod:`.endpoint`: one node's end composed of those pure pieces, the sequence trackers
   and the roster (sending, receiving, broadcasts), returning ordered actions; the unit
   tests drive endpoints over an in-memory wire;

@@ -14,8 +14,8 @@ Its sending side and roster are the node's own :class:`~.sending.Sender` and
     send()  --> Sender.send_run     --> [SendFrame(direct)]        (or [Fail] when full)
     timer() --> Sender.timer        --> [SendFrame(resend)...,  Fail(deadline)...]
             --> Roster.tick         --> [PeerChanged(evasive | left expired)...]
-    receive(direct) --> roster? --no--> [Count(dropped.unknown-peer)]        (no ack)
-                    --> DirectReceiver.admit
+    receive(direct) --> Receiving.direct_message (roster? recipient? DirectReceiver.admit)
+                          unknown    --> [Count(dropped.unknown-peer)]        (no ack)
                           NEW        --> [Journal, Deliver, SendFrame(ack)]
                           DUPLICATE* --> [Count, SendFrame(ack)]
                           HELD       --> [Count]                              (no ack)
@@ -23,7 +23,7 @@ Its sending side and roster are the node's own :class:`~.sending.Sender` and
     receive(ack)    --> Sender.acked --> [Settle(tokens)...]
     receive(hello)  --> Roster.found --> [SendFrame(hello), SendFrame(resend)...,
                                           PeerChanged(joined), SendFrame(welcome)]
-    receive(broadcast) --> roster? --> SequenceTracker --> [Count(lost.broadcast)?, Deliver]
+    receive(broadcast) --> Receiving.broadcast --> [Count(lost.broadcast)?, Deliver]
     receive(bye)    --> Roster.left  --> [Fail(left)... for a seat, PeerChanged(left)]
 
 "Journal before deliver before acknowledge" is the order of the list the receiving side
@@ -31,10 +31,10 @@ returns. The driver carries the actions out in order; when a :class:`Journal` ca
 written (a full disk) it stops there and calls :meth:`Endpoint.journal_failed`, so the
 message is neither delivered nor acknowledged and its retry is judged new again.
 
-The sending and roster rules are written once, in :mod:`.sending` and :mod:`.roster`,
-which the node drives too. The receiving rules are still the node's as well: each
-method here names the method of :class:`porter_mesh.node.node.Node` whose rule it
-encodes. Frames are typed
+The sending, roster and receiving rules are written once, in :mod:`.sending`,
+:mod:`.roster` and :mod:`.receiving`, which the node drives too: this endpoint turns the
+receiving side's :class:`~.receiving.Receipt` steps into actions that carry the frame
+(:meth:`_receipt`), as the node carries them out on its sockets. Frames are typed
 values (:mod:`.frames`; the node encodes them as envelopes and control bodies); a
 completion token is opaque (the node keeps futures in it).
 
@@ -51,7 +51,6 @@ from typing import Generic, TypeVar
 from porter_mesh.core.advert import PeerAdvert
 from porter_mesh.core.outbox import Outbox
 from porter_mesh.core.peers import PeerTable
-from porter_mesh.core.sequence import SequenceTracker, SeqVerdict
 from porter_mesh.core.session.frames import (
     AckFrame,
     BroadcastFrame,
@@ -67,7 +66,7 @@ from porter_mesh.core.session.frames import (
     WelcomeFrame,
 )
 from porter_mesh.core.session.keys import KEY_PREFIX
-from porter_mesh.core.session.receiving import DirectReceiver, Verdict
+from porter_mesh.core.session.receiving import DirectReceiver, Receipt, Receiving, Step
 from porter_mesh.core.session.roster import (
     Connect,
     Disconnect,
@@ -137,17 +136,20 @@ class Endpoint(Generic[T]):
         self.sending: Sender[T] = Sender(self.name, self.incarnation,
                                          retry_initial=retry_initial, retry_max=retry_max,
                                          max_pending=max_pending)
-        self.receiver = DirectReceiver(key_window=key_window)
+        self.receiving = Receiving(key_window=key_window, journal=journal)
         self.roster: Roster[T] = Roster(self.name, advert.mesh, self.sending,
                                         evasive_after=evasive_after, expire_after=expire_after)
-        # Broadcasts: a late joiner starts where it joins (Node's _btracker).
-        self.btracker = SequenceTracker(from_start=False)
         self._beat_due = now + heartbeat_interval
 
     @property
     def peers(self) -> PeerTable:
         """The roster's peers."""
         return self.roster.peers
+
+    @property
+    def receiver(self) -> DirectReceiver:
+        """The direct messages seen (the receiving side's)."""
+        return self.receiving.direct
 
     @property
     def outbox(self) -> Outbox[Run[T]]:
@@ -225,47 +227,46 @@ class Endpoint(Generic[T]):
 
     def _on_direct(self, frame: DirectFrame, now: float, wall: float, room: int | None,
                    consumer: bool, held_full: bool) -> list[Action[T]]:
-        """The rule of ``Node._on_direct`` and ``Node._accept``."""
+        """Judged by :meth:`Receiving.direct_message`, as the node's ``_on_direct``."""
         known, actions = self._heard(frame.sender, frame.incarnation, now)
-        if not known:
-            # No ack: the sender retries, by which time its hello has introduced it.
-            actions.append(Count("dropped.unknown-peer"))
-            return actions
-        if frame.recipient != self.name:
-            actions.append(Count("dropped.misaddressed"))
-            return actions
-        verdict = self.receiver.admit(frame.sender, frame.incarnation, frame.seq,
-                                      frame.count, frame.msg_id, room=room,
-                                      consumer=consumer, held_full=held_full, wall=wall)
-        ack = SendFrame(AckFrame(self.name, self.incarnation, frame.sender, (frame.seq,)))
-        if verdict is Verdict.NEW:
-            if self.journal:
-                actions += [Journal(frame), Deliver(frame), ack]
+        receipt = self.receiving.direct_message(
+            frame.sender, frame.incarnation, frame.recipient, frame.seq, frame.count,
+            frame.msg_id, known=known, me=self.name, room=room, consumer=consumer,
+            held_full=held_full, wall=wall)
+        return self._receipt(receipt, frame, actions)
+
+    def _receipt(self, receipt: Receipt, frame: DirectFrame | BroadcastFrame,
+                 actions: list[Action[T]]) -> list[Action[T]]:
+        """``receipt`` as actions about ``frame``, appended to ``actions``: the count
+        first, then its steps in order."""
+        if receipt.counter:
+            actions.append(Count(receipt.counter, receipt.n))
+        for step in receipt.steps:
+            if step is Step.JOURNAL:
+                assert isinstance(frame, DirectFrame)
+                actions.append(Journal(frame))
+            elif step is Step.DELIVER:
+                actions.append(Deliver(frame))
             else:
-                actions.append(Deliver(frame))  # acknowledged when taken
-        elif verdict.acknowledged:
-            actions += [Count(verdict.value, frame.count), ack]
-        elif verdict is Verdict.HELD:
-            actions.append(Count(verdict.value, frame.count))
-        else:
-            actions.append(Count(verdict.value))
+                actions.append(SendFrame(AckFrame(self.name, self.incarnation, frame.sender,
+                                                  (frame.seq,))))
         return actions
 
     def journal_failed(self, frame: DirectFrame) -> list[Action[T]]:
         """The :class:`Journal` of ``frame`` could not be written (``Node._storage_failed``):
         nothing after it is carried out, and its retry is judged new again."""
-        self.receiver.refused(frame.sender, frame.incarnation, frame.seq, frame.msg_id)
-        return [Count("refused.disk", frame.count)]
+        return self._receipt(self.receiving.journal_failed(
+            frame.sender, frame.incarnation, frame.seq, frame.msg_id, frame.count), frame, [])
 
     def taken(self, frame: DirectFrame) -> list[Action[T]]:
         """Without a journal: the application took ``frame``, acknowledge it now."""
-        self.receiver.taken(frame.sender, frame.incarnation, frame.seq)
-        return [SendFrame(AckFrame(self.name, self.incarnation, frame.sender, (frame.seq,)))]
+        return self._receipt(self.receiving.taken(frame.sender, frame.incarnation, frame.seq),
+                             frame, [])
 
     def declined(self, frame: DirectFrame) -> list[Action[T]]:
         """Without a journal: a handler declined ``frame``; it stays unacknowledged."""
-        self.receiver.hold(frame.sender, frame.incarnation, frame.seq)
-        return [Count("declined.direct")]
+        return self._receipt(
+            self.receiving.declined(frame.sender, frame.incarnation, frame.seq), frame, [])
 
     def _on_ack(self, frame: AckFrame, now: float) -> list[Action[T]]:
         """The rule of ``Node._on_ack``: each named message settles once."""
@@ -275,24 +276,16 @@ class Endpoint(Generic[T]):
 
     def _on_broadcast(self, frame: BroadcastFrame | HeartbeatFrame,
                       now: float) -> list[Action[T]]:
-        """The rule of ``Node._on_broadcast`` and ``Node._count_seq``: only a peer on
-        the roster is heard; a gap is counted as loss and not waited for, a repeat is
-        counted; broadcasts are best effort, so both are delivered as they come."""
+        """Judged by :meth:`Receiving.broadcast`, as the node's ``_on_broadcast``: a
+        heartbeat only marks its sender heard."""
         known, actions = self._heard(frame.sender, frame.incarnation, now)
-        if not known:
-            actions.append(Count("dropped.unknown-peer"))
-            return actions
         if isinstance(frame, HeartbeatFrame):
+            if not known:
+                actions.append(Count("dropped.unknown-peer"))
             return actions
-        result = self.btracker.observe(frame.sender, frame.channel, frame.incarnation,
-                                       frame.seq)
-        if result.verdict is SeqVerdict.GAP and result.missing is not None:
-            lo, hi = result.missing
-            actions.append(Count("lost.broadcast", hi - lo + 1))
-        elif result.verdict is SeqVerdict.DUPLICATE:
-            actions.append(Count("duplicate.broadcast"))
-        actions.append(Deliver(frame))
-        return actions
+        receipt = self.receiving.broadcast(frame.sender, frame.channel, frame.incarnation,
+                                           frame.seq, frame.count, known=known)
+        return self._receipt(receipt, frame, actions)
 
     # -- the roster -----------------------------------------------------------------
 
@@ -305,8 +298,7 @@ class Endpoint(Generic[T]):
             if isinstance(action, Connect | Reconnect):
                 out.append(SendFrame(HelloFrame(self.advert, action.advert.name)))
             elif isinstance(action, Forget):
-                self.btracker.forget(action.name)
-                self.receiver.forget(action.name)
+                self.receiving.forget(action.name)
             elif isinstance(action, Drop | Refuse):
                 out.append(Count("dropped." + (action.reason if isinstance(action, Drop)
                                                else action.event)))
@@ -322,7 +314,7 @@ class Endpoint(Generic[T]):
         are duplicates and its key stays in the window."""
         for frame, wall in journal:
             key = frame.msg_id[len(KEY_PREFIX):] if frame.msg_id.startswith(KEY_PREFIX) else None
-            self.receiver.restore(frame.sender, frame.incarnation, frame.seq, frame.count,
+            self.receiving.direct.restore(frame.sender, frame.incarnation, frame.seq, frame.count,
                                   key, wall)
 
     def close(self) -> list[Action[T]]:

@@ -26,20 +26,34 @@ handler declines on a node without a journal stays unacknowledged
 (:meth:`DirectReceiver.hold`) until it is taken (:meth:`DirectReceiver.taken`), so its
 retries are not acknowledged meanwhile either.
 
-Pure: the caller passes the wall time (for idempotency keys) and carries out the
-verdict (the node: :meth:`porter_mesh.node.node.Node._on_direct`).
+Broadcasts are best effort: a broadcast from a peer on the roster is delivered as it
+comes; a jump in its channel's numbering is counted as loss and never waited for, and a
+repeat is counted. A heartbeat's positions (the last number sent on each channel) move
+the top of each stream so that loss at the tail shows too.
+
+:class:`Receiving` puts these rules together and says, for each arrival, what to do in
+order as a :class:`Receipt` (the steps journal, deliver, acknowledge, and a counter to
+add to). The node (:meth:`porter_mesh.node.node.Node._on_direct`, ``_on_broadcast``)
+and the pure :class:`~porter_mesh.core.session.endpoint.Endpoint` both carry out its
+receipts, so each receiving rule is written here once.
+
+Pure: the caller passes the wall time (for idempotency keys) and carries the receipts
+out.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Final
+from typing import Final, NamedTuple
 
 from porter_mesh.core.constants import MAX_BATCH
-from porter_mesh.core.sequence import SequenceTracker
+from porter_mesh.core.sequence import SeqResult, SequenceTracker, SeqVerdict
 from porter_mesh.core.session.keys import IdempotencyKeys, key_of
 
-__all__ = ["DIRECT_STREAM", "DirectReceiver", "Verdict"]
+__all__ = [
+    "DECLINED", "DIRECT_STREAM", "LOST_BROADCAST", "MISADDRESSED", "TAKEN", "UNKNOWN_SENDER",
+    "DirectReceiver", "Receipt", "Receiving", "Step", "Verdict",
+]
 
 #: The tracker's stream name for direct messages (one stream per sender).
 DIRECT_STREAM: Final = "direct"
@@ -163,3 +177,168 @@ class DirectReceiver:
     def forget(self, sender: str) -> None:
         """``sender`` restarted: its new incarnation starts a new stream."""
         self.tracker.forget(sender)
+
+
+# -- one arrival's receipt ------------------------------------------------------------
+
+
+class Step(enum.Enum):
+    """One thing to do with an arriving message; a receipt lists them in order."""
+
+    #: Write it to the delivery journal (nothing after this if the write fails).
+    JOURNAL = "journal"
+    #: Hand its activities to the application (inbox or handlers).
+    DELIVER = "deliver"
+    #: Acknowledge it to its sender.
+    ACK = "ack"
+
+
+class Receipt(NamedTuple):
+    """What to do with one arrival: ``steps`` in order, and ``n`` added to the counter
+    ``counter`` (empty: none).
+
+    A ``NamedTuple``: the common receipts are shared constants, so the hot path builds
+    nothing.
+    """
+
+    steps: tuple[Step, ...]
+    counter: str = ""
+    n: int = 0
+
+
+#: A direct message from a sender that is not on the roster: counted, not acknowledged
+#: (the sender retries, by which time its hello has introduced it).
+UNKNOWN_SENDER: Final = Receipt((), "dropped.unknown-peer", 1)
+#: A direct message for another agent: counted, not acknowledged.
+MISADDRESSED: Final = Receipt((), "dropped.misaddressed", 1)
+#: A new direct message on a node with a journal: kept, then handed over, then
+#: acknowledged, so that whatever is acknowledged is on record.
+_NEW_JOURNALED: Final = Receipt((Step.JOURNAL, Step.DELIVER, Step.ACK))
+#: A new direct message without a journal: acknowledged once the application takes it.
+_NEW_UNJOURNALED: Final = Receipt((Step.DELIVER,))
+#: A taken message is acknowledged now.
+TAKEN: Final = Receipt((Step.ACK,))
+#: A declined message (no journal) stays the sender's: no acknowledgement.
+DECLINED: Final = Receipt((), "declined.direct", 1)
+#: A broadcast in order.
+_BROADCAST: Final = Receipt((Step.DELIVER,))
+#: A heartbeat position that shows nothing lost.
+_NOTHING: Final = Receipt(())
+#: Counted as lost broadcasts (the receipts of a gap carry the number).
+LOST_BROADCAST: Final = "lost.broadcast"
+
+
+def _sequence_receipt(result: SeqResult, deliver: Receipt) -> Receipt:
+    """A broadcast's (or a heartbeat position's) sequence verdict as a receipt: a gap is
+    counted as loss, a repeat counted; ``deliver`` otherwise."""
+    if result.verdict is SeqVerdict.GAP and result.missing is not None:
+        lo, hi = result.missing
+        return Receipt(deliver.steps, LOST_BROADCAST, hi - lo + 1)
+    if result.verdict is SeqVerdict.DUPLICATE:
+        return Receipt(deliver.steps, "duplicate.broadcast", 1)
+    return deliver
+
+
+class Receiving:
+    """The receiving side of one node: direct messages (:class:`DirectReceiver`) and
+    broadcast numbering per sender and channel.
+
+    Args:
+        key_window: seconds (wall clock) an idempotency key is remembered.
+        journal: whether new direct messages are journaled before delivery (else they
+            are acknowledged once taken); may be set later, once the journal is open.
+    """
+
+    def __init__(self, *, key_window: float, journal: bool = False) -> None:
+        self.direct = DirectReceiver(key_window=key_window)
+        # Broadcast subscribers may join a running mesh: the first sequence seen is the
+        # start. (Direct streams are expected from 1, so that retries which overtake
+        # each other are still accepted once.)
+        self.broadcasts = SequenceTracker(from_start=False)
+        self.journal = journal
+
+    def direct_message(self, sender: str, incarnation: int, recipient: str, seq: int,
+                       count: int, msg_id: str, *, known: bool, me: str, room: int | None,
+                       consumer: bool, held_full: bool, wall: float) -> Receipt:
+        """Judge one arrival of a direct (non-control) message.
+
+        Args:
+            sender, incarnation, recipient, seq, count, msg_id: from its envelope.
+            known: whether the sender is on the roster (the caller marked it heard).
+            me: this node's name.
+            room, consumer, held_full, wall: as :meth:`DirectReceiver.admit` takes them.
+
+        Returns:
+            The receipt: a new message's steps (journal, deliver, acknowledge; deliver
+            only without a journal), a duplicate's acknowledgement and counter, or a
+            counter alone when it must not be acknowledged (an unknown sender, another
+            recipient, held, no room).
+        """
+        if not known:
+            return UNKNOWN_SENDER
+        if recipient != me:
+            return MISADDRESSED
+        verdict = self.direct.admit(sender, incarnation, seq, count, msg_id, room=room,
+                                    consumer=consumer, held_full=held_full, wall=wall)
+        if verdict is Verdict.NEW:
+            return _NEW_JOURNALED if self.journal else _NEW_UNJOURNALED
+        if verdict.acknowledged:
+            return Receipt((Step.ACK,), verdict.value, count)
+        if verdict is Verdict.HELD:
+            return Receipt((), verdict.value, count)
+        # Backpressure: one refusal counted per arrival, the sender retries later.
+        return Receipt((), verdict.value, 1)
+
+    def journal_failed(self, sender: str, incarnation: int, seq: int, msg_id: str,
+                       count: int) -> Receipt:
+        """A new message's journal write failed (a full disk): nothing after it is done,
+        and its retry is judged new again (:meth:`DirectReceiver.refused`)."""
+        self.direct.refused(sender, incarnation, seq, msg_id)
+        return Receipt((), "refused.disk", count)
+
+    def taken(self, sender: str, incarnation: int, seq: int) -> Receipt:
+        """Without a journal: the application took the message; acknowledge it now."""
+        self.direct.taken(sender, incarnation, seq)
+        return TAKEN
+
+    def declined(self, sender: str, incarnation: int, seq: int) -> Receipt:
+        """Without a journal: a handler declined the message; it stays unacknowledged
+        (its retries too) until :meth:`taken`."""
+        self.direct.hold(sender, incarnation, seq)
+        return DECLINED
+
+    def broadcast(self, sender: str, channel: str, incarnation: int, seq: int, count: int,
+                  *, known: bool) -> Receipt:
+        """Judge one broadcast (a run of ``count`` activities numbered from ``seq``).
+
+        Args:
+            sender, channel, incarnation, seq, count: from its envelope.
+            known: whether the sender is on the roster (the caller marked it heard).
+
+        Returns:
+            ``UNKNOWN_SENDER`` off the roster; else deliver, with the loss a gap shows
+            or the repeat counted (best effort: nothing waits for a gap).
+
+        Raises:
+            FrameError: a malformed sequence number.
+        """
+        if not known:
+            return UNKNOWN_SENDER
+        return _sequence_receipt(
+            self.broadcasts.observe_range(sender, channel, incarnation, seq, count),
+            _BROADCAST)
+
+    def position(self, sender: str, channel: str, incarnation: int, last: int) -> Receipt:
+        """A heartbeat says ``last`` is the last broadcast ``sender`` sent on ``channel``:
+        the broadcasts past what arrived are counted as lost.
+
+        Raises:
+            FrameError: ``reason="bad-seq"`` for a malformed position.
+        """
+        return _sequence_receipt(
+            self.broadcasts.observe_last(sender, channel, incarnation, last), _NOTHING)
+
+    def forget(self, sender: str) -> None:
+        """``sender`` restarted: its new incarnation starts new streams."""
+        self.broadcasts.forget(sender)
+        self.direct.forget(sender)
