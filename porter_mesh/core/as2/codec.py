@@ -77,6 +77,14 @@ def _shaped_many(data: bytes) -> list[Activity] | None:
 
     The caller has checked the batch's total size. A batch over the single-activity
     limit goes to the Python path, which measures each element.
+
+    Where the time goes, per element of a 64-activity batch of the profile's Announce
+    (``bench/bench_codec.py``, "payload decode (64)", about 0.47 us): the msgspec decode
+    about 0.27 us, and the wrapper about 0.17 us, of which about 0.12 us is allocating
+    the :class:`Activity` itself and the rest its slot stores. Folding the context loop
+    into the wrapping loop (one pass instead of two) was measured and made no difference
+    beyond noise. What is left to save here is the allocation, which only goes away if
+    the decoded struct is itself the activity.
     """
     if len(data) > MAX_ACTIVITY_BYTES:
         return None
