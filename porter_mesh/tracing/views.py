@@ -48,9 +48,13 @@ def serve_spans(node: Node, ring: SpanRing) -> None:
     many it left out (``truncated``). A malformed request is counted and answered with
     nothing.
 
-    Spans handed over by a leaving seat (``spans-keep``) are kept in ``ring`` too
-    (counted in ``spans.kept``), and their receipt answered.
+    Spans handed over by a leaving seat (``spans-keep``) are kept beside ``ring``, in a ring
+    of their own a quarter its size (counted in ``spans.kept``), and their receipt
+    answered: a peer that hands over a flood of spans evicts only handed-over spans, never
+    the node's own.
     """
+    handed = SpanRing(max_spans=max(1, ring.max_spans // 4),
+                      max_bytes=max(1, ring.max_bytes // 4))
 
     def on_request(env: Envelope, payload: bytes, reply: Reply) -> None:
         try:
@@ -59,7 +63,10 @@ def serve_spans(node: Node, ring: SpanRing) -> None:
             node.counters["dropped.bad-spans-request"] += 1
             _log.debug("bad spans request from %s: %s", env.sender, exc)
             return
-        spans = ring.find(trace_ids=request.trace_ids, context=request.context)
+        own = ring.find(trace_ids=request.trace_ids, context=request.context)
+        # A seat's spans name the task's trace, not always its context: ask by both.
+        traces = {*request.trace_ids, *(r["trace_id"] for r in own)}
+        spans = handed.find(trace_ids=traces, context=request.context) + own
         body: dict[str, Any] = {"agent": node.name, "spans": spans, "ring": ring.stats()}
         data = encode_spans_reply(body)
         left_out = 0
@@ -74,7 +81,7 @@ def serve_spans(node: Node, ring: SpanRing) -> None:
         # A malformed one raises FrameError: the node counts it and logs it once.
         records = decode_spans_keep(payload)
         for record in records:
-            ring.add(record)
+            handed.add(record)
         node.counters["spans.kept"] += len(records)
         reply(KIND_SPANS_KEPT, encode_spans_kept({"kept": len(records)}))
 

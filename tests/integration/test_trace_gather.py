@@ -16,7 +16,7 @@ from porter_mesh.core.control import KIND_SPANS, KIND_SPANS_REPLY
 from porter_mesh.core.envelope import Envelope
 from porter_mesh.node.node import Node, Reply
 from porter_mesh.tracing.ring import SpanRing
-from porter_mesh.tracing.views import SpanClient, gather_trace, serve_spans
+from porter_mesh.tracing.views import SpanClient, gather_trace, hand_spans, serve_spans
 from porter_mesh.tracing.waterfall import render_waterfall
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(60)]
@@ -81,3 +81,31 @@ async def _scenario(tmp_path: Path) -> None:
 
 def test_a_peers_malformed_span_records_are_left_out_and_named(tmp_path: Path) -> None:
     asyncio.run(_scenario(tmp_path))
+
+
+async def _flooded(tmp_path: Path) -> None:
+    mesh = f"gather{os.getpid()}-{next(_meshes)}"
+    agent = Node(name="agent", mesh=mesh, discovery=False, data_dir=tmp_path / "agent")
+    async with agent:
+        flooder = Node(name="flooder", mesh=mesh, discovery=False,
+                       seeds=(f"127.0.0.1:{agent.router_port}",))
+        ring = SpanRing(max_spans=64)
+        own = _record("00000000000000a1", None, "invoke_agent agent", 1_000)
+        ring.add(own)
+        serve_spans(agent, ring)
+        async with flooder:
+            await flooder.wait_for_peers(["agent"], 20)
+            # Four times the agent's ring in handed-over spans of another trace.
+            for batch in range(16):
+                records = [{**_record(f"{batch + 1:08x}{i + 1:08x}", None, "x", 5),
+                            "trace_id": "ab" * 16, "attributes": {}} for i in range(16)]
+                assert await hand_spans(flooder, ["agent"], records, 10) == {"agent"}
+            waterfall = await gather_trace(SpanClient(flooder), ["agent"], 10,
+                                           context=CONTEXT)
+    assert agent.counters["spans.kept"] == 256
+    assert [row.name for row in waterfall.rows] == ["invoke_agent agent"]
+    assert ring.find(context=CONTEXT) == [own]
+
+
+def test_a_flood_of_handed_spans_does_not_push_out_the_agents_own(tmp_path: Path) -> None:
+    asyncio.run(asyncio.wait_for(_flooded(tmp_path), 50))
