@@ -108,17 +108,15 @@ import collections
 import contextlib
 import functools
 import logging
-import pathlib
 import secrets
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, TypeVar
 
 import zmq
 
 from porter_mesh.adapters.dirlock import DirLock
 from porter_mesh.adapters.handshake import Refusal
-from porter_mesh.adapters.journal import DeliveryJournal, JournalRecord
 from porter_mesh.adapters.security import AUDIT_FILE, MeshSecurity, check_libzmq
 from porter_mesh.core import constants as C
 from porter_mesh.core.addresses import url_host
@@ -178,7 +176,7 @@ from porter_mesh.core.session.frames import (
     SendFrame,
     Settle,
 )
-from porter_mesh.core.session.keys import KEY_PREFIX, MAX_KEY_CHARS
+from porter_mesh.core.session.keys import MAX_KEY_CHARS
 from porter_mesh.core.session.receiving import (
     LOST_BROADCAST,
     MISADDRESSED,
@@ -204,7 +202,6 @@ from porter_mesh.errors import (
     DeliveryError,
     DeliveryTimeout,
     NodeClosedError,
-    NotHandled,
     PeerRefusedError,
     PorterError,
     ProtocolError,
@@ -213,6 +210,7 @@ from porter_mesh.errors import (
     UnknownPeerError,
 )
 from porter_mesh.node.config import NodeConfig, split_seed
+from porter_mesh.node.inbox import Accepted, Inbox, Message, wall_ms
 from porter_mesh.node.links import (
     Links,
     Sockets,
@@ -260,48 +258,7 @@ _PEER = "peer"
 _NO_RECONTACT = frozenset({"restarted", "untrusted"})
 
 
-class Message(NamedTuple):
-    """One activity delivered to the application.
-
-    Attributes:
-        channel: where it travelled (``task:<me>`` for direct messages).
-        sender: the sending agent (authenticated name on a secured mesh).
-        activity: the AS2 activity.
-        envelope: the envelope of the ZeroMQ message that carried it.
-        seq: this activity's sequence number in the sender's stream.
-        direct: True for ROUTER/DEALER delivery, False for broadcast.
-        offset: its position in the node's delivery journal (direct messages on a node
-            with a data directory), -1 otherwise; :meth:`Node.ack` takes it.
-        redelivered: True when a restarted node delivers it again because the
-            application had not taken it before the previous process ended.
-    """
-
-    channel: str
-    sender: str
-    activity: Activity
-    envelope: Envelope
-    seq: int
-    direct: bool
-    offset: int = -1
-    redelivered: bool = False
-
-    @property
-    def trace(self) -> TraceContext | None:
-        """The W3C trace context the message carried (its sender's span), if any."""
-        traceparent = self.envelope.traceparent
-        if traceparent is None:
-            return None
-        return TraceContext(traceparent, self.envelope.tracestate)
-
-
 _T = TypeVar("_T")
-
-
-#: A new direct message read from the ROUTER: its envelope, the envelope's bytes, the
-#: payload, the decoded activities and the sender's ROUTER identity.
-_Accepted = tuple[Envelope, bytes, bytes, list[Activity], bytes]
-
-_tuple_new = cast(Callable[[type[Message], tuple[Any, ...]], Message], tuple.__new__)
 
 #: Answers the sender of a message of a registered kind: ``reply(kind, payload)``.
 Reply = Callable[[str, bytes], None]
@@ -371,58 +328,6 @@ def _watches_direct(subs: collections.Counter[bytes]) -> bool:
                for t, n in subs.items())
 
 
-class _Held:
-    """A ZeroMQ message's activities that a handler declined (raised NotHandled), with
-    where the offer stopped: activity ``index`` for the single handlers (``done``: those
-    that already returned for it), or, once every activity passed them, the batch
-    handlers (``done_batch``: those that already returned; ``None`` until then). The
-    next offer goes to the current handlers that have not returned yet, a handler
-    added since included.
-
-    ``offset``/``end``: journal positions of the message's first activity and past its
-    last (-1: not journaled); ``floor``: the first position not taken yet, which the
-    journal's taken mark must not pass while this is held; ``ident``: the ROUTER
-    identity to acknowledge once it is taken, for a direct message the node holds only
-    in memory (no data directory), whose acknowledgement waits until then."""
-
-    __slots__ = ("direct", "done", "done_batch", "end", "env", "floor", "ident", "index",
-                 "msgs", "offset")
-
-    def __init__(self, env: Envelope, msgs: list[Message], offset: int, end: int,
-                 direct: bool, ident: bytes | None) -> None:
-        self.env = env
-        self.msgs = msgs
-        self.offset = offset
-        self.end = end
-        self.direct = direct
-        self.ident = ident
-        self.index = 0
-        self.done: tuple[Callable[[Message], None], ...] = ()
-        self.done_batch: tuple[Callable[[list[Message]], None], ...] | None = None
-        self.floor = offset
-
-
-class _HeldQueue(collections.deque[_Held]):
-    """The declined messages of one sender (direct or broadcast), oldest first, with the
-    capped backoff of the next offer: nothing of that sender overtakes them."""
-
-    __slots__ = ("delay", "due")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.delay = 0.0
-        self.due = 0.0
-
-
-def _index_of(items: tuple[_T, ...], item: _T) -> int:
-    """The position of ``item`` in ``items`` by identity (handlers may compare equal)."""
-    return next(i for i, x in enumerate(items) if x is item)
-
-
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 class Node:
     """A mesh node. Use ``async with Node(name=...) as node:`` or ``astart``/``aclose``.
 
@@ -473,27 +378,13 @@ class Node:
         self._receiving = Receiving(key_window=config.idempotency_window)
         self._clock = HybridClock(max_skew_ms=round(config.max_clock_skew * 1000))
         self._skew_warned: set[str] = set()
-        self._inbox: collections.deque[Message] = collections.deque()
-        self._inbox_event: asyncio.Event | None = None
-        self._handlers: list[Callable[[Message], None]] = list(handlers)
-        self._batch_handlers: list[Callable[[list[Message]], None]] = list(batch_handlers)
-        # Messages a handler declined (NotHandled), per (sender, direct), offered again on
-        # a capped backoff; how many activities they hold; the timer of the next offer.
-        self._held: dict[tuple[str, bool], _HeldQueue] = {}
-        self._held_count = 0
-        self._held_limit = config.inbox_size or 100_000
-        # Journal positions: the first one a held message still owes (the taken mark
-        # stays below it; None: nothing journaled is held), and the highest take asked
-        # for meanwhile (the mark moves there once nothing below it is held).
-        self._floor: int | None = None
-        self._goal = 0
-        # A failed journal write: the error while the data directory cannot be written
-        # (None once a write succeeds again).
-        self._storage_error: StorageError | None = None
-        # When the application last read the inbox (or the node started), and whether
-        # the node said that owed messages wait unread (see NodeConfig.unread_warning).
-        self._read_at = time.monotonic()
-        self._unread_warned = False
+        # What the application is owed: handlers, the inbox, declined messages, the
+        # delivery journal and its replay.
+        self._inbox = Inbox(config, self.counters, receiving=self._receiving,
+                            drop=self._drop, refuse=self._refuse, queue_ack=self._queue_ack,
+                            wake_by=self._wake_by, after_batch=self._after_batch,
+                            closed=lambda: self._closed, handlers=handlers,
+                            batch_handlers=batch_handlers)
         self._peer_listeners: list[Callable[[PeerEvent], None]] = []
         self._control_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
         self._kind_handlers: dict[str, KindHandler] = {
@@ -531,11 +422,6 @@ class Node:
         # The peers that refused us.
         self._refusals: dict[str, PeerRefusedError] = {}
         self._observing = False
-        self._journal: DeliveryJournal | None = None
-        # Journal records owed to the application, delivered before anything new.
-        self._replay: list[tuple[int, JournalRecord]] = []
-        # The journal position after the last message handed out by receive()/drain().
-        self._handed = 0
         self._discovery: Any = None
         # The one timer of the node, armed at the earliest deadline of everything that
         # waits on time (see _rearm), and when it is due (monotonic; inf: not armed).
@@ -584,13 +470,14 @@ class Node:
         # timer run look as late as the machine's uptime, that is, a long pause.
         self._beat_due = self._started_at
         self._loop = asyncio.get_running_loop()
-        self._inbox_event = asyncio.Event()
+        self._inbox.start(self._loop)
         self._halt_event = asyncio.Event()
         ctx = self._sockets.open(self._loop)
         if security is not None:
             # The authenticator must answer before the first client can knock.
             self._sockets.watch(security.start(ctx), self._answer_zap)
             self._security = self._sockets.security = security
+            self._inbox.bind_actors = True
             self._trust_generation = security.store.generation
             self._trust_removals = security.store.removals
         try:
@@ -616,7 +503,7 @@ class Node:
             self._net.watch_handshake(self._router, None)
         if cfg.data_dir is not None:
             try:
-                self._open_journal(cfg.data_dir / "inbox.journal")
+                self._inbox.open_journal(cfg.data_dir / "inbox.journal")
             except StorageError:
                 self._close_sockets()
                 self._release_data_dir()
@@ -644,50 +531,6 @@ class Node:
         self._rearm()
         log.info("node %s up: pub %d router %d incarnation %x%s", self.name, self.pub_port,
                  self.router_port, self.incarnation, " (CurveZMQ)" if security else "")
-
-    def _open_journal(self, path: pathlib.Path) -> None:
-        """Restore de-duplication from the journal and deliver what is still owed.
-
-        The inbox takes the owed messages now, ahead of anything from the network; an
-        application that consumes through handlers only (no inbox) gets them as soon as
-        its first handler is added. Until then no new direct message is accepted.
-        """
-        window = self.config.idempotency_window
-        self._journal = journal = DeliveryJournal(
-            path, key_window=window, compact_bytes=self.config.journal_compact_bytes)
-        self._handed = journal.taken
-        self._receiving.journal = True
-        for record in journal.known:
-            self._receiving.direct.restore(record.sender, record.incarnation, record.first_seq,
-                                   record.count, record.key, record.wall_ms / 1000)
-        self._replay = journal.pending
-        if self._replay:
-            log.info("node %s: %d direct message(s) received before a restart were not "
-                     "taken by the application; delivering them again", self.name,
-                     journal.end - journal.taken)
-        if self.config.inbox_size or self._handlers or self._batch_handlers:
-            self._redeliver()
-
-    def _redeliver(self) -> None:
-        """Deliver the journal's owed records (see :meth:`_open_journal`)."""
-        pending, self._replay = self._replay, []
-        journal = self._journal
-        assert journal is not None
-        for position, record in pending:
-            skip = max(0, journal.taken - position)
-            try:
-                env, payload = decode_direct([record.envelope, record.payload])
-                activities = decode_payload(payload, env.count)
-            except ProtocolError as exc:
-                # Checked when it arrived: only a damaged file gets here.
-                log.error("node %s: journal record from %s cannot be decoded (%s); "
-                          "skipped", self.name, record.sender, exc)
-                self._take(position + record.count)
-                continue
-            self.counters["redelivered.direct"] += record.count - skip
-            self._deliver_activities(env, activities[skip:], direct=True,
-                                     offset=position + skip, first=skip, redelivered=True)
-        self._after_batch()
 
     def _load_security(self) -> MeshSecurity:
         cfg = self.config
@@ -739,15 +582,10 @@ class Node:
                 await self._discovery.aclose()
         self._carry_out(self._sending.close())
         self._close_sockets()
-        if self._journal is not None:
-            # Closing the node means the application is done with what it took.
-            self._take(self._handed)
-            self._journal.close()
+        self._inbox.close()
         self._release_data_dir()
         if self._halt_event is not None:
             self._halt_event.set()
-        if self._inbox_event is not None:
-            self._inbox_event.set()
 
     def _release_data_dir(self) -> None:
         if self._dir_lock is not None:
@@ -1314,7 +1152,7 @@ class Node:
                   msg_id: str | None = None, trace: TraceContext | None = None) -> Envelope:
         return Envelope(
             C.PROTOCOL_VERSION, msg_id or make_msg_id(self.incarnation, channel, seq),
-            self.name, channel, seq, self.incarnation, self._clock.now(_wall_ms()), recipient,
+            self.name, channel, seq, self.incarnation, self._clock.now(wall_ms()), recipient,
             ref, count, kind, *(trace or (None, None)),
         )
 
@@ -1459,7 +1297,7 @@ class Node:
         sock = self._router
         if sock is None:
             return
-        accepted: list[_Accepted] = []
+        accepted: list[Accepted] = []
         if self._security is None:
             more = self._sockets.read(sock, recv_frames,
                               lambda frames: self._on_direct(frames, accepted))
@@ -1571,7 +1409,7 @@ class Node:
         """A message from ``env.sender``: merge its time into our clock, mark it heard
         (and carry out the roster changes that follow). Returns whether it is on the
         roster."""
-        skew = self._clock.receive(env.hlc, _wall_ms())
+        skew = self._clock.receive(env.hlc, wall_ms())
         known, actions = self._roster.heard(env.sender, env.incarnation, now, skew)
         if actions:
             self._carry_out(actions)
@@ -1597,158 +1435,7 @@ class Node:
             self._drop(exc.reason, env.sender, "dropped %d activities from %s on %s: %s",
                        env.count, env.sender, env.channel, exc)
             return
-        self._deliver_activities(env, activities, direct=direct)
-
-    def _deliver_activities(self, env: Envelope, activities: list[Activity], *,
-                            direct: bool, offset: int = -1, first: int = 0,
-                            redelivered: bool = False, ident: bytes | None = None) -> None:
-        """Hand activities to the handlers and the inbox.
-
-        ``offset`` is the journal position of ``activities[0]`` (-1: not journaled),
-        which is activity number ``first`` of the ZeroMQ message. ``ident``: the ROUTER
-        identity to acknowledge once the message is taken (a direct message that is not
-        journaled; None: acknowledged by the caller). Messages of a sender with declined
-        messages wait behind them (see :meth:`_dispatch`).
-        """
-        channel, sender, seq = env.channel, env.sender, env.seq + first
-        # Message's own constructor is a Python function; building the tuples directly
-        # skips a frame per activity.
-        if offset < 0:
-            msgs = [_tuple_new(Message, (channel, sender, activity, env, seq + i, direct,
-                                         -1, False))
-                    for i, activity in enumerate(activities)]
-        else:
-            msgs = [_tuple_new(Message, (channel, sender, activity, env, seq + i, direct,
-                                         offset + i, redelivered))
-                    for i, activity in enumerate(activities)]
-        if self._security is not None:
-            msgs = self._bound_messages(env, msgs)
-        self.counters["received.direct" if direct else "received.broadcast"] += len(msgs)
-        end = offset + len(activities) if offset >= 0 else -1
-        if self._held:
-            queue = self._held.get((sender, direct))
-            if queue is not None:
-                # Order within a sender: nothing overtakes a declined message.
-                if not direct and self._held_count >= self._held_limit:
-                    self._drop("held-full", sender, "dropped %d broadcast(s) from %s: %d "
-                               "declined messages are held already", len(msgs), sender,
-                               self._held_count)
-                    return
-                held = _Held(env, msgs, offset, end, direct, ident)
-                queue.append(held)
-                self._held_count += len(msgs)
-                self._track_unacked(held)
-                return
-        rest = self._dispatch(env, msgs, offset, end, direct, ident, None)
-        if rest is not None:
-            queue = self._held[(sender, direct)] = _HeldQueue()
-            queue.append(rest)
-            self._held_count += len(msgs)
-            self._track_unacked(rest)
-            self._held_changed()
-            self._schedule_offer(queue)
-
-    def _dispatch(self, env: Envelope, msgs: list[Message], offset: int, end: int,
-                  direct: bool, ident: bytes | None, held: _Held | None) -> _Held | None:
-        """Offer one ZeroMQ message's activities to the handlers, then the inbox.
-
-        Without an inbox the handlers are the consumers: each journaled message is
-        taken as soon as every handler has returned for it (an exception counts as
-        returning; a crash does not), and the whole message once the batch handlers
-        have returned too. A handler that raises :class:`NotHandled` stops the offer
-        there: nothing from that point on is taken, and the returned :class:`_Held`
-        says where to go on (``held``: where an earlier offer stopped). Returns None
-        once everything was taken.
-        """
-        limit = self.config.inbox_size
-        journal = self._journal if offset >= 0 and not limit else None
-        index = 0
-        done: tuple[Callable[[Message], None], ...] = ()
-        done_batch = None
-        if held is not None:
-            index, done, done_batch = held.index, held.done, held.done_batch
-        handlers = self._handlers
-        batch_handlers = self._batch_handlers
-        if handlers and done_batch is None:
-            current = tuple(handlers)  # a handler may remove itself
-            take_each = None
-            if journal is not None and not batch_handlers:
-                take_each = journal.take if self._floor is None else self._take
-            for i in range(index, len(msgs)):
-                msg = msgs[i]
-                run = current
-                if done:
-                    run = tuple(h for h in current if h not in done)
-                for handler in run:
-                    try:
-                        handler(msg)
-                    except NotHandled:
-                        return self._stopped(env, msgs, offset, end, direct, ident, held, i,
-                                             done + run[:_index_of(run, handler)], None)
-                    except Exception:
-                        log.exception("message handler failed on %s", env.msg_id)
-                done = ()
-                if take_each is not None:
-                    take_each(msg.offset + 1)
-        if batch_handlers:
-            run_batch = tuple(batch_handlers)
-            if done_batch:
-                run_batch = tuple(h for h in run_batch if h not in done_batch)
-            for batch_handler in run_batch:
-                try:
-                    batch_handler(msgs.copy())  # each its own list, to keep or change
-                except NotHandled:
-                    return self._stopped(
-                        env, msgs, offset, end, direct, ident, held, len(msgs), (),
-                        (done_batch or ()) + run_batch[:_index_of(run_batch, batch_handler)])
-                except Exception:
-                    log.exception("batch handler failed on %s", env.msg_id)
-        if journal is not None:
-            if self._floor is None:
-                journal.take(end)
-            else:
-                self._take(end)
-        if ident is not None:
-            # Not journaled: acknowledged now that it is taken.
-            self._receiving.taken(env.sender, env.incarnation, env.seq)
-            self._queue_ack(ident, env.seq)
-        if not limit or not msgs:
-            return None
-        inbox = self._inbox
-        room = limit - len(inbox)
-        if room < len(msgs):
-            self.counters["dropped.inbox-full"] += len(msgs) - max(room, 0)
-            if room <= 0:
-                return None
-            msgs = msgs[:room]
-        inbox.extend(msgs)
-        if self._inbox_event is not None:
-            self._inbox_event.set()
-        return None
-
-    def _stopped(self, env: Envelope, msgs: list[Message], offset: int, end: int,
-                 direct: bool, ident: bytes | None, held: _Held | None, index: int,
-                 done: tuple[Callable[[Message], None], ...],
-                 done_batch: tuple[Callable[[list[Message]], None], ...] | None) -> _Held:
-        """A handler declined: where the offer of this message goes on next time."""
-        if held is None:
-            held = _Held(env, msgs, offset, end, direct, ident)
-        held.index, held.done, held.done_batch = index, done, done_batch
-        if offset >= 0:
-            # Only handlers alone take a message at a time: with batch handlers nothing
-            # of it is taken before they return, and the inbox gets all of it at once.
-            single = (done_batch is None and not self._batch_handlers and index < len(msgs)
-                      and not self.config.inbox_size)
-            held.floor = msgs[index].offset if single else offset
-        self.counters["declined." + ("direct" if direct else "broadcast")] += 1
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("node %s: a handler declined %s from %s; offered again later",
-                      self.name, env.msg_id, env.sender)
-        return held
-
-    def _track_unacked(self, held: _Held) -> None:
-        if held.ident is not None:
-            self._receiving.declined(held.env.sender, held.env.incarnation, held.env.seq)
+        self._inbox.deliver(env, activities, direct=direct)
 
     def _queue_ack(self, ident: bytes, seq: int) -> None:
         acks = self._pending_acks.get(ident)
@@ -1757,61 +1444,6 @@ class Node:
         else:
             acks.append(seq)
 
-    def _take(self, upto: int) -> None:
-        """Take journal positions below ``upto``, but none a declined message holds."""
-        journal = self._journal
-        assert journal is not None
-        floor = self._floor
-        if floor is None:
-            journal.take(upto)
-            return
-        if upto > self._goal:
-            self._goal = upto
-        journal.take(min(upto, floor))
-
-    def _held_changed(self) -> None:
-        """Held messages came or went: move the journal's floor (and the mark up to it)."""
-        floors = [q[0].floor for q in self._held.values() if q and q[0].floor >= 0]
-        floor = min(floors) if floors else None
-        journal = self._journal
-        if journal is None or floor == self._floor:
-            return
-        if self._floor is None:
-            self._goal = max(self._goal, journal.taken)
-        self._floor = floor
-        journal.take(self._goal if floor is None else min(self._goal, floor))
-
-    def _schedule_offer(self, queue: _HeldQueue) -> None:
-        """Back ``queue`` off (capped, doubling) and arm the timer of the next offer."""
-        cfg = self.config
-        queue.delay = min(cfg.redeliver_max, max(cfg.redeliver_initial, queue.delay * 2))
-        queue.due = time.monotonic() + queue.delay
-        self._wake_by(queue.due)
-
-    def _offer_held(self, now_all: bool) -> None:
-        """Offer declined messages again: every sender's (``now_all``) or those due."""
-        if self._closed:
-            return
-        now = time.monotonic()
-        for key, queue in list(self._held.items()):
-            if now_all:
-                queue.delay = 0.0  # a fresh start: the backoff begins again
-            elif queue.due > now:
-                continue
-            while queue:
-                item = queue[0]
-                if self._dispatch(item.env, item.msgs, item.offset, item.end, item.direct,
-                                  item.ident, item) is not None:
-                    self._schedule_offer(queue)
-                    break
-                self._held_count -= len(item.msgs)
-                queue.popleft()
-                queue.delay = 0.0
-            if not queue:
-                del self._held[key]
-        self._held_changed()
-        self._after_batch()
-
     def redeliver(self) -> None:
         """Offer the messages handlers declined (:class:`~porter_mesh.errors.NotHandled`)
         to the handlers again now, instead of at their next backoff (loop thread only).
@@ -1819,25 +1451,7 @@ class Node:
         Call it when whatever made a handler decline is ready again (a gateway's far
         side came back). Adding a handler does the same.
         """
-        if self._held:
-            self._offer_held(True)
-
-    def _bound_messages(self, env: Envelope, msgs: list[Message]) -> list[Message]:
-        """The messages whose ``actor`` is the (authenticated) sender; the rest are
-        refused. The profile's plain-text fallback has no actor and speaks for its
-        sender."""
-        sender = env.sender
-        if all(m.activity.actor == sender or m.activity.is_fallback for m in msgs):
-            return msgs
-        kept = []
-        for msg in msgs:
-            activity = msg.activity
-            if activity.actor == sender or activity.is_fallback:
-                kept.append(msg)
-            else:
-                self._refuse("spoofed-actor", sender, f"{sender!r} sent a {activity.type} "
-                             f"with actor {activity.actor[:64]!r} on {env.channel}")
-        return kept
+        self._inbox.redeliver()
 
     def _on_observed(self, frames: list[bytes]) -> None:
         """A copy of a direct message, republished by its receiver for observers."""
@@ -1848,73 +1462,23 @@ class Node:
             return
         self._deliver(env, payload, direct=True)
 
-    def _accept(self, accepted: list[_Accepted]) -> None:
-        """Keep, deliver and acknowledge the new direct messages of one read.
-
-        Journal first, then hand to the application, then acknowledge (the flush in
-        _after_batch): whatever was acknowledged is on record, and stays owed to the
-        application until it is taken (see _open_journal). A message that cannot be
-        journaled (a full disk) is neither delivered nor acknowledged: its sender
-        retries until space returns or its deadline passes. Without a journal a message
-        is acknowledged once taken, so that one a handler declines stays the sender's.
-        """
-        offset = -1
-        journal = self._journal
-        if journal is not None:
-            try:
-                offset = journal.append([
-                    JournalRecord(env.sender, env.incarnation, env.seq, env.count,
-                                  env.channel, payload, env_bytes)
-                    if not env.msg_id.startswith(KEY_PREFIX) else
-                    JournalRecord(env.sender, env.incarnation, env.seq, env.count,
-                                  env.channel, payload, env_bytes,
-                                  env.msg_id[len(KEY_PREFIX):], _wall_ms())
-                    for env, env_bytes, payload, _, _ in accepted
-                ])
-            except StorageError as exc:
-                self._storage_failed(exc, accepted)
-                return
-            if self._storage_error is not None:
-                self._storage_recovered()
-            for env, _, _, _, ident in accepted:
-                self._queue_ack(ident, env.seq)
+    def _accept(self, accepted: list[Accepted]) -> None:
+        """Keep, deliver and acknowledge the new direct messages of one read (see
+        :meth:`Inbox.accept`), then copy them to observers."""
+        if not self._inbox.accept(accepted):
+            return
         pub = self._pub
         watched = self._direct_watched
-        for env, env_bytes, payload, activities, ident in accepted:
-            self._deliver_activities(env, activities, direct=True, offset=offset,
-                                     ident=ident if offset < 0 else None)
-            if offset >= 0:
-                offset += env.count
-            if pub is not None and watched:
-                # A copy for observers (tail), only while one subscribes to it.
-                with contextlib.suppress(zmq.Again):
-                    send_frames(pub, [encode_topic(env.channel), env_bytes, payload])
-        if pub is not None and watched:
-            self._sockets.after_send(pub)
-
-    def _storage_failed(self, error: StorageError, accepted: list[_Accepted]) -> None:
-        """The journal could not keep ``accepted``: refuse them (no acknowledgement)."""
-        for env, _, _, _, _ in accepted:
-            # Not kept, so not seen: its retry (with its key, if any) must land.
-            receipt = self._receiving.journal_failed(env.sender, env.incarnation, env.seq,
-                                                     env.msg_id, env.count)
-            self.counters[receipt.counter] += receipt.n
-        first = self._storage_error is None
-        self._storage_error = error
-        log.log(logging.WARNING if first else logging.DEBUG,
-                "node %s: %s; direct messages are refused (not acknowledged, so their "
-                "senders retry) until there is space again%s", self.name, error,
-                "" if first else " (again)")
-
-    def _storage_recovered(self) -> None:
-        error, self._storage_error = self._storage_error, None
-        assert error is not None
-        log.warning("node %s: the delivery journal %s can be written again; direct "
-                    "messages are accepted (%d refused so far, retries included)",
-                    self.name, error.path, self.counters["refused.disk"])
+        if pub is None or not watched:
+            return
+        for env, env_bytes, payload, _, _ in accepted:
+            # A copy for observers (tail), only while one subscribes to it.
+            with contextlib.suppress(zmq.Again):
+                send_frames(pub, [encode_topic(env.channel), env_bytes, payload])
+        self._sockets.after_send(pub)
 
     def _on_direct(self, frames: list[bytes],
-                   accepted: list[_Accepted], user: str | None = None) -> None:
+                   accepted: list[Accepted], user: str | None = None) -> None:
         """One ROUTER message; ``user``: the authenticated sender name (secured)."""
         if len(frames) < 2:
             self._drop("frames", user or "?", "dropped a direct message with %d frames",
@@ -1933,15 +1497,11 @@ class Node:
             self._on_control(env, payload, ident)
             return
         known = self._heard(env, time.monotonic())
-        limit = self.config.inbox_size
+        room, consumer, held_full = self._inbox.admission(accepted)
         receipt = self._receiving.direct_message(
             env.sender, env.incarnation, env.recipient or "", env.seq, env.count, env.msg_id,
-            known=known, me=self.name,
-            room=(limit - len(self._inbox) - sum(a[0].count for a in accepted[-64:])
-                  if limit else None),
-            # Without an inbox: a handler, and no owed message that must go first.
-            consumer=bool(self._handlers or self._batch_handlers) and not self._replay,
-            held_full=self._held_count >= self._held_limit, wall=time.time())
+            known=known, me=self.name, room=room, consumer=consumer, held_full=held_full,
+            wall=time.time())
         steps = receipt.steps
         if receipt.counter:
             if receipt is UNKNOWN_SENDER:
@@ -2207,9 +1767,7 @@ class Node:
         messages), a resend or a send's deadline, a re-contact attempt, the next offer
         of a declined message."""
         due = min(self._beat_due, self._sending.next_due, self._recontact.next_due)
-        if self._held:
-            due = min(due, min(q.due for q in self._held.values()))
-        return due
+        return min(due, self._inbox.next_due)
 
     def _rearm(self) -> None:
         """Arm the node's one timer at the earliest deadline, if it is not armed there.
@@ -2256,8 +1814,7 @@ class Node:
                 self._send_hello(link.dealer)
         try:
             self._tick(now)
-            if self._held and min(q.due for q in self._held.values()) <= now:
-                self._offer_held(False)
+            self._inbox.offer_due(now)
         except Exception:
             log.exception("node timer failed")
         self._rearm()
@@ -2283,37 +1840,9 @@ class Node:
         if force_beat:
             self._carry_out(self._roster.tick(now))
             if self.config.unread_warning:
-                self._check_unread(now)
+                self._inbox.check_unread(now)
         if now >= self._recontact.next_due:
             self._run_recontacts(now)
-
-    def _check_unread(self, now: float) -> None:
-        """Say once when owed messages wait for an application that does not read them:
-        an inbox nobody reads, or (without an inbox) no handler for what a restart
-        owes. Said again only after the application read in between."""
-        waiting = len(self._inbox) if self.config.inbox_size else sum(
-            r.count for _, r in self._replay)
-        if not waiting:
-            self._unread_warned = False
-            self._read_at = now
-            return
-        idle = now - self._read_at
-        if idle < self.config.unread_warning:
-            self._unread_warned = False
-            return
-        if self._unread_warned:
-            return
-        self._unread_warned = True
-        self.counters["warned.unread"] += 1
-        if self.config.inbox_size:
-            log.warning("node %s: %d message(s) have waited %.0fs in the inbox and nothing "
-                        "reads it (receive(), drain()); pass handlers to the constructor "
-                        "(handlers=[...]) to see them, or read the inbox", self.name,
-                        waiting, idle)
-        else:
-            log.warning("node %s: %d message(s) owed from before a restart have waited "
-                        "%.0fs for a handler; add one (or pass handlers=[...] to the "
-                        "constructor)", self.name, waiting, idle)
 
     # ------------------------------------------------------------------ application
 
@@ -2340,9 +1869,7 @@ class Node:
 
         Returns a function that removes the handler.
         """
-        self._handlers.append(handler)
-        self._consumer_added()
-        return lambda: self._handlers.remove(handler)
+        return self._inbox.add_handler(handler)
 
     def add_batch_handler(self, handler: Callable[[list[Message]], None]) -> Callable[[], None]:
         """Call ``handler`` with the messages of each ZeroMQ message as one list.
@@ -2353,20 +1880,7 @@ class Node:
         :class:`~porter_mesh.errors.NotHandled` declines the whole batch (as
         :meth:`add_handler` says). Returns a function that removes it.
         """
-        self._batch_handlers.append(handler)
-        self._consumer_added()
-        return lambda: self._batch_handlers.remove(handler)
-
-    def _consumer_added(self) -> None:
-        # Without an inbox, messages owed from before a restart wait for a handler; it
-        # gets them on the next loop turn, ahead of anything new (see _open_journal).
-        # Declined messages are offered again at once: the new handler may take them.
-        if self._loop is None:
-            return
-        if self._replay and not self.config.inbox_size:
-            self._loop.call_soon(self._redeliver)
-        if self._held:
-            self._loop.call_soon(self.redeliver)
+        return self._inbox.add_batch_handler(handler)
 
     def add_peer_listener(self, listener: Callable[[PeerEvent], None]) -> Callable[[], None]:
         """Call ``listener`` on every roster change (joined, evasive, alive, left)."""
@@ -2386,22 +1900,7 @@ class Node:
         With ``ack`` (the default), the messages handed out by earlier calls of
         :meth:`drain` and :meth:`receive` are taken first (see :meth:`ack`).
         """
-        if ack:
-            self.ack()
-        self._read_at = time.monotonic()
-        inbox = self._inbox
-        if limit is None or limit >= len(inbox):
-            out = list(inbox)
-            inbox.clear()
-        else:
-            out = [inbox.popleft() for _ in range(limit)]
-        if not inbox and self._inbox_event is not None:
-            self._inbox_event.clear()
-        for msg in reversed(out):
-            if msg.offset >= 0:
-                self._handed = msg.offset + 1
-                break
-        return out
+        return self._inbox.drain(limit=limit, ack=ack)
 
     async def receive(self, timeout: float | None = None, *, ack: bool = True) -> Message:
         """The next message from the inbox, waiting up to ``timeout`` seconds.
@@ -2413,20 +1912,7 @@ class Node:
             TimeoutError: nothing arrived in time.
             NodeClosedError: the node closed while waiting.
         """
-        assert self._inbox_event is not None, "node not started"
-        if ack:
-            self.ack()
-        async with asyncio.timeout(timeout):
-            while not self._inbox:
-                if self._closed:
-                    raise NodeClosedError(f"node {self.name} closed")
-                self._inbox_event.clear()
-                await self._inbox_event.wait()
-        msg = self._inbox.popleft()
-        self._read_at = time.monotonic()
-        if msg.offset >= 0:
-            self._handed = msg.offset + 1
-        return msg
+        return await self._inbox.receive(timeout, ack=ack)
 
     def ack(self, message: Message | None = None) -> None:
         """Say that the application has taken messages from the inbox.
@@ -2442,21 +1928,11 @@ class Node:
         Handlers need none of this (see :meth:`add_handler`). Without a data directory
         it does nothing.
         """
-        journal = self._journal
-        if journal is None:
-            return
-        self._read_at = time.monotonic()
-        if message is None:
-            self._take(self._handed)
-        elif message.offset >= 0:
-            self._take(min(message.offset + 1, self._handed))
+        self._inbox.ack(message)
 
     async def wait_readable(self) -> None:
         """Wait until the inbox holds at least one message (or the node closes)."""
-        assert self._inbox_event is not None, "node not started"
-        while not self._inbox and not self._closed:
-            self._inbox_event.clear()
-            await self._inbox_event.wait()
+        await self._inbox.wait_readable()
 
     def peers(self) -> list[PeerInfo]:
         """A snapshot of the roster."""
@@ -2516,9 +1992,9 @@ class Node:
         out["outbox"] = len(self._sending.outbox)
         out["retries"] = self._sending.outbox.resent
         out["peers"] = len(self._peers)
-        if self._storage_error is not None:
+        if self._inbox.storage_error is not None:
             out["storage.full"] = 1
-        if self._unread_warned:
+        if self._inbox.unread_warned:
             out["inbox.unread"] = 1
         return out
 
@@ -2531,13 +2007,7 @@ class Node:
             left at the last failure), ``refused`` (direct messages refused for it so
             far), ``size`` (the journal's bytes).
         """
-        journal = self._journal
-        if journal is None:
-            return None
-        error = self._storage_error
-        return {"state": "ok" if error is None else "full", "path": str(journal.path),
-                "free_bytes": None if error is None else error.free_bytes,
-                "refused": self.counters["refused.disk"], "size": journal.size}
+        return self._inbox.storage()
 
     # ------------------------------------------------------------------ the node's view
 
