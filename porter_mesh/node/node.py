@@ -116,7 +116,6 @@ from typing import Any, TypeVar
 import zmq
 
 from porter_mesh.adapters.dirlock import DirLock
-from porter_mesh.adapters.handshake import Refusal
 from porter_mesh.adapters.security import AUDIT_FILE, MeshSecurity, check_libzmq
 from porter_mesh.core import constants as C
 from porter_mesh.core.addresses import url_host
@@ -137,7 +136,6 @@ from porter_mesh.core.control import (
     Ack,
     Heartbeat,
     Introduction,
-    ObserverHello,
     StatsReply,
     Unsupported,
     decode_ack,
@@ -151,7 +149,6 @@ from porter_mesh.core.control import (
     encode_bye,
     encode_control,
     encode_heartbeat,
-    encode_hello,
     encode_stats_reply,
     encode_unsupported,
     encode_welcome,
@@ -167,7 +164,7 @@ from porter_mesh.core.envelope import (
     make_msg_id,
 )
 from porter_mesh.core.hlc import HybridClock
-from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, Recontact
+from porter_mesh.core.peers import PeerEvent, PeerInfo
 from porter_mesh.core.session.frames import (
     BroadcastFrame,
     Count,
@@ -218,14 +215,13 @@ from porter_mesh.node.links import (
     recv_subscription,
     tcp_address,
 )
+from porter_mesh.node.peering import Peering
 from porter_mesh.node.zio import recv_frames, recv_frames_from, send_frames
 
 __all__ = ["Message", "Node"]
 
 log = logging.getLogger("porter_mesh.node")
 
-#: Most refusing peers remembered (see Node.refusals).
-_MAX_REFUSALS = 1024
 #: A wake-up this much later than its timer asked for means the process was stopped
 #: (SIGSTOP, a debugger, a suspended VM) rather than busy, at the least (see _on_timer).
 _PAUSE_MIN = 1.0
@@ -250,12 +246,6 @@ DATA_DIR_LOCK = "node.lock"
 #: Senders whose drops and losses are counted one by one (more are counted in total only).
 _MAX_COUNTED_SENDERS = 1024
 
-#: Re-contact targets: ``(_SEED, "[NAME@]HOST:PORT")`` or ``(_PEER, agent name)``.
-_SEED = "seed"
-_PEER = "peer"
-#: Peers left for these reasons are not tried again (a newer incarnation is already
-#: here; an untrusted key is retried when the trusted directory changes).
-_NO_RECONTACT = frozenset({"restarted", "untrusted"})
 
 
 _T = TypeVar("_T")
@@ -377,7 +367,6 @@ class Node:
         # The receiving rules (direct and broadcast; what to do with each arrival): pure.
         self._receiving = Receiving(key_window=config.idempotency_window)
         self._clock = HybridClock(max_skew_ms=round(config.max_clock_skew * 1000))
-        self._skew_warned: set[str] = set()
         # What the application is owed: handlers, the inbox, declined messages, the
         # delivery journal and its replay.
         self._inbox = Inbox(config, self.counters, receiving=self._receiving,
@@ -385,7 +374,6 @@ class Node:
                             wake_by=self._wake_by, after_batch=self._after_batch,
                             closed=lambda: self._closed, handlers=handlers,
                             batch_handlers=batch_handlers)
-        self._peer_listeners: list[Callable[[PeerEvent], None]] = []
         self._control_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
         self._kind_handlers: dict[str, KindHandler] = {
             KIND_STATS: self._on_stats_request, KIND_UNSUPPORTED: self._on_unsupported}
@@ -404,23 +392,21 @@ class Node:
         # the roster and the re-contact schedule decide when).
         self._net = Links(self._sockets, routing_id=f"{self.name}/{self.incarnation:x}",
                           read_sub=self._read_sub, read_dealer=self._read_dealer,
-                          on_handshake=self._on_handshake)
+                          on_handshake=lambda sock: self._peering.on_handshake(sock))
         self._links = self._net.links
         self._probes = self._net.probes
+        # Reaching peers: adverts, hellos, re-contact, refusals, revoked keys.
+        self._peering: Peering[Completion] = Peering(
+            config, self.counters, roster=self._roster, sending=self._sending,
+            net=self._net, carry_out=self._carry_out, send_control=self._send_control_direct,
+            advert=self.advert, topics=self._topics, drop=self._drop, refuse=self._refuse,
+            closed=lambda: self._closed)
         self._pub: zmq.Socket[bytes] | None = None
         self._sub: zmq.Socket[bytes] | None = None
         self._router: zmq.Socket[bytes] | None = None
-        # Re-contact: the schedule, one DEALER per target being tried, the agent behind
-        # each seed (from its name or its first welcome), when each lost peer was lost.
-        self._recontact: Recontact[Target, PeerAdvert | None] = Recontact(
-            initial=config.heartbeat_interval, cap=config.recontact_max)
-        self._seed_names: dict[str, str] = {}
-        self._lost_at: dict[str, float] = {}
         self._security: MeshSecurity | None = None
         self._trust_generation = 0
         self._trust_removals = 0
-        # The peers that refused us.
-        self._refusals: dict[str, PeerRefusedError] = {}
         self._observing = False
         self._discovery: Any = None
         # The one timer of the node, armed at the earliest deadline of everything that
@@ -479,6 +465,7 @@ class Node:
             self._security = self._sockets.security = security
             self._inbox.bind_actors = True
             self._trust_generation = security.store.generation
+            self._peering.security = security
             self._trust_removals = security.store.removals
         try:
             self._pub = self._sockets.new_pub()
@@ -488,6 +475,7 @@ class Node:
             self.router_port = self._sockets.bind(self._router, cfg.router_port)
             # A secured node keeps one SUB per peer instead (see the module docstring).
             self._sub = self._sockets.socket(zmq.SUB) if security is None else None
+            self._peering.shared_sub = self._sub
         except zmq.ZMQError as exc:
             self._close_sockets()
             self._release_data_dir()
@@ -521,13 +509,7 @@ class Node:
             )
             announce = cfg.advertise and not cfg.observer
             await self._discovery.astart(self.advert() if announce else None)
-        now = time.monotonic()
-        for seed in cfg.seeds:
-            name = split_seed(seed)[0]
-            if name is not None:
-                self._seed_names[seed] = name
-            self._recontact.start((_SEED, seed), None, now, delay=0, pinned=True)
-        self._run_recontacts(now)
+        self._peering.start(time.monotonic())
         self._rearm()
         log.info("node %s up: pub %d router %d incarnation %x%s", self.name, self.pub_port,
                  self.router_port, self.incarnation, " (CurveZMQ)" if security else "")
@@ -625,19 +607,12 @@ class Node:
     def _on_discovered(self, advert: PeerAdvert) -> None:
         if advert.name == self.name or self._closed:
             return
-        self._found(advert)
+        self._peering.found(advert)
         self._rearm()  # a new link may resend what waited for it
 
     def _on_discovery_lost(self, name: str) -> None:
         # mDNS removal is only a hint; liveness is decided by heartbeats and goodbyes.
         log.debug("mDNS says %s is gone", name)
-
-    def _found(self, advert: PeerAdvert, *, verified: bool = False) -> None:
-        """An advert arrived; ``verified``: first-hand from that peer over an
-        authenticated connection (only a secured node tells the difference)."""
-        trust = self._security.store if self._security is not None else None
-        self._carry_out(self._roster.found(advert, time.monotonic(), verified=verified,
-                                           trust=trust))
 
     def _refuse(self, event: str, peer: str | None, detail: str, *,
                 key: str | None = None) -> None:
@@ -645,57 +620,6 @@ class Node:
         self.count_drop(event, peer)
         if self._security is not None:
             self._security.audit.record(event, detail, peer=peer, key=key)
-
-    def _peer_changed(self, event: PeerEvent) -> None:
-        """A change of the roster, carried out: re-contact started or stopped, counted,
-        logged, told to the listeners."""
-        peer = event.peer
-        note = f" ({event.reason})" if event.reason else ""
-        if event.kind is PeerEventKind.JOINED:
-            note = self._reached(peer.name)
-        elif event.kind is PeerEventKind.LEFT:
-            note += self._lost(peer, event.reason)
-        self.counters["peer." + event.kind.value] += 1
-        if event.kind is PeerEventKind.CLOCK_SKEW:
-            self._warn_skew(peer)
-        else:
-            # A command line's seat comes and goes with every command: not news.
-            level = logging.DEBUG if peer.advert.role == C.ROLE_SEAT else logging.INFO
-            log.log(level, "peer %s %s%s", peer.name, event.kind.value, note)
-        for listener in list(self._peer_listeners):
-            try:
-                listener(event)
-            except Exception:
-                log.exception("peer listener failed")
-
-    def _connect(self, advert: PeerAdvert) -> None:
-        self._refusals.pop(advert.name, None)  # a new connection: ask again
-        link = self._net.open(advert, shared_sub=self._sub, topics=self._topics())
-        self._send_hello(link.dealer)
-
-    def _disconnect(self, name: str) -> None:
-        self._roster.unlinked(name)
-        self._net.close(name, shared_sub=self._sub)
-
-    def _revalidate_links(self) -> None:
-        """The trusted keys changed: cut off peers whose key is no longer trusted."""
-        assert self._security is not None
-        store = self._security.store
-        now = time.monotonic()
-        for name, link in list(self._links.items()):
-            key = link.advert.public_key
-            if key is None or store.name_for(key) != key_name(name):
-                self._refuse("revoked-key", name, f"the key of {name!r} is no longer trusted; "
-                             "disconnected", key=key)
-                info = self._peers.get(name)
-                if info is not None:
-                    self._carry_out(self._roster.left(name, info.incarnation, now, "untrusted"))
-                self._disconnect(name)
-        # A seed refused for want of a key may be trusted now: try every target afresh.
-        for seed in self.config.seeds:
-            if self._seed_names.get(seed) not in self._links:
-                self._recontact.start((_SEED, seed), None, now, delay=0, pinned=True)
-        self._recontact.restart(now)
 
     def _reopen_pub(self) -> None:
         """A key left the trusted directory: cut every subscriber off this node's PUB.
@@ -752,194 +676,18 @@ class Node:
 
     # ------------------------------------------------------------------ handshakes
 
-    def _on_handshake(self, sock: zmq.Socket[bytes]) -> None:
-        """What a handshake outcome on ``sock`` means: a server's refusal of a client
-        without keys audited; a client's success ends its watch, its refusal fails what
-        waits for that peer (:meth:`_refused_by`)."""
-        entry = self._net.handshake(sock)
-        if entry is None:
-            return
-        watch, peer = entry
-        for outcome in watch.read():
-            if peer is None:
-                if outcome.refusal is Refusal.NOT_SECURED:
-                    self._refuse("no-key", None, f"refused a connection on {outcome.endpoint} "
-                                 "from a client without keys (it offered no CurveZMQ key; its "
-                                 "address is not reported before ZAP)")
-            elif outcome.succeeded:
-                self._refusals.pop(peer, None)
-                self._net.end_handshake_watch(sock)
-                return
-            elif outcome.refusal is not None and peer not in self._refusals:
-                self._refused_by(peer, outcome.refusal, sock)
-                return
-
-    def _refused_by(self, peer: str, refusal: Refusal, sock: zmq.Socket[bytes]) -> None:
-        """``peer`` refused our connection: fail what waits for it, with what to do.
-
-        Without keys on one side the answer cannot change until a node restarts, so the
-        connection is dropped (libzmq would knock again every 100 ms, and each knock is
-        a line in the peer's audit log); a key that is not trusted may be trusted later,
-        so that connection keeps trying."""
-        owner, mesh = key_name(self.name), self.config.mesh
-        trust = f"'porter-mesh trust {owner}.key --mesh {mesh}'"
-        if refusal is Refusal.NEEDS_KEYS:
-            text = (f"{peer} is secured (CurveZMQ) and refused {self.name}, which has no key: "
-                    f"make one with 'porter-mesh keygen {owner}', have it trusted on the mesh "
-                    f"({trust}) and set PORTER_MESH_KEY to its secret file; see "
-                    "docs/security.md")
-        elif refusal is Refusal.KEY_REFUSED:
-            text = (f"{peer} refused the key of {self.name}: it is not trusted there; trust "
-                    f"it on that side ({trust}); see docs/security.md")
-        else:
-            text = (f"{peer} has no key and {self.name} is secured: a secured node does not "
-                    f"talk to an unsecured one; give {peer} a key ('porter-mesh keygen "
-                    f"{peer}'); see docs/security.md")
-        if len(self._refusals) >= _MAX_REFUSALS:
-            del self._refusals[next(iter(self._refusals))]
-        self._refusals[peer] = PeerRefusedError(text, recipient=peer, reason=refusal.value)
-        self.counters["refused." + refusal.value] += 1
-        log.info("node %s: %s", self.name, text)
-        self._carry_out(self._sending.refused(peer))
-        if refusal is Refusal.KEY_REFUSED:
-            return
-        link = self._links.get(peer)
-        if link is not None and link.dealer is sock:
-            self._disconnect(peer)
-        for key in self._net.probes_of(sock):
-            self._end_probe(key)  # tried again when the trusted directory changes
-
     def refusals(self) -> dict[str, PeerRefusedError]:
         """The peers that refused this node's connection for a reason keys explain, by
         name (or by seed, ``HOST:PORT``, when the seed gave no name), with the error a
         send to them raises. A peer leaves this map when a later handshake succeeds."""
-        return dict(self._refusals)
-
-    # ------------------------------------------------------------------ hello / seeds
-
-    def _introduction(self) -> Introduction:
-        """The body of our hello and welcome: our advert and the peers we know."""
-        return Introduction(self.advert(), tuple(p.advert for p in self._peers))
-
-    def _send_hello(self, dealer: zmq.Socket[bytes]) -> None:
-        if self.config.observer:
-            # An observer stays off every roster, but a seed must still tell it who is
-            # there: its hello carries no advert, only the wish for a welcome.
-            if self._net.is_probe(dealer, _SEED):
-                self._send_control_direct(dealer, KIND_HELLO, encode_hello(ObserverHello()))
-            return
-        self._send_control_direct(dealer, KIND_HELLO, encode_hello(self._introduction()))
-
-    def _run_recontacts(self, now: float) -> None:
-        observer = self.config.observer
-        for key, advert in self._recontact.due(now):
-            if observer and key[0] != _SEED:
-                # An observer is on no roster: it knocks only on its seeds, which tell
-                # it who is there (see _send_hello), not on peers it lost.
-                self._recontact.stop(key)
-                continue
-            self._probe(key, advert)
-
-    def _probe(self, key: Target, advert: PeerAdvert | None) -> None:
-        """One attempt to reach a seed (``advert`` None) or a lost peer: a fresh DEALER
-        to its ROUTER and a hello (see "Re-contact" in the module docstring)."""
-        if advert is None:
-            seed = key[1]
-            named, host, port = split_seed(seed)
-            name = named or self._seed_names.get(seed)
-            endpoint = f"tcp://{host}:{port}"
-            server_key = None
-        else:
-            name, endpoint, server_key = advert.name, advert.endpoint_router(), advert.public_key
-        if name is not None and name in self._links:
-            self._end_probe(key)  # linked: the regular connection already reaches it
-            return
-        if self._security is not None and advert is None:
-            server_key = self._security.store.key_for(name or "")
-            if server_key is None:
-                # Tried again when the trusted directory changes (_revalidate_links).
-                self._drop("untrusted-seed", key[1], "seed %s: no trusted key for %r",
-                           key[1], name)
-                self._end_probe(key)
-                return
-        try:
-            dealer = self._net.open_probe(key, endpoint, server_key, name=name)
-        except zmq.ZMQError as exc:
-            self._drop("bad-endpoint", key[1], "cannot connect to %s (%s): %s", key[1],
-                       endpoint, exc)
-            self._recontact.stop(key)
-            return
-        self._send_hello(dealer)
-
-    def _end_probe(self, key: Target) -> tuple[float, int] | None:
-        self._net.close_probe(key)
-        return self._recontact.stop(key)
-
-    def _probe_answered(self, key: Target, sender: str) -> None:
-        """A target answered our hello with a welcome from ``sender``."""
-        if key[0] == _SEED:
-            self._seed_names[key[1]] = sender
-            if sender == self.name:
-                log.info("seed %s is this node itself; not contacted again", key[1])
-                self._end_probe(key)
-                return
-        if sender in self._links or (key[0] == _PEER and sender != key[1]):
-            # Reached; or the lost peer's address now belongs to someone else.
-            self._end_probe(key)
-
-    def _reached(self, name: str) -> str:
-        """``name`` joined: stop trying to reach it. Returns a note for the log line."""
-        self._end_probe((_PEER, name))
-        for seed, seed_name in self._seed_names.items():
-            if seed_name == name:
-                self._end_probe((_SEED, seed))
-        lost_at = self._lost_at.pop(name, None)
-        if lost_at is None:
-            return ""
-        return f" (back after {time.monotonic() - lost_at:.1f}s)"
-
-    def _lost(self, peer: PeerInfo, reason: str) -> str:
-        """``peer`` left for ``reason``: try its seeds again, or its last advert if it
-        expired. Returns a note for the log line."""
-        if reason in _NO_RECONTACT or self._closed:
-            return ""
-        now = time.monotonic()
-        seeds = [seed for seed, name in self._seed_names.items() if name == peer.name]
-        for seed in seeds:
-            self._recontact.start((_SEED, seed), None, now, pinned=True)
-        if not seeds:
-            if reason != "expired":
-                return ""  # a goodbye: it left on purpose, and says hello when back
-            for old in self._recontact.start((_PEER, peer.name), peer.advert, now):
-                self._net.close_probe(old)
-                self._lost_at.pop(old[1], None)
-        self._lost_at[peer.name] = now
-        return f"; trying it again every {self.config.recontact_max:g}s at most"
-
-    def _warn_skew(self, peer: PeerInfo) -> None:
-        level = logging.DEBUG if peer.name in self._skew_warned else logging.WARNING
-        if len(self._skew_warned) < 10_000:
-            self._skew_warned.add(peer.name)
-        log.log(level, "peer %s: its clock is %+.1fs from ours, beyond max_clock_skew "
-                "(%gs): its messages are still handled but its time is not adopted; fix "
-                "its clock (NTP)", peer.name, peer.clock_skew_ms / 1000,
-                self.config.max_clock_skew)
-
-    def _introduced(self, env: Envelope, intro: Introduction) -> None:
-        """A hello or welcome from ``env.sender``: its own advert is first-hand, the
-        peers it knows are hearsay."""
-        for advert in (intro.advert, *intro.peers):
-            self._found(advert, verified=advert.name == env.sender)
-        link = self._links.get(env.sender)
-        if link is not None:
-            link.introduced = True
+        return self._peering.refusals()
 
     def introduced(self) -> frozenset[str]:
         """The linked peers whose hello or welcome has arrived on their current link: the
         peers they know are on this node's roster too. A command that broadcasts once
         waits for these (and their subscriptions) so that nobody a peer knows is missed
         because mDNS had not answered yet."""
-        return frozenset(name for name, link in self._links.items() if link.introduced)
+        return self._peering.introduced_peers()
 
     # ------------------------------------------------------------------ subscribe
 
@@ -1043,7 +791,7 @@ class Node:
         self._check_open()
         if recipient.startswith(C.DIRECT_PREFIX):
             recipient = recipient[len(C.DIRECT_PREFIX):]
-        refused = self._refusals.get(recipient)
+        refused = self._peering.refusal(recipient)
         if refused is not None:
             raise PeerRefusedError(str(refused), recipient=recipient, reason=refused.reason)
         if recipient not in self._links:
@@ -1194,14 +942,14 @@ class Node:
             elif isinstance(action, Count):
                 self.counters[action.name] += action.n
             elif isinstance(action, PeerChanged):
-                self._peer_changed(action.event)
+                self._peering.changed(action.event)
             elif isinstance(action, Connect):
-                self._connect(action.advert)
+                self._peering.connect(action.advert)
             elif isinstance(action, Disconnect):
-                self._disconnect(action.name)
+                self._peering.disconnect(action.name)
             elif isinstance(action, Reconnect):
-                self._disconnect(action.advert.name)
-                self._connect(action.advert)
+                self._peering.disconnect(action.advert.name)
+                self._peering.connect(action.advert)
             elif isinstance(action, Forget):
                 self._receiving.forget(action.name)
             elif isinstance(action, Drop):
@@ -1229,7 +977,7 @@ class Node:
                 f"{recipient} left the mesh before it received this (a command line's seat "
                 "that has finished)", recipient=recipient)
         if fail.reason == "refused":
-            refused = self._refusals.get(recipient)
+            refused = self._peering.refusal(recipient)
             if refused is not None:
                 return PeerRefusedError(str(refused), recipient=recipient,
                                         reason=refused.reason)
@@ -1594,9 +1342,7 @@ class Node:
         if isinstance(answer, Ack):
             self._on_ack(env, answer)
             return
-        self._introduced(env, answer)
-        if probe is not None:
-            self._probe_answered(probe, env.sender)
+        self._peering.introduced(env, answer, probe)
 
     # ------------------------------------------------------------------ extension kinds
 
@@ -1707,10 +1453,10 @@ class Node:
         elif kind == KIND_HELLO and ident is not None:
             hello = self._decode_body(env, decode_hello, payload)
             if isinstance(hello, Introduction):
-                self._introduced(env, hello)
+                self._peering.introduced(env, hello, None)
             if self._router is not None:
                 self._send_control_direct(self._router, KIND_WELCOME,
-                                          encode_welcome(self._introduction()), ident=ident)
+                                          encode_welcome(self._peering.introduction()), ident=ident)
         elif kind == KIND_BYE:
             if self._decode_body(env, decode_bye, payload) is not None:
                 self._carry_out(self._roster.left(env.sender, env.incarnation,
@@ -1766,7 +1512,7 @@ class Node:
         heartbeat (which also checks peer silence, the trusted directory and unread
         messages), a resend or a send's deadline, a re-contact attempt, the next offer
         of a declined message."""
-        due = min(self._beat_due, self._sending.next_due, self._recontact.next_due)
+        due = min(self._beat_due, self._sending.next_due, self._peering.next_due)
         return min(due, self._inbox.next_due)
 
     def _rearm(self) -> None:
@@ -1810,8 +1556,7 @@ class Node:
             # due, so the lateness is the pause within a heartbeat.
             log.warning("node %s was paused for %.1fs; re-announcing", self.name, late)
             self._peers.shift_clock(late)
-            for link in list(self._links.values()):
-                self._send_hello(link.dealer)
+            self._peering.hello_again()
         try:
             self._tick(now)
             self._inbox.offer_due(now)
@@ -1833,7 +1578,7 @@ class Node:
             store.refresh_if_changed(now)
             if store.generation != self._trust_generation:
                 self._trust_generation = store.generation
-                self._revalidate_links()
+                self._peering.revalidate()
             if store.removals != self._trust_removals:
                 self._trust_removals = store.removals
                 self._reopen_pub()
@@ -1841,8 +1586,8 @@ class Node:
             self._carry_out(self._roster.tick(now))
             if self.config.unread_warning:
                 self._inbox.check_unread(now)
-        if now >= self._recontact.next_due:
-            self._run_recontacts(now)
+        if now >= self._peering.next_due:
+            self._peering.run_recontacts(now)
 
     # ------------------------------------------------------------------ application
 
@@ -1884,8 +1629,9 @@ class Node:
 
     def add_peer_listener(self, listener: Callable[[PeerEvent], None]) -> Callable[[], None]:
         """Call ``listener`` on every roster change (joined, evasive, alive, left)."""
-        self._peer_listeners.append(listener)
-        return lambda: self._peer_listeners.remove(listener)
+        listeners = self._peering.listeners
+        listeners.append(listener)
+        return lambda: listeners.remove(listener)
 
     def add_control_listener(
         self, listener: Callable[[str, str, dict[str, Any]], None]
