@@ -216,6 +216,7 @@ from porter_mesh.node.links import (
     tcp_address,
 )
 from porter_mesh.node.peering import Peering
+from porter_mesh.node.subscriptions import OBSERVE_PREFIX, Subscriptions
 from porter_mesh.node.zio import recv_frames, recv_frames_from, send_frames
 
 __all__ = ["Message", "Node"]
@@ -230,16 +231,7 @@ _PAUSE_MIN = 1.0
 _REBIND_FIRST_DELAY = 0.002
 _REBIND_MAX_DELAY = 0.1
 _REBIND_DEADLINE = 10.0
-_OBSERVE_PREFIX = C.DIRECT_PREFIX.encode()
-#: First byte of a subscription that names its subscriber, ``\xff<name>\x00<channel>``
-#: (see :meth:`Node.subscribers`). 0xff never occurs in UTF-8, so no published topic
-#: starts with it; and it sorts after every real topic, so a SUB that connects sends it
-#: after the subscription it stands for (libzmq replays subscriptions in byte order).
-_MARK = b"\xff"
 
-
-def _marker(name: str, channel: str) -> bytes:
-    return _MARK + name.encode() + b"\x00" + channel.encode()
 
 #: The lock file that keeps a data directory to one node process.
 DATA_DIR_LOCK = "node.lock"
@@ -311,13 +303,6 @@ def _fail_one(done: Completion, exc: BaseException) -> None:
         future.set_exception(exc)  # type: ignore[union-attr]
 
 
-def _watches_direct(subs: collections.Counter[bytes]) -> bool:
-    """Whether any subscription matches the observer copies of direct messages
-    (topics ``task:<agent>``): a prefix of ``task:`` or a topic under it."""
-    return any(n > 0 and (_OBSERVE_PREFIX.startswith(t) or t.startswith(_OBSERVE_PREFIX))
-               for t, n in subs.items())
-
-
 class Node:
     """A mesh node. Use ``async with Node(name=...) as node:`` or ``astart``/``aclose``.
 
@@ -378,10 +363,8 @@ class Node:
         self._kind_handlers: dict[str, KindHandler] = {
             KIND_STATS: self._on_stats_request, KIND_UNSUPPORTED: self._on_unsupported}
         self._unsupported_handlers: dict[str, KindHandler] = {}
-        self._channels: set[str] = set()
-        self._subscribers: collections.Counter[bytes] = collections.Counter()
-        self._subscribed: collections.Counter[tuple[str, str]] = collections.Counter()
-        self._direct_watched = False
+        # The channels this node receives, and the subscriptions that reached its PUB.
+        self._subs = Subscriptions(self.name, self._sub_sockets)
         self._pending_acks: dict[bytes, list[int]] = {}
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -399,7 +382,7 @@ class Node:
         self._peering: Peering[Completion] = Peering(
             config, self.counters, roster=self._roster, sending=self._sending,
             net=self._net, carry_out=self._carry_out, send_control=self._send_control_direct,
-            advert=self.advert, topics=self._topics, drop=self._drop, refuse=self._refuse,
+            advert=self.advert, topics=self._subs.topics, drop=self._drop, refuse=self._refuse,
             closed=lambda: self._closed)
         self._pub: zmq.Socket[bytes] | None = None
         self._sub: zmq.Socket[bytes] | None = None
@@ -407,7 +390,6 @@ class Node:
         self._security: MeshSecurity | None = None
         self._trust_generation = 0
         self._trust_removals = 0
-        self._observing = False
         self._discovery: Any = None
         # The one timer of the node, armed at the earliest deadline of everything that
         # waits on time (see _rearm), and when it is due (monotonic; inf: not armed).
@@ -637,9 +619,7 @@ class Node:
         self._sockets.unwatch(old)
         self._net.end_handshake_watch(old)
         old.close(linger=0)
-        self._subscribers.clear()
-        self._subscribed.clear()
-        self._direct_watched = False
+        self._subs.reset()
         sock = self._pub = self._sockets.new_pub()
         self.counters["security.pub-reopened"] += 1
         log.info("node %s: a key left the trusted directory; every subscriber of this "
@@ -695,40 +675,24 @@ class Node:
         subs = [link.sub for link in self._links.values() if link.sub is not None]
         return subs if self._sub is None else [self._sub, *subs]
 
-    def _topics(self) -> list[bytes]:
-        topics = [encode_topic(channel) for channel in self._channels]
-        topics += [_marker(self.name, channel) for channel in self._channels]
-        return [*topics, _OBSERVE_PREFIX] if self._observing else topics
-
     def subscribe(self, channel: str) -> None:
         """Receive broadcasts on ``channel`` from now on (idempotent)."""
-        if channel not in self._channels:
-            self._channels.add(channel)
-            for sub in self._sub_sockets():
-                sub.setsockopt(zmq.SUBSCRIBE, encode_topic(channel))
-                sub.setsockopt(zmq.SUBSCRIBE, _marker(self.name, channel))
+        self._subs.subscribe(channel)
 
     def unsubscribe(self, channel: str) -> None:
         """Stop receiving ``channel`` (``control`` cannot be dropped)."""
-        if channel == C.CHANNEL_CONTROL or channel not in self._channels:
-            return
-        self._channels.discard(channel)
-        for sub in self._sub_sockets():
-            sub.setsockopt(zmq.UNSUBSCRIBE, _marker(self.name, channel))
-            sub.setsockopt(zmq.UNSUBSCRIBE, encode_topic(channel))
+        self._subs.unsubscribe(channel)
 
     def observe_direct(self) -> None:
         """Also receive copies of direct messages delivered anywhere on the mesh
         (for observers such as ``porter-mesh tail``). On a secured mesh a copy is
         vouched for by the node that relays it, which checked the original sender."""
-        self._observing = True
-        for sub in self._sub_sockets():
-            sub.setsockopt(zmq.SUBSCRIBE, _OBSERVE_PREFIX)
+        self._subs.observe_direct()
 
     @property
     def channels(self) -> frozenset[str]:
         """Channels this node receives."""
-        return frozenset(self._channels)
+        return self._subs.channels
 
     # ------------------------------------------------------------------ sending
 
@@ -1061,28 +1025,9 @@ class Node:
         sock = self._pub
         if sock is None:
             return
-        more = self._sockets.read(sock, recv_subscription, self._on_subscription)
-        self._direct_watched = _watches_direct(self._subscribers)
+        more = self._sockets.read(sock, recv_subscription, self._subs.on_subscription)
+        self._subs.read_done()
         self._sockets.read_done(more, self._read_xpub)
-
-    def _on_subscription(self, frame: bytes) -> None:
-        subs = self._subscribers
-        if frame[1:2] == _MARK:
-            self._on_marker(frame)
-        elif frame[:1] == b"\x01":
-            subs[frame[1:]] += 1
-        elif frame[:1] == b"\x00" and subs[frame[1:]] > 0:
-            subs[frame[1:]] -= 1
-
-    def _on_marker(self, frame: bytes) -> None:
-        name, _, channel = frame[2:].partition(b"\x00")
-        key = (channel.decode("utf-8", "replace"), name.decode("utf-8", "replace"))
-        if frame[:1] == b"\x01":
-            self._subscribed[key] += 1
-        elif self._subscribed[key] > 1:
-            self._subscribed[key] -= 1
-        else:
-            self._subscribed.pop(key, None)
 
     def subscribers(self, channel: str) -> frozenset[str]:
         """The names of the nodes whose subscription to ``channel`` reached this node's
@@ -1093,12 +1038,11 @@ class Node:
         those. A name is the subscriber's claim, not authenticated: it serves waiting and
         reporting, not access control.
         """
-        return frozenset(name for (ch, name), n in self._subscribed.items()
-                         if ch == channel and n > 0)
+        return self._subs.subscribers(channel)
 
     def subscriber_count(self, channel: str) -> int:
         """How many subscriber sockets currently receive ``channel`` from this node."""
-        return self._subscribers[encode_topic(channel)]
+        return self._subs.count(channel)
 
     async def wait_for_subscribers(self, channel: str, count: int, timeout: float) -> None:
         """Wait until ``count`` subscribers receive ``channel`` from this node.
@@ -1106,13 +1050,7 @@ class Node:
         Raises:
             TimeoutError: fewer subscribed within ``timeout`` seconds.
         """
-        deadline = time.monotonic() + timeout
-        while self.subscriber_count(channel) < count:
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"only {self.subscriber_count(channel)} of {count} subscribers on "
-                    f"{channel!r} within {timeout}s")
-            await asyncio.sleep(0.01)
+        await self._subs.wait_for(channel, count, timeout)
 
     def _after_batch(self) -> None:
         # Direct messages queued by handlers during this read (replies, mostly) leave
@@ -1127,7 +1065,7 @@ class Node:
 
     def _on_broadcast(self, frames: list[bytes], peer: str | None = None) -> None:
         """One message from a SUB; ``peer``: the authenticated publisher (secured)."""
-        if frames and frames[0].startswith(_OBSERVE_PREFIX):
+        if frames and frames[0].startswith(OBSERVE_PREFIX):
             self._on_observed(frames)
             return
         try:
@@ -1216,7 +1154,7 @@ class Node:
         if not self._inbox.accept(accepted):
             return
         pub = self._pub
-        watched = self._direct_watched
+        watched = self._subs.direct_watched
         if pub is None or not watched:
             return
         for env, env_bytes, payload, _, _ in accepted:
@@ -1493,7 +1431,7 @@ class Node:
             return
         info.draining = beat.draining
         for channel, last in beat.last_seqs.items():
-            if channel in self._channels:
+            if self._subs.receives(channel):
                 try:
                     receipt = self._receiving.position(env.sender, channel,
                                                        env.incarnation, last)
@@ -1786,7 +1724,7 @@ class Node:
             "lost": sum(v for k, v in self.counters.items() if k.startswith("lost.")),
             "dropped": sum(v for k, v in self.counters.items() if k.startswith("dropped.")),
             "queues": {"inbox": len(self._inbox), "outbox": len(self._sending.outbox),
-                       "subscribers": self._subscribers[encode_topic(C.CHANNEL_CONTROL)]},
+                       "subscribers": self._subs.count(C.CHANNEL_CONTROL)},
             "counters": dict(self.counters),
         }
         storage = self.storage()
