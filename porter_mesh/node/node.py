@@ -106,7 +106,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import logging
 import secrets
 import time
@@ -119,48 +118,27 @@ from porter_mesh.adapters.dirlock import DirLock
 from porter_mesh.adapters.security import AUDIT_FILE, MeshSecurity, check_libzmq
 from porter_mesh.core import constants as C
 from porter_mesh.core.addresses import url_host
-from porter_mesh.core.advert import PeerAdvert, key_name
+from porter_mesh.core.advert import PeerAdvert
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.control import (
-    KIND_ACK,
     KIND_BYE,
     KIND_DRAIN,
     KIND_HALT,
     KIND_HEARTBEAT,
-    KIND_HELLO,
     KIND_STATS,
     KIND_STATS_REPLY,
-    KIND_UNSUPPORTED,
-    KIND_WELCOME,
     NODE_KINDS,
-    Ack,
     Heartbeat,
-    Introduction,
     StatsReply,
-    Unsupported,
-    decode_ack,
-    decode_bye,
-    decode_control,
-    decode_heartbeat,
-    decode_hello,
-    decode_unsupported,
-    decode_welcome,
-    encode_ack,
     encode_bye,
     encode_control,
     encode_heartbeat,
     encode_stats_reply,
-    encode_unsupported,
-    encode_welcome,
 )
 from porter_mesh.core.envelope import (
     Envelope,
-    decode_broadcast,
-    decode_direct,
-    decode_payload,
     encode_broadcast,
     encode_direct,
-    encode_topic,
     make_msg_id,
 )
 from porter_mesh.core.hlc import HybridClock
@@ -175,12 +153,7 @@ from porter_mesh.core.session.frames import (
 )
 from porter_mesh.core.session.keys import MAX_KEY_CHARS
 from porter_mesh.core.session.receiving import (
-    LOST_BROADCAST,
-    MISADDRESSED,
-    UNKNOWN_SENDER,
-    Receipt,
     Receiving,
-    Step,
 )
 from porter_mesh.core.session.roster import (
     Connect,
@@ -196,30 +169,28 @@ from porter_mesh.core.session.sending import SendAction, Sender
 from porter_mesh.core.tracecontext import TraceContext
 from porter_mesh.errors import (
     ConfigError,
-    DeliveryError,
-    DeliveryTimeout,
     NodeClosedError,
     PeerRefusedError,
-    PorterError,
-    ProtocolError,
     SecurityError,
     StorageError,
     UnknownPeerError,
 )
+from porter_mesh.node.arrivals import Acks, Arrivals, KindHandler, Reply, count_for
+from porter_mesh.node.completions import Completion, Countdown, fail_all, send_error, settle
 from porter_mesh.node.config import NodeConfig, split_seed
-from porter_mesh.node.inbox import Accepted, Inbox, Message, wall_ms
+from porter_mesh.node.inbox import Inbox, Message, wall_ms
 from porter_mesh.node.links import (
     Links,
     Sockets,
-    Target,
     recv_subscription,
     tcp_address,
 )
 from porter_mesh.node.peering import Peering
-from porter_mesh.node.subscriptions import OBSERVE_PREFIX, Subscriptions
-from porter_mesh.node.zio import recv_frames, recv_frames_from, send_frames
+from porter_mesh.node.subscriptions import Subscriptions
+from porter_mesh.node.timer import DeadlineTimer
+from porter_mesh.node.zio import send_frames
 
-__all__ = ["Message", "Node"]
+__all__ = ["KindHandler", "Message", "Node", "Reply"]
 
 log = logging.getLogger("porter_mesh.node")
 
@@ -235,23 +206,11 @@ _REBIND_DEADLINE = 10.0
 
 #: The lock file that keeps a data directory to one node process.
 DATA_DIR_LOCK = "node.lock"
-#: Senders whose drops and losses are counted one by one (more are counted in total only).
-_MAX_COUNTED_SENDERS = 1024
 
 
 
 _T = TypeVar("_T")
 
-#: Answers the sender of a message of a registered kind: ``reply(kind, payload)``.
-Reply = Callable[[str, bytes], None]
-#: Handles a registered kind: ``handler(envelope, raw payload, reply)``.
-KindHandler = Callable[[Envelope, bytes, Reply], None]
-
-
-def _count_for(counter: collections.Counter[str], sender: str, n: int = 1) -> None:
-    """``counter[sender] += n``, for a bounded number of senders."""
-    if sender in counter or len(counter) < _MAX_COUNTED_SENDERS:
-        counter[sender] += n
 
 
 class _OnceLog:
@@ -273,34 +232,6 @@ class _OnceLog:
         log.warning(message + " (further drops of this kind from %s are only counted)",
                     *args, origin)
 
-
-class _Countdown:
-    """One future for a whole burst of direct messages: done when every one is
-    acknowledged, failed as soon as one fails."""
-
-    __slots__ = ("future", "left")
-
-    def __init__(self, future: asyncio.Future[None], count: int) -> None:
-        self.future = future
-        self.left = count
-
-
-Completion = asyncio.Future[None] | _Countdown
-
-
-def _settle(done: Completion) -> None:
-    if type(done) is _Countdown:
-        done.left -= 1
-        if done.left == 0 and not done.future.done():
-            done.future.set_result(None)
-    elif not done.done():  # type: ignore[union-attr]
-        done.set_result(None)  # type: ignore[union-attr]
-
-
-def _fail_one(done: Completion, exc: BaseException) -> None:
-    future = done.future if type(done) is _Countdown else done
-    if not future.done():  # type: ignore[union-attr]
-        future.set_exception(exc)  # type: ignore[union-attr]
 
 
 class Node:
@@ -352,20 +283,18 @@ class Node:
         # The receiving rules (direct and broadcast; what to do with each arrival): pure.
         self._receiving = Receiving(key_window=config.idempotency_window)
         self._clock = HybridClock(max_skew_ms=round(config.max_clock_skew * 1000))
+        # Acknowledgements waiting for the next flush.
+        self._acks = Acks()
+        self._control_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
         # What the application is owed: handlers, the inbox, declined messages, the
         # delivery journal and its replay.
         self._inbox = Inbox(config, self.counters, receiving=self._receiving,
-                            drop=self._drop, refuse=self._refuse, queue_ack=self._queue_ack,
+                            drop=self._drop, refuse=self._refuse, queue_ack=self._acks.add,
                             wake_by=self._wake_by, after_batch=self._after_batch,
                             closed=lambda: self._closed, handlers=handlers,
                             batch_handlers=batch_handlers)
-        self._control_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
-        self._kind_handlers: dict[str, KindHandler] = {
-            KIND_STATS: self._on_stats_request, KIND_UNSUPPORTED: self._on_unsupported}
-        self._unsupported_handlers: dict[str, KindHandler] = {}
         # The channels this node receives, and the subscriptions that reached its PUB.
         self._subs = Subscriptions(self.name, self._sub_sockets)
-        self._pending_acks: dict[bytes, list[int]] = {}
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         # The sockets, how they are made and watched, and the one read loop.
@@ -374,7 +303,8 @@ class Node:
         # The links to peers, the probes and every handshake watch (socket work only;
         # the roster and the re-contact schedule decide when).
         self._net = Links(self._sockets, routing_id=f"{self.name}/{self.incarnation:x}",
-                          read_sub=self._read_sub, read_dealer=self._read_dealer,
+                          read_sub=lambda sock, peer: self._arrivals.read_sub(sock, peer),
+                          read_dealer=lambda *where: self._arrivals.read_dealer(*where),
                           on_handshake=lambda sock: self._peering.on_handshake(sock))
         self._links = self._net.links
         self._probes = self._net.probes
@@ -384,6 +314,16 @@ class Node:
             net=self._net, carry_out=self._carry_out, send_control=self._send_control_direct,
             advert=self.advert, topics=self._subs.topics, drop=self._drop, refuse=self._refuse,
             closed=lambda: self._closed)
+        # Reading the mesh: every arrival checked and handed to the rule it is for.
+        self._arrivals: Arrivals[Completion] = Arrivals(
+            config, self.counters, lost_by=self.lost_by, sockets=self._sockets,
+            links=self._links, acks=self._acks, clock=self._clock, roster=self._roster,
+            receiving=self._receiving, sending=self._sending, inbox=self._inbox,
+            peering=self._peering, subs=self._subs, carry_out=self._carry_out,
+            envelope=self._envelope, send_frames=self._send_frames,
+            send_control=self._send_control_direct, pub=lambda: self._pub,
+            drop=self._drop, refuse=self._refuse, app_control=self._on_app_control)
+        self._arrivals.kind_handlers[KIND_STATS] = self._on_stats_request
         self._pub: zmq.Socket[bytes] | None = None
         self._sub: zmq.Socket[bytes] | None = None
         self._router: zmq.Socket[bytes] | None = None
@@ -393,8 +333,7 @@ class Node:
         self._discovery: Any = None
         # The one timer of the node, armed at the earliest deadline of everything that
         # waits on time (see _rearm), and when it is due (monotonic; inf: not armed).
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = float("inf")
+        self._timer: DeadlineTimer | None = None
         self._beat_due = 0.0
         self._started = False
         self._closed = False
@@ -438,6 +377,7 @@ class Node:
         # timer run look as late as the machine's uptime, that is, a long pause.
         self._beat_due = self._started_at
         self._loop = asyncio.get_running_loop()
+        self._timer = DeadlineTimer(self._loop, self._on_timer)
         self._inbox.start(self._loop)
         self._halt_event = asyncio.Event()
         ctx = self._sockets.open(self._loop)
@@ -447,7 +387,7 @@ class Node:
             self._security = self._sockets.security = security
             self._inbox.bind_actors = True
             self._trust_generation = security.store.generation
-            self._peering.security = security
+            self._peering.security = self._arrivals.security = security
             self._trust_removals = security.store.removals
         try:
             self._pub = self._sockets.new_pub()
@@ -457,7 +397,8 @@ class Node:
             self.router_port = self._sockets.bind(self._router, cfg.router_port)
             # A secured node keeps one SUB per peer instead (see the module docstring).
             self._sub = self._sockets.socket(zmq.SUB) if security is None else None
-            self._peering.shared_sub = self._sub
+            self._peering.shared_sub = self._arrivals.sub = self._sub
+            self._arrivals.router = self._router
         except zmq.ZMQError as exc:
             self._close_sockets()
             self._release_data_dir()
@@ -479,8 +420,8 @@ class Node:
                 self._release_data_dir()
                 raise
         if self._sub is not None:
-            self._sockets.watch(self._sub, self._read_sub)
-        self._sockets.watch(self._router, self._read_router)
+            self._sockets.watch(self._sub, self._arrivals.read_sub)
+        self._sockets.watch(self._router, self._arrivals.read_router)
         self._sockets.watch(self._pub, self._read_xpub)
         if cfg.discovery:
             from porter_mesh.adapters.discovery import Discovery
@@ -539,8 +480,7 @@ class Node:
             self._flush()
             self._publish_control(KIND_BYE, encode_bye())
         if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+            self._timer.close()
         if self._discovery is not None:
             with contextlib.suppress(Exception):
                 await self._discovery.aclose()
@@ -812,7 +752,7 @@ class Node:
         if not items:
             fut.set_result(None)
             return fut
-        countdown = _Countdown(fut, len(items))
+        countdown = Countdown(fut, len(items))
         queue = self._sending.queue
         for activity in items:
             queue(name, activity, countdown, deadline)
@@ -855,8 +795,8 @@ class Node:
         sending = self._sending
         if sending.broadcasts_queued or sending.direct_queued:
             self._carry_out(sending.flush(time.monotonic(), self._links))
-        if self._pending_acks:
-            self._flush_acks()
+        if self._acks:
+            self._arrivals.flush_acks()
         self._rearm()
 
     def _envelope(self, channel: str, seq: int, count: int, *, recipient: str | None = None,
@@ -900,9 +840,11 @@ class Node:
                     published = True
             elif isinstance(action, Settle):
                 for done in action.tokens:
-                    _settle(done)
+                    settle(done)
             elif isinstance(action, Fail):
-                self._fail(action.tokens, self._send_error(action))
+                fail_all(action.tokens, send_error(
+                    action, me=self.name, max_pending=self.config.max_pending,
+                    refusal=self._peering.refusal(action.recipient)))
             elif isinstance(action, Count):
                 self.counters[action.name] += action.n
             elif isinstance(action, PeerChanged):
@@ -922,32 +864,6 @@ class Node:
                 self._refuse(action.event, action.peer, action.detail, key=action.key)
         if published and self._pub is not None:
             self._sockets.after_send(self._pub)
-
-    def _send_error(self, fail: Fail[Completion]) -> Exception:
-        """The exception a failed send raises in its caller, saying what to do."""
-        recipient = fail.recipient
-        if fail.reason == "deadline":
-            return DeliveryTimeout(
-                f"{recipient} did not acknowledge {fail.count} message(s) after "
-                f"{fail.attempts} attempt(s); it may be stopped, overloaded or gone",
-                recipient=recipient)
-        if fail.reason == "overflow":
-            return DeliveryError(
-                f"{self.config.max_pending} messages to {recipient} are already waiting "
-                "for acknowledgement; the receiver is slow or stopped, retry later",
-                recipient=recipient)
-        if fail.reason == "left":
-            return DeliveryError(
-                f"{recipient} left the mesh before it received this (a command line's seat "
-                "that has finished)", recipient=recipient)
-        if fail.reason == "refused":
-            refused = self._peering.refusal(recipient)
-            if refused is not None:
-                return PeerRefusedError(str(refused), recipient=recipient,
-                                        reason=refused.reason)
-            return PeerRefusedError(f"{recipient} refused the connection of {self.name}; "
-                                    "see docs/security.md", recipient=recipient)
-        return NodeClosedError(f"node {self.name} closed before {recipient} acknowledged")
 
     def _send_frames(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> bool:
         try:
@@ -982,43 +898,7 @@ class Node:
             fields["to"] = target
         self._publish_control(kind, encode_control(fields))
 
-    def _fail(self, futs: Iterable[Completion], exc: Exception) -> None:
-        for done in futs:
-            _fail_one(done, exc)
-
     # ------------------------------------------------------------------ receiving
-
-    def _read_sub(self, sock: zmq.Socket[bytes] | None = None,
-                  peer: str | None = None) -> None:
-        """Read the shared SUB, or (secured) the SUB of ``peer``."""
-        if sock is None:
-            sock = self._sub
-        if sock is not None:
-            more = self._sockets.read(sock, recv_frames,
-                              lambda frames: self._on_broadcast(frames, peer))
-            self._sockets.read_done(more, functools.partial(self._read_sub, sock, peer))
-
-    def _read_dealer(self, sock: zmq.Socket[bytes], peer: str | None,
-                     seed_name: str | None = None, probe: Target | None = None) -> None:
-        more = self._sockets.read(sock, recv_frames,
-                          lambda frames: self._on_dealer(frames, peer, seed_name, probe))
-        self._sockets.read_done(more, functools.partial(self._read_dealer, sock, peer, seed_name,
-                                                probe))
-
-    def _read_router(self) -> None:
-        sock = self._router
-        if sock is None:
-            return
-        accepted: list[Accepted] = []
-        if self._security is None:
-            more = self._sockets.read(sock, recv_frames,
-                              lambda frames: self._on_direct(frames, accepted))
-        else:
-            more = self._sockets.read(sock, recv_frames_from,
-                              lambda got: self._on_direct(got[0], accepted, got[1]))
-        if more is not None and accepted:
-            self._accept(accepted)
-        self._sockets.read_done(more, self._read_router)
 
     def _read_xpub(self) -> None:
         """Read the (un)subscriptions that reach this node's PUB."""
@@ -1059,76 +939,9 @@ class Node:
         # acknowledgements of several reads share one message.
         if self._sending.direct_queued:
             self._flush()
-        elif self._pending_acks or self._sending.broadcasts_queued:
+        elif self._acks or self._sending.broadcasts_queued:
             self._schedule_flush()
         self._rearm()
-
-    def _on_broadcast(self, frames: list[bytes], peer: str | None = None) -> None:
-        """One message from a SUB; ``peer``: the authenticated publisher (secured)."""
-        if frames and frames[0].startswith(OBSERVE_PREFIX):
-            self._on_observed(frames)
-            return
-        try:
-            env, payload = decode_broadcast(frames)
-        except ProtocolError as exc:
-            self._drop(exc.reason, peer or "?", "dropped a broadcast that cannot be decoded: %s",
-                       exc)
-            return
-        if peer is not None and self._spoofed(env, peer, f"{peer!r} published a message"):
-            return
-        known = self._heard(env, time.monotonic())
-        if known and env.kind is not None:
-            self._on_control(env, payload, None)
-            return
-        receipt = self._receiving.broadcast(env.sender, env.channel, env.incarnation,
-                                            env.seq, env.count, known=known)
-        if receipt.counter:
-            if receipt is UNKNOWN_SENDER:
-                self._drop("unknown-peer", env.sender,
-                           "broadcast from %s (incarnation %x) which is not on the roster",
-                           env.sender, env.incarnation)
-                return
-            self._count_receipt(receipt, env.sender)
-        self._deliver(env, payload, direct=False)
-
-    def _heard(self, env: Envelope, now: float) -> bool:
-        """A message from ``env.sender``: merge its time into our clock, mark it heard
-        (and carry out the roster changes that follow). Returns whether it is on the
-        roster."""
-        skew = self._clock.receive(env.hlc, wall_ms())
-        known, actions = self._roster.heard(env.sender, env.incarnation, now, skew)
-        if actions:
-            self._carry_out(actions)
-        return known
-
-    def _count_receipt(self, receipt: Receipt, sender: str) -> None:
-        """Add a receipt's count; lost broadcasts also per sender, the first logged."""
-        n = receipt.n
-        self.counters[receipt.counter] += n
-        if receipt.counter == LOST_BROADCAST:
-            first = sender not in self.lost_by and len(self.lost_by) < _MAX_COUNTED_SENDERS
-            _count_for(self.lost_by, sender, n)
-            if first:
-                log.warning("lost %d broadcast(s) from %s (a sequence gap: it sent faster "
-                            "than this node read, or the link dropped); further losses from "
-                            "%s are only counted (porter-mesh stats %s shows them)",
-                            n, sender, sender, self.name)
-
-    def _deliver(self, env: Envelope, payload: bytes, *, direct: bool) -> None:
-        try:
-            activities = decode_payload(payload, env.count)
-        except ProtocolError as exc:
-            self._drop(exc.reason, env.sender, "dropped %d activities from %s on %s: %s",
-                       env.count, env.sender, env.channel, exc)
-            return
-        self._inbox.deliver(env, activities, direct=direct)
-
-    def _queue_ack(self, ident: bytes, seq: int) -> None:
-        acks = self._pending_acks.get(ident)
-        if acks is None:
-            self._pending_acks[ident] = [seq]
-        else:
-            acks.append(seq)
 
     def redeliver(self) -> None:
         """Offer the messages handlers declined (:class:`~porter_mesh.errors.NotHandled`)
@@ -1138,149 +951,6 @@ class Node:
         side came back). Adding a handler does the same.
         """
         self._inbox.redeliver()
-
-    def _on_observed(self, frames: list[bytes]) -> None:
-        """A copy of a direct message, republished by its receiver for observers."""
-        try:
-            env, payload = decode_broadcast(frames)
-        except ProtocolError as exc:
-            self._drop(exc.reason, "?", "dropped an observed message: %s", exc)
-            return
-        self._deliver(env, payload, direct=True)
-
-    def _accept(self, accepted: list[Accepted]) -> None:
-        """Keep, deliver and acknowledge the new direct messages of one read (see
-        :meth:`Inbox.accept`), then copy them to observers."""
-        if not self._inbox.accept(accepted):
-            return
-        pub = self._pub
-        watched = self._subs.direct_watched
-        if pub is None or not watched:
-            return
-        for env, env_bytes, payload, _, _ in accepted:
-            # A copy for observers (tail), only while one subscribes to it.
-            with contextlib.suppress(zmq.Again):
-                send_frames(pub, [encode_topic(env.channel), env_bytes, payload])
-        self._sockets.after_send(pub)
-
-    def _on_direct(self, frames: list[bytes],
-                   accepted: list[Accepted], user: str | None = None) -> None:
-        """One ROUTER message; ``user``: the authenticated sender name (secured)."""
-        if len(frames) < 2:
-            self._drop("frames", user or "?", "dropped a direct message with %d frames",
-                       len(frames))
-            return
-        ident = frames[0]
-        origin = user or ident[:64].decode("utf-8", "replace")
-        try:
-            env, payload = decode_direct(frames[1:])
-        except ProtocolError as exc:
-            self._drop(exc.reason, origin, "dropped a direct message from %s: %s", origin, exc)
-            return
-        if user is not None and not self._authentic(env, user):
-            return
-        if env.kind is not None:
-            self._on_control(env, payload, ident)
-            return
-        known = self._heard(env, time.monotonic())
-        room, consumer, held_full = self._inbox.admission(accepted)
-        receipt = self._receiving.direct_message(
-            env.sender, env.incarnation, env.recipient or "", env.seq, env.count, env.msg_id,
-            known=known, me=self.name, room=room, consumer=consumer, held_full=held_full,
-            wall=time.time())
-        steps = receipt.steps
-        if receipt.counter:
-            if receipt is UNKNOWN_SENDER:
-                self._drop("unknown-peer", env.sender,
-                           "direct message from %s which has not said hello", env.sender)
-            elif receipt is MISADDRESSED:
-                self._drop("misaddressed", env.sender,
-                           "direct message from %s for %r reached %s",
-                           env.sender, env.recipient, self.name)
-            else:
-                self.counters[receipt.counter] += receipt.n
-        if Step.DELIVER in steps:
-            try:
-                activities = decode_payload(payload, env.count)
-            except ProtocolError as exc:
-                # Acknowledged all the same: resending a poison message cannot help.
-                self._drop(exc.reason, env.sender, "dropped %d activities from %s: %s",
-                           env.count, env.sender, exc)
-                self._queue_ack(ident, env.seq)
-            else:
-                # Journal, deliver, then acknowledge, for the whole read (_accept); without
-                # a journal the acknowledgement waits for the message to be taken.
-                accepted.append((env, frames[1], payload, activities, ident))
-        elif steps:
-            self._queue_ack(ident, env.seq)  # a duplicate: acknowledged again
-
-    def _spoofed(self, env: Envelope, authentic: str | None, what: str, *,
-                 owner: bool = False) -> bool:
-        """Whether a message on a secured connection claims a sender other than the one
-        the connection authenticated (``authentic``; ``owner``: compare the name whose
-        key the claimed sender speaks with). A spoofed one is refused and audited."""
-        claimed = key_name(env.sender) if owner else env.sender
-        if claimed == authentic:
-            return False
-        self._refuse("spoofed-sender", authentic,
-                     f"{what} claiming to be from {env.sender[:64]!r}")
-        return True
-
-    def _authentic(self, env: Envelope, user: str) -> bool:
-        assert self._security is not None
-        if self._spoofed(env, user, f"{user!r} sent a message", owner=True):
-            return False
-        if not self._security.store.trusts(user):
-            # Connected before its key was removed from the trusted directory.
-            self._refuse("revoked-key", user, f"message from {user!r}, whose key is no "
-                         "longer trusted")
-            return False
-        return True
-
-    def _flush_acks(self) -> None:
-        router = self._router
-        pending, self._pending_acks = self._pending_acks, {}
-        if router is None:
-            return
-        for ident, seqs in pending.items():
-            env = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=KIND_ACK)
-            frames = [ident, *encode_direct(env, encode_ack(Ack(tuple(seqs))))]
-            try:
-                send_frames(router, frames)
-            except zmq.ZMQError:
-                self.counters["dropped.ack"] += 1
-        self._sockets.after_send(router)
-
-    def _on_dealer(self, frames: list[bytes], peer: str | None,
-                   seed_name: str | None = None, probe: Target | None = None) -> None:
-        """A reply on the DEALER to ``peer``, or on the ``probe`` DEALER of a re-contact
-        target (a seed or a lost peer, expected to be ``seed_name`` when known)."""
-        origin = peer or "seed"
-        try:
-            env, payload = decode_direct(frames)
-            expected = peer or seed_name
-            if self._security is not None and self._spoofed(
-                    env, expected, f"the server of {expected!r} sent a reply"):
-                return
-            handler = self._kind_handlers.get(env.kind or "")
-            if handler is not None and peer is not None:
-                self._run_kind(handler, env, payload, self._reply_to(env))
-                return
-            if env.kind == KIND_ACK:
-                answer: Ack | Introduction = decode_ack(payload)
-            elif env.kind == KIND_WELCOME:
-                answer = decode_welcome(payload)
-            else:
-                what = "non-control" if env.kind is None else repr(env.kind)
-                self._drop("unexpected", origin, "unexpected %s reply from %s", what, origin)
-                return
-        except ProtocolError as exc:
-            self._drop(exc.reason, origin, "dropped a reply from %s: %s", origin, exc)
-            return
-        if isinstance(answer, Ack):
-            self._on_ack(env, answer)
-            return
-        self._peering.introduced(env, answer, probe)
 
     # ------------------------------------------------------------------ extension kinds
 
@@ -1293,7 +963,7 @@ class Node:
         """
         if kind in NODE_KINDS:
             raise ConfigError(f"kind {kind!r} is the node's own")
-        self._kind_handlers[kind] = handler
+        self._arrivals.kind_handlers[kind] = handler
 
     def unregister_kind(self, kind: str) -> None:
         """Stop routing ``kind`` (idempotent): its handler and its ``unsupported``
@@ -1307,8 +977,8 @@ class Node:
         """
         if kind in NODE_KINDS:
             raise ConfigError(f"kind {kind!r} is the node's own")
-        self._kind_handlers.pop(kind, None)
-        self._unsupported_handlers.pop(kind, None)
+        self._arrivals.kind_handlers.pop(kind, None)
+        self._arrivals.unsupported_handlers.pop(kind, None)
 
     def register_unsupported(self, kind: str, handler: KindHandler) -> None:
         """Route the ``unsupported`` answers to this node's requests of ``kind`` to
@@ -1316,16 +986,7 @@ class Node:
         ``{"k": kind}``). Each protocol on top (knowledge sync, ``stats``) learns this
         way which peers do not run it, without taking the answers meant for another.
         """
-        self._unsupported_handlers[kind] = handler
-
-    def _on_unsupported(self, env: Envelope, payload: bytes, reply: Reply) -> None:
-        kind = decode_unsupported(payload).kind  # a bad one is counted by _run_kind
-        handler = self._unsupported_handlers.get(kind)
-        if handler is None:
-            self._drop("unexpected", env.sender, "unexpected 'unsupported' (for %r) from %s",
-                       kind, env.sender)
-            return
-        handler(env, payload, reply)
+        self._arrivals.unsupported_handlers[kind] = handler
 
     def async_send_kind(self, peer: str, kind: str, payload: bytes) -> None:
         """Send a message of a registered ``kind`` to one peer (unacknowledged; the
@@ -1335,113 +996,14 @@ class Node:
             UnknownPeerError: ``peer`` is not connected.
         """
         self._check_open()
-        link = self._links.get(peer)
-        if link is None:
+        if peer not in self._links:
             raise UnknownPeerError(f"no connected peer {peer!r}", recipient=peer)
-        env = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=kind, recipient=peer)
-        self._send_frames(link.dealer, encode_direct(env, payload))
+        self._arrivals.send_kind(peer, kind, payload)
 
     def async_publish_kind(self, kind: str, payload: bytes) -> None:
         """Broadcast a message of a registered ``kind`` on ``control``."""
         self._check_open()
         self._publish_control(kind, payload)
-
-    def _reply_to(self, env: Envelope, *, ident: bytes | None = None) -> Reply:
-        def reply(kind: str, payload: bytes) -> None:
-            if ident is not None and self._router is not None:
-                out = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=kind, recipient=env.sender)
-                self._send_frames(self._router, [ident, *encode_direct(out, payload)])
-            elif env.sender in self._links:
-                self.async_send_kind(env.sender, kind, payload)
-
-        return reply
-
-    def _run_kind(self, handler: KindHandler, env: Envelope, payload: bytes,
-                  reply: Reply) -> None:
-        try:
-            handler(env, payload, reply)
-        except PorterError as exc:
-            reason = getattr(exc, "reason", None) or type(exc).__name__
-            self._drop(f"{env.kind}.{reason}", env.sender, "refused %r from %s: %s", env.kind,
-                       env.sender, exc)
-        except Exception:
-            log.exception("handler for %r failed on a message from %s", env.kind, env.sender)
-
-    def _on_ack(self, env: Envelope, ack: Ack) -> None:
-        now = time.monotonic()
-        self._heard(env, now)
-        self._carry_out(self._sending.acked(env.sender, ack.firsts, now))
-
-    def _on_control(self, env: Envelope, payload: bytes, ident: bytes | None) -> None:
-        handler = self._kind_handlers.get(env.kind or "")
-        if handler is not None:
-            self._run_kind(handler, env, payload, self._reply_to(env, ident=ident))
-            return
-        kind = env.kind or ""
-        if ident is not None and kind not in (KIND_HELLO, KIND_UNSUPPORTED):
-            # A request of a protocol this node does not run (e.g. knowledge sync to a
-            # node without a shard): say so, so that the asker turns elsewhere at once.
-            self._reply_to(env, ident=ident)(KIND_UNSUPPORTED,
-                                             encode_unsupported(Unsupported(kind)))
-            return
-        if kind == KIND_HEARTBEAT:
-            beat = self._decode_body(env, decode_heartbeat, payload)
-            if beat is not None:
-                self._on_heartbeat(env, beat)
-        elif kind == KIND_HELLO and ident is not None:
-            hello = self._decode_body(env, decode_hello, payload)
-            if isinstance(hello, Introduction):
-                self._peering.introduced(env, hello, None)
-            if self._router is not None:
-                self._send_control_direct(self._router, KIND_WELCOME,
-                                          encode_welcome(self._peering.introduction()), ident=ident)
-        elif kind == KIND_BYE:
-            if self._decode_body(env, decode_bye, payload) is not None:
-                self._carry_out(self._roster.left(env.sender, env.incarnation,
-                                                  time.monotonic()))
-        else:
-            # drain, halt, or a kind of the application's: its listeners decide.
-            body = self._decode_body(env, decode_control, payload)
-            if body is None or body.get("to") not in (None, self.name):
-                return
-            if kind == KIND_DRAIN:
-                self.draining = True
-            for listener in list(self._control_listeners):
-                try:
-                    listener(kind, env.sender, body)
-                except Exception:
-                    log.exception("control listener failed")
-            if kind == KIND_HALT and self._halt_event is not None:
-                self._halt_event.set()
-
-    def _decode_body(self, env: Envelope, decode: Callable[[bytes], _T],
-                     payload: bytes) -> _T | None:
-        """A control body decoded by ``decode``; None (counted and logged once) when it
-        is malformed."""
-        try:
-            return decode(payload)
-        except ProtocolError as exc:
-            self._drop(exc.reason, env.sender, "dropped control %r from %s: %s", env.kind,
-                       env.sender, exc)
-            return None
-
-    def _on_heartbeat(self, env: Envelope, beat: Heartbeat) -> None:
-        info = self._peers.get(env.sender)
-        if info is None or info.incarnation != env.incarnation:
-            return
-        info.draining = beat.draining
-        for channel, last in beat.last_seqs.items():
-            if self._subs.receives(channel):
-                try:
-                    receipt = self._receiving.position(env.sender, channel,
-                                                       env.incarnation, last)
-                except ProtocolError as exc:
-                    self._drop(exc.reason, env.sender, "bad heartbeat from %s: %s",
-                               env.sender, exc)
-                    return
-                info.last_seqs[channel] = last
-                if receipt.counter:
-                    self._count_receipt(receipt, env.sender)
 
     # ------------------------------------------------------------------ timers
 
@@ -1466,27 +1028,13 @@ class Node:
 
     def _wake_by(self, due: float) -> None:
         """Make the timer fire no later than ``due`` (monotonic seconds)."""
-        if due >= self._timer_at:
-            return
-        loop = self._loop
-        if loop is None or self._closed:
-            return
         if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = due
-        # The loop's clock may not be time.monotonic(): convert through the delay.
-        self._timer = loop.call_at(loop.time() + max(0.0, due - time.monotonic()),
-                                   self._on_timer)
+            self._timer.wake_by(due)
 
-    def _on_timer(self) -> None:
+    def _on_timer(self, now: float) -> None:
         """The timer fired: do whatever is due, then arm it for the next deadline."""
-        self._timer = None
-        armed_at, self._timer_at = self._timer_at, float("inf")
-        if self._closed:
-            return
-        # Never earlier than asked: the loop may fire a hair before (clock resolution).
-        now = max(time.monotonic(), armed_at)
-        late = now - armed_at
+        assert self._timer is not None
+        late = self._timer.late
         if late > max(_PAUSE_MIN, self.config.evasive_after - self.config.heartbeat_interval):
             # This process was stopped (SIGSTOP, a debugger, a suspended VM): nobody could
             # be heard meanwhile. Forgive that silence and re-introduce ourselves to
@@ -1577,6 +1125,19 @@ class Node:
         """Call ``listener(kind, sender, body)`` for control messages addressed to us."""
         self._control_listeners.append(listener)
         return lambda: self._control_listeners.remove(listener)
+
+    def _on_app_control(self, kind: str, sender: str, body: dict[str, Any]) -> None:
+        """``drain``, ``halt`` or a kind of the application's, addressed to this node:
+        its listeners decide."""
+        if kind == KIND_DRAIN:
+            self.draining = True
+        for listener in list(self._control_listeners):
+            try:
+                listener(kind, sender, body)
+            except Exception:
+                log.exception("control listener failed")
+        if kind == KIND_HALT and self._halt_event is not None:
+            self._halt_event.set()
 
     def drain(self, *, limit: int | None = None, ack: bool = True) -> list[Message]:
         """Take up to ``limit`` messages from the inbox without waiting.
@@ -1743,7 +1304,7 @@ class Node:
         here)."""
         self.counters["dropped." + reason] += 1
         if peer is not None:
-            _count_for(self.dropped_by, peer)
+            count_for(self.dropped_by, peer)
 
     def _on_stats_request(self, env: Envelope, payload: bytes, reply: Reply) -> None:
         """Answer ``stats`` with :meth:`view` (any sender may ask, as for a ping)."""

@@ -31,6 +31,9 @@ class DeadlineTimer:
         self._fire = fire
         self._handle: asyncio.TimerHandle | None = None
         self._at = math.inf
+        #: How long after its deadline the last firing came (seconds): far more than
+        #: the loop's usual delay means the process was stopped meanwhile.
+        self.late = 0.0
 
     def wake_by(self, due: float) -> None:
         """Fire no later than ``due`` (monotonic seconds; ``inf`` asks for nothing)."""
@@ -56,4 +59,6 @@ class DeadlineTimer:
         armed_at, self._at = self._at, math.inf
         if self._loop is not None:
             # Never earlier than asked: the loop may fire a hair before (clock resolution).
-            self._fire(max(time.monotonic(), armed_at))
+            now = max(time.monotonic(), armed_at)
+            self.late = now - armed_at
+            self._fire(now)

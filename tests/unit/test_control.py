@@ -156,13 +156,13 @@ def test_an_introduction_reads_at_most_the_peer_limit() -> None:
 
 
 def _node_kind_tags() -> set[str]:
-    """The tags node.py speaks: the ``KIND_*`` names it imports from the table."""
-    tree = ast.parse(pathlib.Path(node_module.__file__).read_text())
+    """The tags the node speaks: the ``KIND_*`` names its modules import from the table."""
     tags: set[str] = set()
-    for stmt in tree.body:
-        if isinstance(stmt, ast.ImportFrom) and stmt.module == "porter_mesh.core.control":
-            tags |= {getattr(K, alias.name) for alias in stmt.names
-                     if alias.name.startswith("KIND_")}
+    for path in pathlib.Path(node_module.__file__).parent.glob("*.py"):
+        for stmt in ast.parse(path.read_text()).body:
+            if isinstance(stmt, ast.ImportFrom) and stmt.module == "porter_mesh.core.control":
+                tags |= {getattr(K, alias.name) for alias in stmt.names
+                         if alias.name.startswith("KIND_")}
     return tags
 
 

@@ -1,0 +1,542 @@
+"""Reading the mesh: every message that arrives, checked and handed to the rule it is for.
+
+Theory of operation
+-------------------
+Each socket is read through :meth:`~porter_mesh.node.links.Sockets.read` and each
+message lands in one function here, by socket:
+
+* a SUB (:meth:`Arrivals.read_sub`): broadcasts, the control channel among them, and
+  the observer copies of direct messages;
+* the ROUTER (:meth:`Arrivals.read_router`): direct messages to this node, hellos, and
+  requests of the mesh's own kinds (knowledge sync, ``stats``);
+* a DEALER to a peer or a probe (:meth:`Arrivals.read_dealer`): acknowledgements,
+  welcomes, and answers to this node's requests.
+
+Every message is decoded first (a malformed one is counted and logged once per sender
+and reason, and the read goes on), then, on a secured node, checked against the name
+its connection authenticated; the sender's clock is merged and the roster told it was
+heard. What to do next is the receiving rules' answer (a
+:class:`~porter_mesh.core.session.receiving.Receipt`): its steps are carried out in
+their order, journal, deliver, acknowledge. The new direct messages of one read are
+journaled together (:meth:`~porter_mesh.node.inbox.Inbox.accept`) and acknowledged with
+the flush that follows the read, so one ``fdatasync`` and one acknowledgement message
+serve a burst.
+
+Control messages go by kind: heartbeats to the receiving rules (the sender's last
+broadcast positions, so a lost last message is still counted), hello and welcome to
+:mod:`porter_mesh.node.peering`, goodbyes to the roster, acknowledgements to the sending
+rules, a registered kind (:meth:`Arrivals.register_kind`) to its handler, a request of a
+kind nobody registered answered with ``unsupported``, and the rest (``drain``,
+``halt``, the application's) to the node's control listeners.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
+
+import zmq
+
+from porter_mesh.adapters.security import MeshSecurity
+from porter_mesh.core import constants as C
+from porter_mesh.core.advert import key_name
+from porter_mesh.core.control import (
+    KIND_ACK,
+    KIND_BYE,
+    KIND_HEARTBEAT,
+    KIND_HELLO,
+    KIND_UNSUPPORTED,
+    KIND_WELCOME,
+    Ack,
+    Heartbeat,
+    Introduction,
+    Unsupported,
+    decode_ack,
+    decode_bye,
+    decode_control,
+    decode_heartbeat,
+    decode_hello,
+    decode_unsupported,
+    decode_welcome,
+    encode_ack,
+    encode_unsupported,
+    encode_welcome,
+)
+from porter_mesh.core.envelope import (
+    Envelope,
+    decode_broadcast,
+    decode_direct,
+    decode_payload,
+    encode_direct,
+    encode_topic,
+)
+from porter_mesh.core.hlc import HybridClock
+from porter_mesh.core.session.receiving import (
+    LOST_BROADCAST,
+    MISADDRESSED,
+    UNKNOWN_SENDER,
+    Receipt,
+    Receiving,
+    Step,
+)
+from porter_mesh.core.session.roster import Roster, RosterAction
+from porter_mesh.core.session.sending import SendAction, Sender
+from porter_mesh.errors import PorterError, ProtocolError
+from porter_mesh.node.config import NodeConfig
+from porter_mesh.node.inbox import Accepted, Inbox, wall_ms
+from porter_mesh.node.links import PeerLink, Sockets, Target
+from porter_mesh.node.peering import Peering
+from porter_mesh.node.subscriptions import OBSERVE_PREFIX, Subscriptions
+from porter_mesh.node.zio import recv_frames, recv_frames_from, send_frames
+
+__all__ = ["Acks", "Arrivals", "KindHandler", "Reply", "count_for"]
+
+log = logging.getLogger("porter_mesh.node")
+
+_T = TypeVar("_T")
+_Token = TypeVar("_Token")
+
+#: Senders whose drops and losses are counted one by one (more are counted in total only).
+_MAX_COUNTED_SENDERS = 1024
+
+#: Answers the sender of a message of a registered kind: ``reply(kind, payload)``.
+Reply = Callable[[str, bytes], None]
+#: Handles a registered kind: ``handler(envelope, raw payload, reply)``.
+KindHandler = Callable[[Envelope, bytes, Reply], None]
+
+
+def count_for(counter: collections.Counter[str], sender: str, n: int = 1) -> None:
+    """``counter[sender] += n``, for a bounded number of senders."""
+    if sender in counter or len(counter) < _MAX_COUNTED_SENDERS:
+        counter[sender] += n
+
+
+class Acks(dict[bytes, list[int]]):
+    """Acknowledgements waiting for the next flush: sequence numbers by the sender's
+    ROUTER identity, so that a read's acknowledgements to one sender share a message."""
+
+    def add(self, ident: bytes, seq: int) -> None:
+        """Acknowledge ``seq`` to ``ident`` with the next flush."""
+        seqs = self.get(ident)
+        if seqs is None:
+            self[ident] = [seq]
+        else:
+            seqs.append(seq)
+
+
+class Arrivals(Generic[_Token]):
+    """Reads a node's sockets and carries out what each arrival asks (see the module
+    docstring).
+
+    Args:
+        config: the node's configuration.
+        counters: the node's counters, added to here.
+        lost_by: broadcasts lost per sending peer.
+        sockets: the node's sockets and read loop.
+        links: the node's links to peers, by name.
+        acks: the acknowledgements waiting for the next flush.
+        clock: the node's hybrid clock.
+        roster, receiving, sending: the pure rules.
+        inbox: what the application is owed.
+        peering: how the node reaches peers (hellos and welcomes go there).
+        subs: the channels this node receives.
+        carry_out: carries out the actions the roster and the sending rules return.
+        envelope: makes an envelope of this node: ``envelope(channel, seq, count,
+            recipient=..., kind=...)``.
+        send_frames: sends frames on a socket, counting backpressure; False if refused.
+        send_control: sends a control message on a socket: ``send_control(sock, kind,
+            payload, ident=...)``.
+        pub: this node's PUB socket now (the observer copies go there).
+        drop: counts and logs (once) a dropped message.
+        refuse: counts and audits something a secured node must not accept.
+        app_control: told every other control message addressed to this node:
+            ``app_control(kind, sender, body)``.
+    """
+
+    def __init__(self, config: NodeConfig, counters: collections.Counter[str], *,
+                 lost_by: collections.Counter[str], sockets: Sockets,
+                 links: dict[str, PeerLink], acks: Acks, clock: HybridClock, roster: Roster[_Token],
+                 receiving: Receiving, sending: Sender[_Token], inbox: Inbox,
+                 peering: Peering[_Token], subs: Subscriptions,
+                 carry_out: Callable[[Iterable[RosterAction | SendAction[_Token]]], None],
+                 envelope: Callable[..., Envelope],
+                 send_frames: Callable[[zmq.Socket[bytes], list[bytes]], bool],
+                 send_control: Callable[..., None],
+                 pub: Callable[[], zmq.Socket[bytes] | None],
+                 drop: Callable[..., None], refuse: Callable[..., None],
+                 app_control: Callable[[str, str, dict[str, Any]], None]) -> None:
+        self._config = config
+        self._name = config.name
+        self._counters = counters
+        self._lost_by = lost_by
+        self._sockets = sockets
+        self._links = links
+        self._clock = clock
+        self._roster = roster
+        self._receiving = receiving
+        self._sending = sending
+        self._inbox = inbox
+        self._peering = peering
+        self._subs = subs
+        self._carry_out = carry_out
+        self._envelope = envelope
+        self._send_frames = send_frames
+        self._send_control = send_control
+        self._pub = pub
+        self._drop = drop
+        self._refuse = refuse
+        self._app_control = app_control
+        #: The shared SUB (unsecured), the ROUTER and the keys: set when the node starts.
+        self.sub: zmq.Socket[bytes] | None = None
+        self.router: zmq.Socket[bytes] | None = None
+        self.security: MeshSecurity | None = None
+        #: Registered kinds and the handlers of ``unsupported`` answers, by kind.
+        self.kind_handlers: dict[str, KindHandler] = {KIND_UNSUPPORTED: self._on_unsupported}
+        self.unsupported_handlers: dict[str, KindHandler] = {}
+        self._acks = acks
+
+    def send_kind(self, peer: str, kind: str, payload: bytes) -> None:
+        """Send a message of a registered ``kind`` to a linked ``peer``."""
+        env = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=kind, recipient=peer)
+        self._send_frames(self._links[peer].dealer, encode_direct(env, payload))
+
+    def read_sub(self, sock: zmq.Socket[bytes] | None = None,
+                  peer: str | None = None) -> None:
+        """Read the shared SUB, or (secured) the SUB of ``peer``."""
+        if sock is None:
+            sock = self.sub
+        if sock is not None:
+            more = self._sockets.read(sock, recv_frames,
+                              lambda frames: self._on_broadcast(frames, peer))
+            self._sockets.read_done(more, functools.partial(self.read_sub, sock, peer))
+
+    def read_dealer(self, sock: zmq.Socket[bytes], peer: str | None,
+                     seed_name: str | None = None, probe: Target | None = None) -> None:
+        more = self._sockets.read(sock, recv_frames,
+                          lambda frames: self._on_dealer(frames, peer, seed_name, probe))
+        self._sockets.read_done(more, functools.partial(self.read_dealer, sock, peer, seed_name,
+                                                probe))
+
+    def read_router(self) -> None:
+        sock = self.router
+        if sock is None:
+            return
+        accepted: list[Accepted] = []
+        if self.security is None:
+            more = self._sockets.read(sock, recv_frames,
+                              lambda frames: self._on_direct(frames, accepted))
+        else:
+            more = self._sockets.read(sock, recv_frames_from,
+                              lambda got: self._on_direct(got[0], accepted, got[1]))
+        if more is not None and accepted:
+            self._accept(accepted)
+        self._sockets.read_done(more, self.read_router)
+
+    def _on_broadcast(self, frames: list[bytes], peer: str | None = None) -> None:
+        """One message from a SUB; ``peer``: the authenticated publisher (secured)."""
+        if frames and frames[0].startswith(OBSERVE_PREFIX):
+            self._on_observed(frames)
+            return
+        try:
+            env, payload = decode_broadcast(frames)
+        except ProtocolError as exc:
+            self._drop(exc.reason, peer or "?", "dropped a broadcast that cannot be decoded: %s",
+                       exc)
+            return
+        if peer is not None and self._spoofed(env, peer, f"{peer!r} published a message"):
+            return
+        known = self._heard(env, time.monotonic())
+        if known and env.kind is not None:
+            self._on_control(env, payload, None)
+            return
+        receipt = self._receiving.broadcast(env.sender, env.channel, env.incarnation,
+                                            env.seq, env.count, known=known)
+        if receipt.counter:
+            if receipt is UNKNOWN_SENDER:
+                self._drop("unknown-peer", env.sender,
+                           "broadcast from %s (incarnation %x) which is not on the roster",
+                           env.sender, env.incarnation)
+                return
+            self._count_receipt(receipt, env.sender)
+        self._deliver(env, payload, direct=False)
+
+    def _heard(self, env: Envelope, now: float) -> bool:
+        """A message from ``env.sender``: merge its time into our clock, mark it heard
+        (and carry out the roster changes that follow). Returns whether it is on the
+        roster."""
+        skew = self._clock.receive(env.hlc, wall_ms())
+        known, actions = self._roster.heard(env.sender, env.incarnation, now, skew)
+        if actions:
+            self._carry_out(actions)
+        return known
+
+    def _count_receipt(self, receipt: Receipt, sender: str) -> None:
+        """Add a receipt's count; lost broadcasts also per sender, the first logged."""
+        n = receipt.n
+        self._counters[receipt.counter] += n
+        if receipt.counter == LOST_BROADCAST:
+            first = sender not in self._lost_by and len(self._lost_by) < _MAX_COUNTED_SENDERS
+            count_for(self._lost_by, sender, n)
+            if first:
+                log.warning("lost %d broadcast(s) from %s (a sequence gap: it sent faster "
+                            "than this node read, or the link dropped); further losses from "
+                            "%s are only counted (porter-mesh stats %s shows them)",
+                            n, sender, sender, self._name)
+
+    def _deliver(self, env: Envelope, payload: bytes, *, direct: bool) -> None:
+        try:
+            activities = decode_payload(payload, env.count)
+        except ProtocolError as exc:
+            self._drop(exc.reason, env.sender, "dropped %d activities from %s on %s: %s",
+                       env.count, env.sender, env.channel, exc)
+            return
+        self._inbox.deliver(env, activities, direct=direct)
+
+    def _on_observed(self, frames: list[bytes]) -> None:
+        """A copy of a direct message, republished by its receiver for observers."""
+        try:
+            env, payload = decode_broadcast(frames)
+        except ProtocolError as exc:
+            self._drop(exc.reason, "?", "dropped an observed message: %s", exc)
+            return
+        self._deliver(env, payload, direct=True)
+
+    def _accept(self, accepted: list[Accepted]) -> None:
+        """Keep, deliver and acknowledge the new direct messages of one read (see
+        :meth:`Inbox.accept`), then copy them to observers."""
+        if not self._inbox.accept(accepted):
+            return
+        pub = self._pub()
+        watched = self._subs.direct_watched
+        if pub is None or not watched:
+            return
+        for env, env_bytes, payload, _, _ in accepted:
+            # A copy for observers (tail), only while one subscribes to it.
+            with contextlib.suppress(zmq.Again):
+                send_frames(pub, [encode_topic(env.channel), env_bytes, payload])
+        self._sockets.after_send(pub)
+
+    def _on_direct(self, frames: list[bytes],
+                   accepted: list[Accepted], user: str | None = None) -> None:
+        """One ROUTER message; ``user``: the authenticated sender name (secured)."""
+        if len(frames) < 2:
+            self._drop("frames", user or "?", "dropped a direct message with %d frames",
+                       len(frames))
+            return
+        ident = frames[0]
+        origin = user or ident[:64].decode("utf-8", "replace")
+        try:
+            env, payload = decode_direct(frames[1:])
+        except ProtocolError as exc:
+            self._drop(exc.reason, origin, "dropped a direct message from %s: %s", origin, exc)
+            return
+        if user is not None and not self._authentic(env, user):
+            return
+        if env.kind is not None:
+            self._on_control(env, payload, ident)
+            return
+        known = self._heard(env, time.monotonic())
+        room, consumer, held_full = self._inbox.admission(accepted)
+        receipt = self._receiving.direct_message(
+            env.sender, env.incarnation, env.recipient or "", env.seq, env.count, env.msg_id,
+            known=known, me=self._name, room=room, consumer=consumer, held_full=held_full,
+            wall=time.time())
+        steps = receipt.steps
+        if receipt.counter:
+            if receipt is UNKNOWN_SENDER:
+                self._drop("unknown-peer", env.sender,
+                           "direct message from %s which has not said hello", env.sender)
+            elif receipt is MISADDRESSED:
+                self._drop("misaddressed", env.sender,
+                           "direct message from %s for %r reached %s",
+                           env.sender, env.recipient, self._name)
+            else:
+                self._counters[receipt.counter] += receipt.n
+        if Step.DELIVER in steps:
+            try:
+                activities = decode_payload(payload, env.count)
+            except ProtocolError as exc:
+                # Acknowledged all the same: resending a poison message cannot help.
+                self._drop(exc.reason, env.sender, "dropped %d activities from %s: %s",
+                           env.count, env.sender, exc)
+                self._acks.add(ident, env.seq)
+            else:
+                # Journal, deliver, then acknowledge, for the whole read (_accept); without
+                # a journal the acknowledgement waits for the message to be taken.
+                accepted.append((env, frames[1], payload, activities, ident))
+        elif steps:
+            self._acks.add(ident, env.seq)  # a duplicate: acknowledged again
+
+    def _spoofed(self, env: Envelope, authentic: str | None, what: str, *,
+                 owner: bool = False) -> bool:
+        """Whether a message on a secured connection claims a sender other than the one
+        the connection authenticated (``authentic``; ``owner``: compare the name whose
+        key the claimed sender speaks with). A spoofed one is refused and audited."""
+        claimed = key_name(env.sender) if owner else env.sender
+        if claimed == authentic:
+            return False
+        self._refuse("spoofed-sender", authentic,
+                     f"{what} claiming to be from {env.sender[:64]!r}")
+        return True
+
+    def _authentic(self, env: Envelope, user: str) -> bool:
+        assert self.security is not None
+        if self._spoofed(env, user, f"{user!r} sent a message", owner=True):
+            return False
+        if not self.security.store.trusts(user):
+            # Connected before its key was removed from the trusted directory.
+            self._refuse("revoked-key", user, f"message from {user!r}, whose key is no "
+                         "longer trusted")
+            return False
+        return True
+
+    def flush_acks(self) -> None:
+        """Send the acknowledgements queued since the last flush, one message per
+        sender."""
+        router = self.router
+        pending = list(self._acks.items())
+        self._acks.clear()
+        if router is None:
+            return
+        for ident, seqs in pending:
+            env = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=KIND_ACK)
+            frames = [ident, *encode_direct(env, encode_ack(Ack(tuple(seqs))))]
+            try:
+                send_frames(router, frames)
+            except zmq.ZMQError:
+                self._counters["dropped.ack"] += 1
+        self._sockets.after_send(router)
+
+    def _on_dealer(self, frames: list[bytes], peer: str | None,
+                   seed_name: str | None = None, probe: Target | None = None) -> None:
+        """A reply on the DEALER to ``peer``, or on the ``probe`` DEALER of a re-contact
+        target (a seed or a lost peer, expected to be ``seed_name`` when known)."""
+        origin = peer or "seed"
+        try:
+            env, payload = decode_direct(frames)
+            expected = peer or seed_name
+            if self.security is not None and self._spoofed(
+                    env, expected, f"the server of {expected!r} sent a reply"):
+                return
+            handler = self.kind_handlers.get(env.kind or "")
+            if handler is not None and peer is not None:
+                self._run_kind(handler, env, payload, self._reply_to(env))
+                return
+            if env.kind == KIND_ACK:
+                answer: Ack | Introduction = decode_ack(payload)
+            elif env.kind == KIND_WELCOME:
+                answer = decode_welcome(payload)
+            else:
+                what = "non-control" if env.kind is None else repr(env.kind)
+                self._drop("unexpected", origin, "unexpected %s reply from %s", what, origin)
+                return
+        except ProtocolError as exc:
+            self._drop(exc.reason, origin, "dropped a reply from %s: %s", origin, exc)
+            return
+        if isinstance(answer, Ack):
+            self._on_ack(env, answer)
+            return
+        self._peering.introduced(env, answer, probe)
+
+    def _on_unsupported(self, env: Envelope, payload: bytes, reply: Reply) -> None:
+        kind = decode_unsupported(payload).kind  # a bad one is counted by _run_kind
+        handler = self.unsupported_handlers.get(kind)
+        if handler is None:
+            self._drop("unexpected", env.sender, "unexpected 'unsupported' (for %r) from %s",
+                       kind, env.sender)
+            return
+        handler(env, payload, reply)
+
+    def _reply_to(self, env: Envelope, *, ident: bytes | None = None) -> Reply:
+        def reply(kind: str, payload: bytes) -> None:
+            if ident is not None and self.router is not None:
+                out = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=kind, recipient=env.sender)
+                self._send_frames(self.router, [ident, *encode_direct(out, payload)])
+            elif env.sender in self._links:
+                self.send_kind(env.sender, kind, payload)
+
+        return reply
+
+    def _run_kind(self, handler: KindHandler, env: Envelope, payload: bytes,
+                  reply: Reply) -> None:
+        try:
+            handler(env, payload, reply)
+        except PorterError as exc:
+            reason = getattr(exc, "reason", None) or type(exc).__name__
+            self._drop(f"{env.kind}.{reason}", env.sender, "refused %r from %s: %s", env.kind,
+                       env.sender, exc)
+        except Exception:
+            log.exception("handler for %r failed on a message from %s", env.kind, env.sender)
+
+    def _on_ack(self, env: Envelope, ack: Ack) -> None:
+        now = time.monotonic()
+        self._heard(env, now)
+        self._carry_out(self._sending.acked(env.sender, ack.firsts, now))
+
+    def _on_control(self, env: Envelope, payload: bytes, ident: bytes | None) -> None:
+        handler = self.kind_handlers.get(env.kind or "")
+        if handler is not None:
+            self._run_kind(handler, env, payload, self._reply_to(env, ident=ident))
+            return
+        kind = env.kind or ""
+        if ident is not None and kind not in (KIND_HELLO, KIND_UNSUPPORTED):
+            # A request of a protocol this node does not run (e.g. knowledge sync to a
+            # node without a shard): say so, so that the asker turns elsewhere at once.
+            self._reply_to(env, ident=ident)(KIND_UNSUPPORTED,
+                                             encode_unsupported(Unsupported(kind)))
+            return
+        if kind == KIND_HEARTBEAT:
+            beat = self._decode_body(env, decode_heartbeat, payload)
+            if beat is not None:
+                self._on_heartbeat(env, beat)
+        elif kind == KIND_HELLO and ident is not None:
+            hello = self._decode_body(env, decode_hello, payload)
+            if isinstance(hello, Introduction):
+                self._peering.introduced(env, hello, None)
+            if self.router is not None:
+                self._send_control(self.router, KIND_WELCOME,
+                                   encode_welcome(self._peering.introduction()), ident=ident)
+        elif kind == KIND_BYE:
+            if self._decode_body(env, decode_bye, payload) is not None:
+                self._carry_out(self._roster.left(env.sender, env.incarnation,
+                                                  time.monotonic()))
+        else:
+            # drain, halt, or a kind of the application's: its listeners decide.
+            body = self._decode_body(env, decode_control, payload)
+            if body is None or body.get("to") not in (None, self._name):
+                return
+            self._app_control(kind, env.sender, body)
+
+    def _decode_body(self, env: Envelope, decode: Callable[[bytes], _T],
+                     payload: bytes) -> _T | None:
+        """A control body decoded by ``decode``; None (counted and logged once) when it
+        is malformed."""
+        try:
+            return decode(payload)
+        except ProtocolError as exc:
+            self._drop(exc.reason, env.sender, "dropped control %r from %s: %s", env.kind,
+                       env.sender, exc)
+            return None
+
+    def _on_heartbeat(self, env: Envelope, beat: Heartbeat) -> None:
+        info = self._roster.peers.get(env.sender)
+        if info is None or info.incarnation != env.incarnation:
+            return
+        info.draining = beat.draining
+        for channel, last in beat.last_seqs.items():
+            if self._subs.receives(channel):
+                try:
+                    receipt = self._receiving.position(env.sender, channel,
+                                                       env.incarnation, last)
+                except ProtocolError as exc:
+                    self._drop(exc.reason, env.sender, "bad heartbeat from %s: %s",
+                               env.sender, exc)
+                    return
+                info.last_seqs[channel] = last
+                if receipt.counter:
+                    self._count_receipt(receipt, env.sender)
