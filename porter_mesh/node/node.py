@@ -1,69 +1,51 @@
-"""The asyncio mesh node every agent process embeds.
+"""The asyncio mesh node every agent process embeds: the driver of the mesh's rules.
 
 Theory of operation
 -------------------
-Sockets (all owned by the event-loop thread; ZeroMQ sockets are not thread-safe):
+The protocol's rules are pure and live in :mod:`porter_mesh.core.session`: sending
+(queues, batching, numbering, the outbox), the roster (adverts, peer states, what each
+change asks) and receiving (authenticity, sequencing, de-duplication, idempotency keys,
+inbox admission). Each takes an explicit time and returns actions. The node owns the
+sockets and the clock and carries those actions out, in their order; its parts:
 
-* one PUB, bound on each configured interface: this node's broadcasts;
-* one SUB, connected to the PUB of every known peer: subscribed to ``control``, the
-  node's channels, and nothing else (topics end in NUL, so ``task`` never matches
-  ``task:worker-1``);
-* one ROUTER, bound: direct messages to this node (``task:<name>``), hellos;
-* one DEALER per known peer, connected to that peer's ROUTER: direct sends, and the
-  acknowledgements and welcomes that come back.
-
-Reading never costs one ``await`` per message: each socket's file descriptor is watched
-with ``loop.add_reader``; when it fires, the socket is read without blocking (up to a
-fairness limit, then the read is rescheduled; one loop,
-:meth:`~porter_mesh.node.links.Sockets.read`, serves every socket). ZeroMQ's descriptor
-is edge-triggered, so every send on a socket is followed by a check of its ``EVENTS``
-for pending input. How sockets are made, bound and watched, and the sockets that reach
-peers (links, probes, handshake watches: :class:`~porter_mesh.node.links.Links`), live in
-:mod:`porter_mesh.node.links`; the protocol's rules live in the pure sessions of
-:mod:`porter_mesh.core.session` (sending, roster, receiving), and the node carries out
-the actions they return.
+* :mod:`~porter_mesh.node.links`: the sockets, how each is made, bound and watched, the
+  one read loop, and the links to peers (a DEALER to each peer's ROUTER, the SUB side);
+* :mod:`~porter_mesh.node.arrivals`: every message read, decoded, checked and handed to
+  the rule it is for (journal, deliver, acknowledge, in that order);
+* :mod:`~porter_mesh.node.inbox`: what the application is owed: handlers, the inbox,
+  declined messages, the delivery journal and its replay after a restart;
+* :mod:`~porter_mesh.node.peering`: adverts, hellos, re-contact of seeds and lost peers,
+  refusals, revoked keys;
+* :mod:`~porter_mesh.node.subscriptions`: the channels this node receives and who
+  receives its own;
+* this module: the lifecycle, the public API, sending (:meth:`Node._carry_out` is where
+  every frame, settlement, failure and roster change the rules return is carried out),
+  and the one timer.
 
 Sending is batched under load: ``async_publish`` and ``async_send_nowait`` only queue;
 one flush per loop iteration packs what accumulated into messages of up to
 ``batch_max`` activities. A lone message therefore goes out on the next iteration and a
-burst goes out in a few large messages. The queues, the runs, the numbering and the
-outbox are the pure :class:`~porter_mesh.core.session.sending.Sender`; the node carries
-out the frames, settlements and failures it returns (``_carry_out``).
+burst goes out in a few large messages.
 
 Broadcast is best effort and ordered per sender (one PUB socket, one TCP stream). Each
 message carries a per-(sender, channel) sequence number; heartbeats carry the last one
 per channel, so loss (even of the last message) is detected and counted, never silent.
 
 Direct delivery is at-least-once on the wire and once to the application: the sender
-keeps each message in its sender's :class:`~porter_mesh.core.outbox.Outbox` and resends it with
-backoff until acknowledged or its deadline passes (then the caller's future fails with
-``DeliveryTimeout``). The receiver de-duplicates by (sender, incarnation, sequence),
-records accepted messages in its journal (when it has a data directory) before
-acknowledging, and acknowledges duplicates again without delivering them.
+keeps each message in its outbox and resends it with backoff until acknowledged or its
+deadline passes (then the caller's future fails with ``DeliveryTimeout``). The receiver
+de-duplicates by (sender, incarnation, sequence), records accepted messages in its
+journal (when it has a data directory) before acknowledging, and acknowledges duplicates
+again without delivering them.
 
-Timers. Nothing polls: the node has one asyncio timer, armed with ``loop.call_at`` at
-the earliest deadline of all that waits on the clock (the next heartbeat, which also
-checks peer silence, the trusted directory and unread messages; the outbox's next resend
-or send deadline; the next re-contact attempt; the next offer of a declined message),
-and moved earlier whenever a read, a flush or a discovery adds an earlier one. An idle
-node wakes once a heartbeat. A wake-up far later than asked means this process was
-stopped (SIGSTOP, a suspended VM): the peers' silence over that time is forgiven and the
-node says hello to everyone again.
-
-Liveness comes from heartbeats, not mDNS (a killed process sends no goodbye); see
-:mod:`porter_mesh.core.peers`. Peers are found by zeroconf, by ``hello`` to static seeds,
-and by peer exchange in the ``welcome`` reply.
-
-Re-contact. Seeds and expired peers are tried again on the capped backoff of
-:class:`~porter_mesh.core.peers.Recontact`, for as long as it takes: a seed whose peer is
-not linked (not yet answered, or lost since), and the last advert of every peer that
-expired (the other side of a partition, most often; a bounded number of them). Each
-attempt is a fresh DEALER to the target's ROUTER carrying one ``hello``: a connect left
-over from an attempt made while the link was down could sit in the kernel's SYN retries
-for a minute after it is back, and a socket that queued hellos for a minute would
-deliver them all at once. A ``welcome`` (or any other way back onto the roster) ends
-the attempts; the peer rejoins as usual, the knowledge replica catches up. Losing and
-regaining a peer is logged once each.
+Timers. Nothing polls: the node has one timer (:class:`~porter_mesh.node.timer.DeadlineTimer`)
+armed at the earliest deadline of all that waits on the clock (the next heartbeat, which
+also checks peer silence, the trusted directory and unread messages; the outbox's next
+resend or send deadline; the next re-contact attempt; the next offer of a declined
+message), and moved earlier whenever a read, a flush or a discovery adds an earlier one.
+An idle node wakes once a heartbeat. A wake-up far later than asked means this process
+was stopped (SIGSTOP, a suspended VM): the peers' silence over that time is forgiven and
+the node says hello to everyone again.
 
 Clocks. The hybrid timestamp of every broadcast, direct message and acknowledgement is
 merged into this node's clock within ``max_clock_skew`` (:mod:`porter_mesh.core.hlc`); a
@@ -77,28 +59,14 @@ one shared SUB (libzmq sets the CURVE server key per socket); DEALERs carry no c
 routing id (the ROUTER makes up one, so a trusted peer cannot claim another's id and
 take over its replies); and the ROUTER is read with ``copy=False`` to get each message's
 ZAP User-Id, the agent name bound to the sender's key. Every message must then come
-from the name it claims: the User-Id on the ROUTER, the peer of the socket on a SUB or
-DEALER; every activity's ``actor`` must be that name too. Anything else is dropped and
-written to the audit log. Adverts (mDNS, hellos, peer exchange) must carry a key that
-the trusted directory binds to the advertised name, and an advert that would move a live
-peer (new incarnation, endpoints or key) is believed only first-hand, from that peer
-over an authenticated connection, since anyone can send mDNS. The trusted directory is
-re-read on every handshake, and looked at on every heartbeat (one ``stat`` of the
-directory, every file at least every few seconds; see
-:meth:`~porter_mesh.adapters.security.TrustStore.refresh_if_changed`); a peer whose key
-was removed is
-disconnected. An unsecured node pays for none of this: the checks are behind
-``peer``/``user`` arguments that are None there. A node bound beyond loopback without a
-key refuses to start unless ``insecure`` is set (protected mode).
-
-Refusals. Each DEALER's handshake is watched on libzmq's monitor until it first succeeds
-(:mod:`porter_mesh.adapters.handshake`). A peer that refuses the connection for a reason
-keys explain (this node has no key and the peer runs CurveZMQ; the peer does not trust
-this node's key; the peer has none) is remembered in :meth:`Node.refusals`: sends to it
-fail at once with :class:`~porter_mesh.errors.PeerRefusedError`, whose message names the
-keys to make or trust, instead of retrying until their deadline. A secured node watches
-its own PUB and ROUTER too and audits each client that came without keys (``no-key``),
-which no ZAP handler hears of.
+from the name it claims, and every activity's ``actor`` must be that name too; anything
+else is dropped and written to the audit log. Adverts must carry a key that the trusted
+directory binds to the advertised name, and an advert that would move a live peer is
+believed only first-hand. The trusted directory is looked at on every heartbeat (one
+``stat``; see :meth:`~porter_mesh.adapters.security.TrustStore.refresh_if_changed`): a
+peer whose key was removed is disconnected, and the PUB is bound afresh so that its
+subscription ends too. An unsecured node pays for none of this. A node bound beyond
+loopback without a key refuses to start unless ``insecure`` is set (protected mode).
 """
 
 from __future__ import annotations
@@ -1268,35 +1236,14 @@ class Node:
             ``storage`` (:meth:`storage`, with a data directory); plus the sections of
             :attr:`view_sections` (``knowledge``, when a replica runs).
         """
-        from porter_mesh import __version__
+        from porter_mesh.node.views import node_view
 
-        now = time.monotonic()
-        peers = [{
-            "name": p.name, "role": p.advert.role, "state": p.state.value,
-            "draining": p.draining, "last_heard": round(now - p.last_heard, 2),
-            "lost": self.lost_by.get(p.name, 0), "dropped": self.dropped_by.get(p.name, 0),
-        } for p in sorted(self._peers.snapshot(), key=lambda p: p.name)]
-        out: dict[str, Any] = {
-            "name": self.name, "role": self.config.role, "mesh": self.config.mesh,
-            "version": __version__, "protocol": C.PROTOCOL_VERSION,
-            "incarnation": f"{self.incarnation:x}",
-            "uptime": round(now - self._started_at, 1), "draining": self.draining,
-            "peers": peers,
-            "lost": sum(v for k, v in self.counters.items() if k.startswith("lost.")),
-            "dropped": sum(v for k, v in self.counters.items() if k.startswith("dropped.")),
-            "queues": {"inbox": len(self._inbox), "outbox": len(self._sending.outbox),
-                       "subscribers": self._subs.count(C.CHANNEL_CONTROL)},
-            "counters": dict(self.counters),
-        }
-        storage = self.storage()
-        if storage is not None:
-            out["storage"] = storage
-        for section, provide in list(self.view_sections.items()):
-            try:
-                out[section] = provide()
-            except Exception as exc:  # one broken section must not hide the rest
-                out[section] = {"error": str(exc)}
-        return out
+        return node_view(self)
+
+    @property
+    def uptime(self) -> float:
+        """Seconds since the node started (or was made)."""
+        return time.monotonic() - self._started_at
 
     def count_drop(self, reason: str, peer: str | None) -> None:
         """Count one message from ``peer`` (None: unknown) dropped for ``reason``

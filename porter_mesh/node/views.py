@@ -1,4 +1,4 @@
-"""Asking peers for their own view of the mesh (the ``stats`` request).
+"""A node's own view of the mesh (:func:`node_view`), and asking peers for theirs (``stats``).
 
 Every node answers ``stats`` with :meth:`~porter_mesh.node.node.Node.view` (a
 ``stats-reply`` holding the view as JSON); a node of an older porter-mesh answers
@@ -11,16 +11,53 @@ peer: a second ``ask`` while one waits shares its answer.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import orjson
 
+from porter_mesh.core import constants as C
 from porter_mesh.core.control import KIND_STATS, KIND_STATS_REPLY
 from porter_mesh.core.envelope import Envelope
 from porter_mesh.errors import PorterError
 from porter_mesh.node.node import Node, Reply
 
-__all__ = ["ViewClient", "ViewUnsupported"]
+__all__ = ["ViewClient", "ViewUnsupported", "node_view"]
+
+
+def node_view(node: Node) -> dict[str, Any]:
+    """``node``'s own view of the mesh (see :meth:`Node.view`)."""
+    from porter_mesh import __version__
+
+    now = time.monotonic()
+    stats = node.stats()
+    peers = [{
+        "name": p.name, "role": p.advert.role, "state": p.state.value,
+        "draining": p.draining, "last_heard": round(now - p.last_heard, 2),
+        "lost": node.lost_by.get(p.name, 0), "dropped": node.dropped_by.get(p.name, 0),
+    } for p in sorted(node.peers(), key=lambda p: p.name)]
+    counters = node.counters
+    out: dict[str, Any] = {
+        "name": node.name, "role": node.config.role, "mesh": node.config.mesh,
+        "version": __version__, "protocol": C.PROTOCOL_VERSION,
+        "incarnation": f"{node.incarnation:x}",
+        "uptime": round(node.uptime, 1), "draining": node.draining,
+        "peers": peers,
+        "lost": sum(v for k, v in counters.items() if k.startswith("lost.")),
+        "dropped": sum(v for k, v in counters.items() if k.startswith("dropped.")),
+        "queues": {"inbox": stats["inbox"], "outbox": stats["outbox"],
+                   "subscribers": node.subscriber_count(C.CHANNEL_CONTROL)},
+        "counters": dict(counters),
+    }
+    storage = node.storage()
+    if storage is not None:
+        out["storage"] = storage
+    for section, provide in list(node.view_sections.items()):
+        try:
+            out[section] = provide()
+        except Exception as exc:  # one broken section must not hide the rest
+            out[section] = {"error": str(exc)}
+    return out
 
 
 class ViewUnsupported(PorterError):
