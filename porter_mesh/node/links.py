@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 from collections.abc import Callable
 from typing import TypeVar, cast
 
@@ -50,6 +51,12 @@ __all__ = [
 READ_LIMIT = 512
 
 _T = TypeVar("_T")
+
+#: Binding a port again that a closed socket still holds (see Sockets.bind_again):
+#: first retry after this many seconds, doubling up to the cap, for at most the deadline.
+_REBIND_FIRST_DELAY = 0.002
+_REBIND_MAX_DELAY = 0.1
+_REBIND_DEADLINE = 10.0
 #: What a probe tries to reach: ``("seed", "HOST:PORT")`` or ``("peer", name)``.
 Target = tuple[str, str]
 #: Reads a link's SUB (the socket, the peer's name).
@@ -166,6 +173,47 @@ class Sockets:
             else:
                 sock.bind(f"{tcp_address(sock, host)}:{chosen}")
         return chosen
+
+    def bind_again(self, sock: zmq.Socket[bytes], port: int, *,
+                   wanted: Callable[[], bool], bound: Callable[[], None],
+                   failed: Callable[[str, zmq.ZMQError], None]) -> None:
+        """Bind ``sock`` on every interface at ``port``, which a socket just closed still
+        holds: libzmq frees a closed listener's port on its I/O thread within a few
+        milliseconds, so a refused bind is tried again (first after 2 ms, doubling up to
+        100 ms, for at most 10 s), without blocking the loop.
+
+        Args:
+            wanted: asked before each try: False gives up quietly (the node closed, or
+                replaced ``sock`` meanwhile).
+            bound: called once ``sock`` is bound everywhere.
+            failed: called with the interface and the error when a bind fails otherwise
+                or for longer than the deadline.
+        """
+        self._bind_again(sock, port, list(self.config.interfaces),
+                         time.monotonic() + _REBIND_DEADLINE, _REBIND_FIRST_DELAY,
+                         wanted, bound, failed)
+
+    def _bind_again(self, sock: zmq.Socket[bytes], port: int, hosts: list[str],
+                    deadline: float, delay: float, wanted: Callable[[], bool],
+                    bound: Callable[[], None],
+                    failed: Callable[[str, zmq.ZMQError], None]) -> None:
+        if not wanted() or sock.closed:
+            return
+        while hosts:
+            host = hosts[0]
+            try:
+                sock.bind(f"{tcp_address(sock, host)}:{port}")
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EADDRINUSE and time.monotonic() < deadline:
+                    assert self.loop is not None
+                    self.loop.call_later(delay, self._bind_again, sock, port, hosts, deadline,
+                                         min(delay * 2, _REBIND_MAX_DELAY), wanted, bound,
+                                         failed)
+                    return
+                failed(host, exc)
+                return
+            hosts.pop(0)
+        bound()
 
     # -- watching and reading ---------------------------------------------------------
 

@@ -151,7 +151,6 @@ from porter_mesh.node.links import (
     Links,
     Sockets,
     recv_subscription,
-    tcp_address,
 )
 from porter_mesh.node.peering import Peering
 from porter_mesh.node.subscriptions import Subscriptions
@@ -165,11 +164,6 @@ log = logging.getLogger("porter_mesh.node")
 #: A wake-up this much later than its timer asked for means the process was stopped
 #: (SIGSTOP, a debugger, a suspended VM) rather than busy, at the least (see _on_timer).
 _PAUSE_MIN = 1.0
-#: Re-binding the PUB port after a revocation (see Node._reopen_pub): first retry after
-#: this many seconds, doubling up to the cap, for at most the deadline.
-_REBIND_FIRST_DELAY = 0.002
-_REBIND_MAX_DELAY = 0.1
-_REBIND_DEADLINE = 10.0
 
 
 #: The lock file that keeps a data directory to one node process.
@@ -532,35 +526,22 @@ class Node:
         self.counters["security.pub-reopened"] += 1
         log.info("node %s: a key left the trusted directory; every subscriber of this "
                  "node's PUB was cut and must reconnect", self.name)
-        # libzmq closes the old listener on its I/O thread: the port frees within a few
-        # milliseconds. Until the bind succeeds broadcasts reach nobody (and are counted
-        # as gaps by the subscribers, like any other loss).
-        self._bind_pub_again(sock, list(self.config.interfaces),
-                             time.monotonic() + _REBIND_DEADLINE, _REBIND_FIRST_DELAY)
+        # Until the bind succeeds broadcasts reach nobody (and are counted as gaps by
+        # the subscribers, like any other loss).
+        self._sockets.bind_again(sock, self.pub_port, wanted=lambda: sock is self._pub,
+                                 bound=lambda: self._pub_bound(sock),
+                                 failed=self._pub_unbound)
 
-    def _bind_pub_again(self, sock: zmq.Socket[bytes], hosts: list[str], deadline: float,
-                        delay: float) -> None:
-        if sock is not self._pub or sock.closed:
-            return  # the node closed, or cut its subscribers again, meanwhile
-        while hosts:
-            host = hosts[0]
-            try:
-                sock.bind(f"{tcp_address(sock, host)}:{self.pub_port}")
-            except zmq.ZMQError as exc:
-                if exc.errno == zmq.EADDRINUSE and time.monotonic() < deadline:
-                    assert self._loop is not None
-                    self._loop.call_later(delay, self._bind_pub_again, sock, hosts, deadline,
-                                          min(delay * 2, _REBIND_MAX_DELAY))
-                    return
-                self.counters["error.pub-rebind"] += 1
-                log.error("node %s cannot bind its PUB socket again on %s:%d (%s): its "
-                          "broadcasts reach nobody; restart the node", self.name, host,
-                          self.pub_port, exc.strerror)
-                return
-            hosts.pop(0)
+    def _pub_bound(self, sock: zmq.Socket[bytes]) -> None:
         if self._security is not None:
             self._net.watch_handshake(sock, None)
         self._sockets.watch(sock, self._read_xpub)
+
+    def _pub_unbound(self, host: str, exc: zmq.ZMQError) -> None:
+        self.counters["error.pub-rebind"] += 1
+        log.error("node %s cannot bind its PUB socket again on %s:%d (%s): its broadcasts "
+                  "reach nobody; restart the node", self.name, host, self.pub_port,
+                  exc.strerror)
 
     # ------------------------------------------------------------------ handshakes
 
