@@ -94,7 +94,7 @@ from porter_mesh.node.peering import Peering
 from porter_mesh.node.subscriptions import OBSERVE_PREFIX, Subscriptions
 from porter_mesh.node.zio import recv_frames, recv_frames_from, send_frames
 
-__all__ = ["Acks", "Arrivals", "KindHandler", "Reply", "count_for"]
+__all__ = ["Acks", "Arrivals", "KindHandler", "OnceLog", "Reply", "count_for"]
 
 log = logging.getLogger("porter_mesh.node")
 
@@ -114,6 +114,26 @@ def count_for(counter: collections.Counter[str], sender: str, n: int = 1) -> Non
     """``counter[sender] += n``, for a bounded number of senders."""
     if sender in counter or len(counter) < _MAX_COUNTED_SENDERS:
         counter[sender] += n
+
+
+class OnceLog:
+    """Log a problem once per (reason, origin) at WARNING, then only count it (in total
+    and per origin)."""
+
+    def __init__(self, count: Callable[[str, str], None]) -> None:
+        self._seen: set[tuple[str, str]] = set()
+        self._count = count
+
+    def __call__(self, reason: str, origin: str, message: str, *args: object) -> None:
+        self._count(reason, origin)
+        key = (reason, origin)
+        if key in self._seen or len(self._seen) > 10_000:
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(message, *args)
+            return
+        self._seen.add(key)
+        log.warning(message + " (further drops of this kind from %s are only counted)",
+                    *args, origin)
 
 
 class Acks(dict[bytes, list[int]]):

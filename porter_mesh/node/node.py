@@ -78,7 +78,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any
 
 import zmq
 
@@ -120,9 +120,7 @@ from porter_mesh.core.session.frames import (
     Settle,
 )
 from porter_mesh.core.session.keys import MAX_KEY_CHARS
-from porter_mesh.core.session.receiving import (
-    Receiving,
-)
+from porter_mesh.core.session.receiving import Receiving
 from porter_mesh.core.session.roster import (
     Connect,
     Disconnect,
@@ -143,15 +141,11 @@ from porter_mesh.errors import (
     StorageError,
     UnknownPeerError,
 )
-from porter_mesh.node.arrivals import Acks, Arrivals, KindHandler, Reply, count_for
+from porter_mesh.node.arrivals import Acks, Arrivals, KindHandler, OnceLog, Reply, count_for
 from porter_mesh.node.completions import Completion, Countdown, fail_all, send_error, settle
 from porter_mesh.node.config import NodeConfig, split_seed
 from porter_mesh.node.inbox import Inbox, Message, wall_ms
-from porter_mesh.node.links import (
-    Links,
-    Sockets,
-    recv_subscription,
-)
+from porter_mesh.node.links import Links, Sockets, recv_subscription
 from porter_mesh.node.peering import Peering
 from porter_mesh.node.subscriptions import Subscriptions
 from porter_mesh.node.timer import DeadlineTimer
@@ -168,32 +162,6 @@ _PAUSE_MIN = 1.0
 
 #: The lock file that keeps a data directory to one node process.
 DATA_DIR_LOCK = "node.lock"
-
-
-
-_T = TypeVar("_T")
-
-
-
-class _OnceLog:
-    """Log a problem once per (reason, origin) at WARNING, then only count it (in total
-    and per origin)."""
-
-    def __init__(self, count: Callable[[str, str], None]) -> None:
-        self._seen: set[tuple[str, str]] = set()
-        self._count = count
-
-    def __call__(self, reason: str, origin: str, message: str, *args: object) -> None:
-        self._count(reason, origin)
-        key = (reason, origin)
-        if key in self._seen or len(self._seen) > 10_000:
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug(message, *args)
-            return
-        self._seen.add(key)
-        log.warning(message + " (further drops of this kind from %s are only counted)",
-                    *args, origin)
-
 
 
 class Node:
@@ -225,7 +193,7 @@ class Node:
         #: Broadcasts lost (sequence gaps) and messages dropped, per sending peer.
         self.lost_by: collections.Counter[str] = collections.Counter()
         self.dropped_by: collections.Counter[str] = collections.Counter()
-        self._drop = _OnceLog(self.count_drop)
+        self._drop = OnceLog(self.count_drop)
         #: Extra sections of :meth:`view` (the knowledge replica adds ``knowledge``).
         self.view_sections: dict[str, Callable[[], dict[str, Any]]] = {}
         self._dir_lock: DirLock | None = None
