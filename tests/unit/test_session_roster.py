@@ -147,3 +147,23 @@ def test_silence_expires_a_peer_and_a_restart_forgets_its_streams() -> None:
     known, heard = r.heard("b", 2, 12.0)
     assert known and heard == []
     assert r.heard("b", 1, 12.0) == (False, [])  # the old incarnation is not heard
+
+
+def test_an_incarnation_that_said_goodbye_is_not_brought_back_by_a_late_advert() -> None:
+    r = roster()
+    r.found(advert(), 0.0)
+    assert kinds(r.left("b", 1, 1.0)) == ["Disconnect", "changed:left"]
+    # Its welcome or heartbeat read after the goodbye, an mDNS cache, another's hearsay.
+    assert r.found(advert(), 1.1, verified=True) == []
+    assert r.found(advert(), 1.2) == []
+    assert len(r.peers) == 0
+    # The same agent started again has a new incarnation, and joins.
+    assert kinds(r.found(advert(incarnation=2), 2.0)) == ["Connect", "changed:joined"]
+
+
+def test_an_expired_peer_comes_back_with_the_same_incarnation() -> None:
+    # Silence is not a goodbye: the other side of a partition is still that process.
+    r = roster()
+    r.found(advert(), 0.0)
+    assert kinds(r.tick(9.0)) == ["Disconnect", "changed:left"]
+    assert kinds(r.found(advert(), 10.0)) == ["Connect", "changed:joined"]

@@ -50,6 +50,9 @@ from porter_mesh.core.constants import PROTOCOL_VERSION
 from porter_mesh.core.peers import PeerEvent, PeerEventKind, PeerInfo, PeerTable
 from porter_mesh.core.session.sending import SendAction, Sender
 
+#: Most peers whose goodbye the roster remembers (see Roster._gone).
+_MAX_GONE = 1024
+
 __all__ = ["Connect", "Disconnect", "Drop", "Forget", "PeerChanged", "Reconnect", "Refuse",
            "Roster", "RosterAction", "TrustView", "vet_advert"]
 
@@ -185,6 +188,11 @@ class Roster(Generic[T]):
         self.peers = PeerTable(evasive_after=evasive_after, expire_after=expire_after)
         # The advert each link was opened with (what Connect and Reconnect asked for).
         self._linked: dict[str, PeerAdvert] = {}
+        # The incarnation of each peer that said goodbye: that process is ending, so an
+        # advert of it that comes later (a welcome or a heartbeat read after the goodbye
+        # on another socket, an mDNS cache, another peer's hearsay) must not bring it
+        # back. A new process has a new incarnation. Bounded, oldest forgotten first.
+        self._gone: dict[str, int] = {}
 
     def found(self, advert: PeerAdvert, now: float, *, verified: bool = False,
               trust: TrustView | None = None) -> list[RosterAction | SendAction[T]]:
@@ -198,6 +206,8 @@ class Roster(Generic[T]):
                              trust=trust)
         if refused is not None:
             return list(refused)
+        if self._gone.get(advert.name) == advert.incarnation:
+            return []
         return self.apply(self.peers.found(advert, now), now)
 
     def heard(self, name: str, incarnation: int, now: float, skew_ms: int | None = None
@@ -232,6 +242,7 @@ class Roster(Generic[T]):
             peer = event.peer
             name = peer.name
             if event.kind is PeerEventKind.JOINED:
+                self._gone.pop(name, None)
                 self._linked[name] = peer.advert
                 actions.append(Connect(peer.advert))
                 actions += self.sending.joined(name, now)
@@ -241,6 +252,10 @@ class Roster(Generic[T]):
                 actions += self.sending.left(name, peer.advert.role, event.reason)
                 if event.reason == "restarted":
                     actions.append(Forget(name))
+                elif event.reason == "goodbye":
+                    if len(self._gone) >= _MAX_GONE and name not in self._gone:
+                        del self._gone[next(iter(self._gone))]
+                    self._gone[name] = peer.incarnation
             elif event.kind is PeerEventKind.UPDATED:
                 old = self._linked.get(name)
                 if old is not None and _moved(old, peer.advert):
