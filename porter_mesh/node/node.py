@@ -363,7 +363,7 @@ class Node:
             announce = cfg.advertise and not cfg.observer
             await self._discovery.astart(self.advert() if announce else None)
         self._peering.start(time.monotonic())
-        self._rearm()
+        self._wake_by(self._next_deadline())
         log.info("node %s up: pub %d router %d incarnation %x%s", self.name, self.pub_port,
                  self.router_port, self.incarnation, " (CurveZMQ)" if security else "")
 
@@ -933,15 +933,25 @@ class Node:
         return min(due, self._inbox.next_due)
 
     def _rearm(self) -> None:
-        """Arm the node's one timer at the earliest deadline, if it is not armed there.
+        """Move the node's one timer earlier if a read or a flush brought an earlier
+        deadline: a first send's resend, a re-contact started by a lost peer.
 
-        Called after every read batch, flush and timer run, so a new earlier deadline
-        (a first send's resend, a re-contact started by a lost peer) moves the timer
-        forward. A deadline that went away (a settled send) leaves the timer where it
-        is: that wake-up finds nothing due and arms for what remains, which costs less
-        than moving the timer on every acknowledgement.
+        Called after every read batch and flush, so it looks only at what those can
+        move (the heartbeat's time changes only when the timer runs, and a declined
+        message's offer arms the timer where it is scheduled). A deadline that went away
+        (a settled send) leaves the timer where it is: that wake-up finds nothing due
+        and arms for what remains (:meth:`_next_deadline`), which costs less than moving
+        the timer on every acknowledgement.
         """
-        self._wake_by(self._next_deadline())
+        timer = self._timer
+        if timer is None:
+            return
+        due = self._sending.next_due
+        recontact = self._peering.next_due
+        if recontact < due:
+            due = recontact
+        if due < timer.at:
+            timer.wake_by(due)
 
     def _wake_by(self, due: float) -> None:
         """Make the timer fire no later than ``due`` (monotonic seconds)."""
@@ -965,7 +975,7 @@ class Node:
             self._inbox.offer_due(now)
         except Exception:
             log.exception("node timer failed")
-        self._rearm()
+        self._wake_by(self._next_deadline())
 
     def _tick(self, now: float) -> None:
         force_beat = now >= self._beat_due

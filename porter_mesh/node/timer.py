@@ -30,7 +30,8 @@ class DeadlineTimer:
         self._loop: asyncio.AbstractEventLoop | None = loop
         self._fire = fire
         self._handle: asyncio.TimerHandle | None = None
-        self._at = math.inf
+        #: The deadline the timer is armed for (monotonic seconds; inf: not armed).
+        self.at = math.inf
         #: How long after its deadline the last firing came (seconds): far more than
         #: the loop's usual delay means the process was stopped meanwhile.
         self.late = 0.0
@@ -38,11 +39,11 @@ class DeadlineTimer:
     def wake_by(self, due: float) -> None:
         """Fire no later than ``due`` (monotonic seconds; ``inf`` asks for nothing)."""
         loop = self._loop
-        if loop is None or due >= self._at:
+        if loop is None or due >= self.at:
             return
         if self._handle is not None:
             self._handle.cancel()
-        self._at = due
+        self.at = due
         # The loop's clock may not be time.monotonic(): convert through the delay.
         self._handle = loop.call_at(loop.time() + max(0.0, due - time.monotonic()),
                                     self._on_due)
@@ -56,7 +57,7 @@ class DeadlineTimer:
 
     def _on_due(self) -> None:
         self._handle = None
-        armed_at, self._at = self._at, math.inf
+        armed_at, self.at = self.at, math.inf
         if self._loop is not None:
             # Never earlier than asked: the loop may fire a hair before (clock resolution).
             now = max(time.monotonic(), armed_at)
