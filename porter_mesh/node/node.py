@@ -353,6 +353,9 @@ class Node:
             self._sockets.watch(self._sub, self._arrivals.read_sub)
         self._sockets.watch(self._router, self._arrivals.read_router)
         self._sockets.watch(self._pub, self._read_xpub)
+        # The first heartbeat is due now: arm for it before anything awaits (registering
+        # with mDNS takes a second or more), or its lateness would look like a pause.
+        self._wake_by(self._next_deadline())
         if cfg.discovery:
             from porter_mesh.adapters.discovery import Discovery
 
@@ -437,6 +440,7 @@ class Node:
             if other is not None:
                 other.close(linger=0)
         self._sub = self._router = None
+        self._peering.shared_sub = self._arrivals.sub = self._arrivals.router = None
         if self._security is not None:
             # After the server sockets: none of them may outlive the authenticator.
             self._security.stop()
@@ -962,19 +966,21 @@ class Node:
         """The timer fired: do whatever is due, then arm it for the next deadline."""
         assert self._timer is not None
         late = self._timer.late
-        if late > max(_PAUSE_MIN, self.config.evasive_after - self.config.heartbeat_interval):
-            # This process was stopped (SIGSTOP, a debugger, a suspended VM): nobody could
-            # be heard meanwhile. Forgive that silence and re-introduce ourselves to
-            # everyone. The stop began at most one timer interval before the timer was
-            # due, so the lateness is the pause within a heartbeat.
-            log.warning("node %s was paused for %.1fs; re-announcing", self.name, late)
-            self._peers.shift_clock(late)
-            self._peering.hello_again()
         try:
+            if late > max(_PAUSE_MIN,
+                          self.config.evasive_after - self.config.heartbeat_interval):
+                # This process was stopped (SIGSTOP, a debugger, a suspended VM): nobody
+                # could be heard meanwhile. Forgive that silence and re-introduce ourselves
+                # to everyone. The stop began at most one timer interval before the timer
+                # was due, so the lateness is the pause within a heartbeat.
+                log.warning("node %s was paused for %.1fs; re-announcing", self.name, late)
+                self._peers.shift_clock(late)
+                self._peering.hello_again()
             self._tick(now)
             self._inbox.offer_due(now)
         except Exception:
             log.exception("node timer failed")
+        # Always armed again: reads and flushes only move it for sends and re-contacts.
         self._wake_by(self._next_deadline())
 
     def _tick(self, now: float) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 
 from porter_mesh.core.as2 import announce
 from porter_mesh.errors import DeliveryTimeout
+from porter_mesh.node.config import NodeConfig
 from porter_mesh.node.node import Node
 from porter_mesh.node.sync import SyncNode
 from tests.integration.harness import NodeProcess
@@ -80,3 +82,37 @@ def test_a_starting_node_is_not_taken_for_a_paused_one(
         asyncio.run(_start_pair(mesh, tmp_path))
     paused = [r.getMessage() for r in caplog.records if "was paused" in r.getMessage()]
     assert paused == []
+
+
+
+async def _heartbeats_while_registering(mesh: str) -> tuple[list[str], float]:
+    # A watcher that knows the starting node's ROUTER port links to it while the node
+    # still registers with mDNS (a second or more), and marks it evasive if its
+    # heartbeats do not come.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = NodeConfig(name="finder", mesh=mesh, interfaces=("127.0.0.1",), discovery=True,
+                        router_port=port, heartbeat_interval=0.1, evasive_after=0.6,
+                        expire_after=5.0)
+    finder = Node(config)
+    watcher = Node(config.with_changes(name="watcher", discovery=False, router_port=0,
+                                       seeds=(f"127.0.0.1:{port}",)))
+    seen: list[str] = []
+    watcher.add_peer_listener(
+        lambda e: seen.append(e.kind.value) if e.peer.name == "finder" else None)
+    async with watcher:
+        started = time.monotonic()
+        await finder.astart()
+        took = time.monotonic() - started
+        try:
+            await watcher.wait_for_peers(["finder"], 20)
+        finally:
+            await finder.aclose()
+    return seen, took
+
+
+def test_the_first_heartbeat_does_not_wait_for_mdns(mesh: str) -> None:
+    seen, took = asyncio.run(_heartbeats_while_registering(mesh))
+    assert "joined" in seen, seen
+    assert "evasive" not in seen, f"no heartbeat while registering ({took:.2f}s): {seen}"
