@@ -227,8 +227,9 @@ _COPY_DIR: Final = "index-copy"
 _COPY_TMP: Final = "index-copy.tmp"
 #: The copy's mark: ``"<journal offset> <hash of the journal's bytes before it>"``.
 _META_COPY_OF: Final = ox.NamedNode("urn:porter:shard:copy-of-journal")
-#: Journal bytes hashed into the mark (they end with a frame's CRC and record key).
-_TAIL_BYTES: Final = 64
+#: Journal bytes hashed into the mark: enough to take in the length and CRC-32 of some
+#: frames (records of one shape end alike; their checksums and ids differ).
+_TAIL_BYTES: Final = 4096
 #: A copy is written at close only for a journal at least this large: below it the
 #: index loads from the journal in some 0.1 s, about what opening a copy costs.
 COPY_MIN_JOURNAL_BYTES: Final = 1 << 20
@@ -1021,7 +1022,7 @@ class Shard:
         try:
             store = ox.Store(str(path))
             marks = _copy_marks(store)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RuntimeError) as exc:  # RocksDB: "Corruption: ..."
             why = f"it cannot be read ({exc})"
         else:
             why = self._copy_mismatch(marks, end)
@@ -1085,7 +1086,7 @@ class Shard:
                 _write_rdf(store, task)
                 end = task.new_mark
             _mark_copy(store, end, self._journal.tail_hash(end))
-        except (OSError, SyntaxError, KnowledgeError) as exc:
+        except (OSError, RuntimeError, SyntaxError, KnowledgeError) as exc:
             copy.failed = True
             assert copy.applier is not None
             copy.applier.retire()
@@ -1146,7 +1147,7 @@ class Shard:
             if not path.exists():
                 os.rename(tmp, path)
                 fsync_directory(self.data_dir)
-        except (OSError, ValueError, SyntaxError, KnowledgeError) as exc:
+        except (OSError, ValueError, RuntimeError, SyntaxError, KnowledgeError) as exc:
             store = None
             gc.collect()
             shutil.rmtree(tmp, ignore_errors=True)

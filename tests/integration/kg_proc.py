@@ -16,8 +16,8 @@ Commands (``op`` key): ``remember`` (n, prefix, about, severity, generated_at, q
 concurrency: Remembers in flight at once, sharing their fdatasyncs),
 ``retract`` (id), ``vv`` (version vector, record count and digest, without waiting for the
 store), ``index`` (whether the in-memory index is still loading and whether queries are
-answered from the copy of it on disk meanwhile), ``stats``, ``dump``, ``query`` (sparql), ``wait-subscribers``
-(n, timeout), ``quit``.
+answered from the copy of it on disk meanwhile), ``stats``, ``dump``, ``query`` (sparql),
+``wait-subscribers`` (n, timeout), ``quit``.
 
 :class:`KgProcess` starts one and talks to it (the tests and the benchmark use it).
 """

@@ -1,0 +1,156 @@
+"""The copy of the in-memory index on disk: written at close, used at start only when it
+matches the journal, and read by queries while the index loads (see ``_IndexCopy`` in
+porter_mesh/adapters/shard.py). The crash tests with real processes are in
+test_knowledge_restart.py."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from porter_mesh.adapters.shard import COPY_MIN_JOURNAL_BYTES, Durability, Index, Shard
+from porter_mesh.core.knowledge import Observation, Record, format_timestamp, observation_iri
+
+LIVE = "SELECT ?o WHERE { ?o a porter:Observation }"
+COUNT = "SELECT (COUNT(?o) AS ?n) WHERE { ?o a porter:Observation }"  # runs isolated
+
+
+def records(origin: str, n: int, first: int = 1) -> list[Record]:
+    return [Record(origin, seq, Observation(
+        f"urn:porter:file:m{seq % 50}.ts", f"{origin} finding {seq} about request routing",
+        origin, format_timestamp(1_700_000_000 + seq))) for seq in range(first, first + n)]
+
+
+def build(path: Path, origin: str = "alpha", n: int = 10000, first: int = 1) -> set[str]:
+    """Merge ``n`` observations into the shard at ``path`` and close it; their IRIs."""
+    batch = records(origin, n, first)
+    with Shard(path, durability=Durability.OS) as shard:
+        for start in range(0, n, 4096):
+            shard.merge(batch[start:start + 4096])
+        assert shard.stats().journal_bytes >= COPY_MIN_JOURNAL_BYTES or n < 1000
+    return {observation_iri(r.body.id) for r in batch}
+
+
+def live(shard: Shard) -> set[str]:
+    return {row[0].value for row in shard.query(LIVE, row_limit=1_000_000).rows}
+
+
+def count(shard: Shard) -> int:
+    return int(shard.query(COUNT).rows[0][0].value)
+
+
+def test_a_small_shard_keeps_no_copy(tmp_path: Path) -> None:
+    build(tmp_path / "s", n=200)
+    assert not (tmp_path / "s" / "index-copy").exists()
+
+
+def test_the_copy_answers_at_once_and_every_write_made_during_the_load_is_seen(
+        tmp_path: Path) -> None:
+    iris = build(tmp_path / "s", n=30000)  # its load takes long enough to read during it
+    assert (tmp_path / "s" / "index-copy").is_dir()
+    shard = Shard(tmp_path / "s", agent="alpha")
+    try:
+        assert shard.reading_from_copy and shard.index_loading
+        # A Remember, a retraction and a merge while the index loads: every read sees them.
+        own = shard.remember("urn:porter:file:x.ts", "written during the load")
+        gone = sorted(iris)[0]
+        shard.retract(gone)
+        merged = records("beta", 3)
+        shard.merge(merged)
+        expected = (iris - {gone}) | {observation_iri(own.body.id)} | {
+            observation_iri(r.body.id) for r in merged}
+        assert live(shard) == expected
+        assert shard.stats().observations == len(expected)
+        assert shard.reading_from_copy, "the index loaded before the reads: nothing tested"
+        assert count(shard) == len(expected)  # an isolated query: on a checkpoint
+        assert len(shard.graph) == 5 * len(expected)  # five triples each here
+        assert b"written during the load" in shard.export("nt")
+        assert shard.wait_index(60)
+        assert not shard.reading_from_copy and not shard.index_loading
+        assert live(shard) == expected
+        assert count(shard) == len(expected)
+    finally:
+        shard.close()
+    # Close brought the copy up to date: the next start answers with all of it at once.
+    with Shard(tmp_path / "s") as again:
+        assert again.reading_from_copy
+        assert live(again) == expected
+
+
+def test_close_during_the_load_stops_it_and_keeps_the_copy_whole(tmp_path: Path) -> None:
+    iris = build(tmp_path / "s")
+    shard = Shard(tmp_path / "s", agent="alpha")
+    own = shard.remember("urn:porter:file:x.ts", "written during the load")
+    shard.close()
+    with Shard(tmp_path / "s") as again:
+        assert again.reading_from_copy
+        assert live(again) == iris | {observation_iri(own.body.id)}
+        assert again.wait_index(60)
+        assert live(again) == iris | {observation_iri(own.body.id)}
+
+
+Damage = Callable[[Path], tuple[str, set[str]]]
+
+
+def journal_cut(path: Path) -> tuple[str, set[str]]:
+    """The journal is replaced by an older one (a backup): the copy is ahead of it."""
+    iris = build(path, n=8000)
+    older = (path / "knowledge.journal").read_bytes()
+    build(path, n=100, first=8001)
+    (path / "knowledge.journal").write_bytes(older)
+    return "more than the journal's", iris
+
+
+def other_journal(path: Path) -> tuple[str, set[str]]:
+    """The journal is another shard's, longer: the bytes before the mark differ."""
+    build(path, n=8000)
+    iris = build(path.parent / "other", origin="gamma", n=9000)
+    shutil.copyfile(path.parent / "other" / "knowledge.journal", path / "knowledge.journal")
+    return "made from another journal", iris
+
+
+def torn(path: Path) -> tuple[str, set[str]]:
+    """The copy's files are damaged."""
+    iris = build(path, n=8000)
+    for f in (path / "index-copy").iterdir():
+        if f.is_file():
+            f.write_bytes(b"\0" * 16)
+    return "the copy of the index on disk is not used", iris
+
+
+def far_behind(path: Path) -> tuple[str, set[str]]:
+    """An old copy put back: more than a quarter of the journal lies past it."""
+    iris = build(path, n=8000)
+    shutil.copytree(path / "index-copy", path.parent / "old-copy")
+    iris |= build(path, n=3000, first=8001)
+    shutil.rmtree(path / "index-copy")
+    shutil.copytree(path.parent / "old-copy", path / "index-copy")
+    return "more than loading the whole journal into memory costs", iris
+
+
+@pytest.mark.parametrize("damage", [journal_cut, other_journal, torn, far_behind])
+def test_a_copy_that_does_not_match_the_journal_is_not_used_and_the_log_says_why(
+        tmp_path: Path, damage: Damage, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "s"
+    why, journal = damage(path)
+    caplog.set_level(logging.INFO, logger="porter_mesh.shard")
+    with Shard(path) as shard:
+        assert not shard.reading_from_copy
+        assert live(shard) == journal  # the old path: queries waited for the load
+    text = caplog.text
+    assert "the copy of the index on disk is not used" in text and why in text, text
+    # Close wrote a new copy, which the next start uses.
+    with Shard(path) as shard:
+        assert shard.reading_from_copy
+        assert live(shard) == journal
+
+
+def test_the_disk_index_removes_a_copy(tmp_path: Path) -> None:
+    iris = build(tmp_path / "s")
+    with Shard(tmp_path / "s", index=Index.DISK) as shard:
+        assert not (tmp_path / "s" / "index-copy").exists()
+        assert live(shard) == iris
