@@ -112,10 +112,10 @@ def test_kill_9_while_the_copy_of_the_index_is_written_loses_nothing(
         "the copy was finished before the kill: nothing was tested"
 
     b = start(procs, "a", data, mesh)
+    assert len(findings(b, "late-")) == 50
+    assert live(b) == big_shard[1] | {f"urn:porter:obs:{e['id']}" for e in a.stored()}
     assert "removing an unfinished copy of the index" in b.stderr
     assert not b.ask("index", "index")["from_copy"]
-    assert live(b) == big_shard[1] | {f"urn:porter:obs:{e['id']}" for e in a.stored()}
-    assert len(findings(b, "late-")) == 50
 
     # A clean close now writes the copy, and the next start answers from it at once.
     b.stop()
