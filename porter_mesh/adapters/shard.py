@@ -8,13 +8,17 @@ A shard lives in a data directory::
     shard.lock           held (flock) while a process has the shard open
     knowledge.journal    every record ever accepted, append-only: the truth
     oxigraph/            with ``Index.DISK`` only: the Oxigraph store (RocksDB)
+    index-copy/          with ``Index.MEMORY``: a copy of the index (RocksDB), written at
+                         close, which answers queries after a restart while it loads
     checkpoints/         on-disk copies of the store for isolated queries
 
 **The store is an index.** The Oxigraph store answers queries; it holds nothing the
 journal does not, so it can be chosen for speed. ``Index.MEMORY`` (the default) keeps it
 in memory and rebuilds it from the journal at every start: no RocksDB write path, about
 2.3 KB of memory per observation (the replica state included), a profile query several
-times faster than on disk, a rebuild of the index after each start (see docs/knowledge.md).
+times faster than on disk, a rebuild of the index after each start (see docs/knowledge.md);
+meanwhile queries are answered from the copy of it that the last close left on disk, when
+that copy matches the journal (:class:`_IndexCopy`).
 ``Index.DISK`` keeps it in RocksDB under ``oxigraph/`` with a watermark, for a shard
 larger than memory; at start it applies only what the journal holds past the watermark.
 
@@ -37,8 +41,8 @@ through a transactional ``load``; large ones through ``bulk_load``, which writes
 files directly and keeps memory flat.
 
 **Restart.** The journal is scanned (a torn last frame, from a crash mid-write, is cut
-off: it was never acknowledged); then every record past the store's watermark is applied
-again. Applying is idempotent (adding a quad twice or deleting an absent one changes
+off: it was never acknowledged); then every record past the store's watermark (on disk)
+or the copy's mark (in memory, see :class:`_IndexCopy`) is applied again. Applying is idempotent (adding a quad twice or deleting an absent one changes
 nothing), so a crash at any point between the journal write and the watermark only
 means some work is redone.
 

@@ -2,16 +2,14 @@
 loads into memory, and loses nothing however it is killed (real processes, kill -9).
 
 Every test starts from one shard of 100k observations built once for this file (its
-load into memory takes seconds, long enough to act during it), copied per test.
+load into memory takes seconds, long enough to act during it), copied per test. The
+``mesh`` and ``procs`` fixtures are conftest's.
 """
 
 from __future__ import annotations
 
-import itertools
-import os
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,22 +23,6 @@ pytestmark = pytest.mark.slow  # each test loads 100k observations several times
 N = 100_000
 ORIGINS = ("alpha", "beta", "gamma")
 FINDINGS = "SELECT ?f WHERE {{ ?o porter:finding ?f FILTER(STRSTARTS(?f, '{}')) }}"
-
-_mesh_ids = itertools.count()
-
-
-@pytest.fixture
-def mesh() -> str:
-    return f"kgr{os.getpid()}-{next(_mesh_ids)}"
-
-
-@pytest.fixture
-def procs() -> Iterator[list[KgProcess]]:
-    started: list[KgProcess] = []
-    yield started
-    for p in started:
-        p.stop()
-
 
 @pytest.fixture(scope="module")
 def big_shard(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, frozenset[str]]:
