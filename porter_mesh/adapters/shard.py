@@ -106,7 +106,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
 import msgpack
@@ -782,12 +782,14 @@ class _IndexCopy:
       ``index-copy.tmp/`` and renames it into place (a crash midway leaves the
       temporary directory, removed at the next start). It is never written per merge.
     * **open** checks the mark against the journal: at or before the journal's end,
-      the same bytes before it, and not too far behind. Then the copy answers queries;
-      its own thread (this object's applier) first applies the records past the mark,
-      then every batch committed meanwhile, in order, while the shard's store thread
-      loads the in-memory index from the journal. A copy that does not match, cannot be
-      opened or is missing means the old path (queries wait for the load), said in the
-      log, and a matching copy too far behind is not used either.
+      the same bytes before it, and not too far behind. That runs on the copy's own
+      thread (this object's applier), so the shard serves the mesh without waiting for
+      it, and reads wait for it. Then the copy answers queries; its thread first
+      applies the records past the mark, then every batch committed meanwhile, in
+      order, while the shard's store thread loads the in-memory index from the
+      journal. A copy that does not match, cannot be opened or is missing means the old
+      path (queries wait for the load), said in the log, and a matching copy too far
+      behind is not used either.
     * **switch**: once the in-memory index has loaded, it answers queries (with every
       batch committed meanwhile queued behind the load), the copy's thread applies what
       it still holds queued and ends, and the copy is closed.
@@ -796,10 +798,13 @@ class _IndexCopy:
     applied every batch committed before: so it sees every acknowledged record.
     """
 
-    def __init__(self, path: pathlib.Path, store: ox.Store) -> None:
+    def __init__(self, path: pathlib.Path) -> None:
         self.path = path
-        #: ``None`` once its thread has ended (the RocksDB files are let go).
-        self.store: ox.Store | None = store
+        #: Set by its thread once it is opened and its mark checked, and ``None`` again
+        #: once its thread has ended (the RocksDB files are let go).
+        self.store: ox.Store | None = None
+        #: Its thread has tried to open it (``failed`` says whether that worked).
+        self.opened = threading.Event()
         #: A write to it failed: it answers nothing more, and close writes a new one.
         self.failed = False
         #: Writes applied (the isolated queries' checkpoint of it is reused until then).
@@ -1024,7 +1029,19 @@ class Shard:
                      "the journal holds %d bytes): queries wait until the index has loaded "
                      "from the journal", self.data_dir, COPY_MIN_JOURNAL_BYTES)
             return None
+        # Opened and checked on its own thread, so that opening it does not delay the
+        # shard serving the mesh; reads wait for that thread (see _reading_store).
+        copy = _IndexCopy(path)
+        copy.applier = _Applier(functools.partial(self._write_copy, copy),
+                                on_stop=copy.release)
         end = self._journal.end
+        copy.applier.submit(_StoreTask((), (), end, (), rebuild_until=end))
+        return copy
+
+    def _open_copy_store(self, copy: _IndexCopy, end: int) -> int | None:
+        """Open the copy and check its mark against the journal's end at opening (on the
+        copy's thread): the mark, or ``None`` when it is not used (the log says why)."""
+        path = copy.path
         store: ox.Store | None = None
         why: str | None
         try:
@@ -1044,16 +1061,11 @@ class Shard:
             return None
         assert store is not None
         mark = max(m[0] for m in marks)
-        copy = _IndexCopy(path, store)
-        copy.applier = _Applier(functools.partial(self._write_copy, copy),
-                                on_stop=copy.release)
-        if mark < end:
-            copy.applier.submit(_StoreTask((), (), end, (), rebuild_until=end,
-                                           rebuild_from=mark))
+        copy.store = store
         log.info("shard %s: queries are answered from the copy of the index on disk while "
                  "the index loads into memory (%d bytes of journal past the copy are applied "
                  "to it first)", self.data_dir, end - mark)
-        return copy
+        return mark
 
     def _copy_mismatch(self, marks: Sequence[tuple[int, str, ox.Quad]], end: int
                        ) -> str | None:
@@ -1075,9 +1087,24 @@ class Shard:
     def _write_copy(self, copy: _IndexCopy, task: _StoreTask) -> None:
         """Apply a batch to the copy and move its mark (on the copy's thread).
 
-        A failure leaves the copy behind: it answers nothing more (queries wait for the
-        in-memory index, which has every batch too), and close writes a new one.
+        The first task opens it (and applies the journal past its mark). A failure leaves
+        the copy behind: it answers nothing more (queries wait for the in-memory index,
+        which has every batch too), and close writes a new one.
         """
+        if not copy.opened.is_set():
+            mark: int | None = None
+            try:
+                mark = self._open_copy_store(copy, task.rebuild_until)
+            finally:
+                copy.failed = mark is None
+                copy.opened.set()
+            if mark is None:
+                assert copy.applier is not None
+                copy.applier.retire()
+                return
+            if mark == task.rebuild_until:
+                return
+            task = replace(task, rebuild_from=mark)
         store = copy.store
         if copy.failed or store is None:
             return
@@ -1740,17 +1767,17 @@ class Shard:
             KnowledgeError: the shard is closed, or the store failed to apply a batch.
         """
         self._check_open()
-        while True:
-            copy = self._reading_copy
-            store = copy.store if copy is not None and not copy.failed else None
-            if copy is None or store is None:
-                self._applier.drain()
-                return self._store
+        copy = self._reading_copy
+        if copy is not None and not copy.failed:
             assert copy.applier is not None
             copy.applier.drain()
-            if not copy.failed:
+            store = copy.store
+            if store is not None and not copy.failed:
                 return store
-            # It failed on a batch this read must see: read the in-memory index instead.
+            # Refused when opened, failed on a batch this read must see, or closed once
+            # the index loaded: the in-memory index has every batch.
+        self._applier.drain()
+        return self._store
 
     @property
     def index_loading(self) -> bool:
@@ -1762,7 +1789,10 @@ class Shard:
         """Whether queries are answered from the copy of the in-memory index on disk (while
         the index loads after a restart, when a copy matching the journal was there)."""
         copy = self._reading_copy
-        return copy is not None and not copy.failed and copy.store is not None
+        if copy is None:
+            return False
+        copy.opened.wait()
+        return not copy.failed and copy.store is not None
 
     def wait_index(self, timeout: float | None = None) -> bool:
         """Wait until the in-memory index has loaded (after opening).

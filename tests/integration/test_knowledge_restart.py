@@ -96,7 +96,7 @@ def test_kill_9_while_the_copy_of_the_index_is_written_loses_nothing(
     b = start(procs, "a", data, mesh)
     assert len(findings(b, "late-")) == 50
     assert live(b) == big_shard[1] | {f"urn:porter:obs:{e['id']}" for e in a.stored()}
-    assert "removing an unfinished copy of the index" in b.stderr
+    wait_stderr(b, "removing an unfinished copy of the index", 30)
     assert not b.ask("index", "index")["from_copy"]
 
     # A clean close now writes the copy, and the next start answers from it at once.
@@ -157,7 +157,7 @@ def test_a_copy_older_than_the_journal_still_gives_every_record(
 
     b = start(procs, "a", data, mesh)
     assert b.ask("index", "index")["from_copy"]
-    assert "bytes of journal past the copy are applied to it first" in b.stderr
+    wait_stderr(b, "bytes of journal past the copy are applied to it first", 30)
     assert "(0 bytes of journal past the copy" not in b.stderr
     assert len(findings(b, "past-")) == 199
     assert live(b) == expected
