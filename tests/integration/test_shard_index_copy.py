@@ -22,6 +22,7 @@ from porter_mesh.core.knowledge import (
     format_timestamp,
     observation_iri,
 )
+from tests.integration.test_knowledge_full_disk import mounted_tiny
 
 LIVE = "SELECT ?o WHERE { ?o a porter:Observation }"
 COUNT = "SELECT (COUNT(?o) AS ?n) WHERE { ?o a porter:Observation }"  # runs isolated
@@ -184,3 +185,18 @@ def test_the_disk_index_removes_a_copy(tmp_path: Path) -> None:
     with Shard(tmp_path / "s", index=Index.DISK) as shard:
         assert not (tmp_path / "s" / "index-copy").exists()
         assert live(shard) == iris
+
+
+def test_a_copy_that_cannot_be_written_at_close_costs_nothing_but_the_log_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    with mounted_tiny(mount):  # 2 MiB: the journal fits, its copy does not
+        caplog.set_level(logging.INFO, logger="porter_mesh.shard")
+        iris = build(mount / "s")
+        assert "the copy of the index was not written on disk" in caplog.text, caplog.text
+        assert not (mount / "s" / "index-copy").exists()
+        assert not (mount / "s" / "index-copy.tmp").exists()
+        with Shard(mount / "s") as shard:
+            assert not shard.reading_from_copy
+            assert live(shard) == iris
