@@ -10,7 +10,10 @@ short runs of each, taken alternately. This measures, with the same functions:
 * ``memory``: the marginal memory per observation between 10k and 100k (fresh child
   processes, as ``bench.bench_knowledge`` does).
 * ``restart``: reopening a 100k shard with the in-memory index and with the on-disk
-  index, twice each: until it serves the mesh, and until its index answers.
+  index, twice each: until it serves the mesh, and until its queries answer (with the
+  in-memory index, from the copy of it on disk while it loads); then once more until
+  the in-memory index has loaded. Also the first close (which writes that copy) and
+  the disk each index kind takes per observation.
 
 Run from the checkout to measure, e.g. alternating with a ``git archive`` of another
 commit: ``PYTHONPATH=. .venv/bin/python -m bench.bench_knowledge_targets merge`` (no
@@ -64,12 +67,26 @@ def memory(root: pathlib.Path) -> None:
 def restart(root: pathlib.Path) -> None:
     msgs = bk.messages(bk.make_records(N), MAX_RECORDS_PER_MESSAGE)
     for index in (Index.MEMORY, Index.DISK):
-        with Shard(root / index.name, agent="bench", index=index) as shard:
-            bk.merge_into(shard, msgs)
+        shard = Shard(root / index.name, agent="bench", index=index)
+        bk.merge_into(shard, msgs)
+        started = time.perf_counter()
+        shard.close()
+        closed = time.perf_counter() - started
+        sizes = {p.name: bk.dir_bytes(p) if p.is_dir() else p.stat().st_size
+                 for p in (root / index.name).iterdir()}
+        print(f"close, {index.name.lower()} index: {closed:.2f} s; disk per observation: "
+              + ", ".join(f"{name} {size / N:.0f} B" for name, size in sorted(sizes.items())
+                          if size > 4096), flush=True)
         for _ in range(2):
             opened, ready = bk.reopen(root / index.name, "bench", index)
             print(f"restart, {index.name.lower()} index: serves after {opened:.2f} s, "
                   f"queries answer after {ready:.2f} s", flush=True)
+        if index is Index.MEMORY:
+            started = time.perf_counter()
+            with Shard(root / index.name, agent="bench", index=index) as shard:
+                shard.wait_index()
+                print(f"restart, memory index: loaded into memory after "
+                      f"{time.perf_counter() - started:.2f} s", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

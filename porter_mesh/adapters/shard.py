@@ -8,13 +8,17 @@ A shard lives in a data directory::
     shard.lock           held (flock) while a process has the shard open
     knowledge.journal    every record ever accepted, append-only: the truth
     oxigraph/            with ``Index.DISK`` only: the Oxigraph store (RocksDB)
+    index-copy/          with ``Index.MEMORY``: a copy of the index (RocksDB), written at
+                         close, which answers queries after a restart while it loads
     checkpoints/         on-disk copies of the store for isolated queries
 
 **The store is an index.** The Oxigraph store answers queries; it holds nothing the
 journal does not, so it can be chosen for speed. ``Index.MEMORY`` (the default) keeps it
 in memory and rebuilds it from the journal at every start: no RocksDB write path, about
 2.3 KB of memory per observation (the replica state included), a profile query several
-times faster than on disk, a rebuild of the index after each start (see docs/knowledge.md).
+times faster than on disk, a rebuild of the index after each start (see docs/knowledge.md);
+meanwhile queries are answered from the copy of it that the last close left on disk, when
+that copy matches the journal (:class:`_IndexCopy`).
 ``Index.DISK`` keeps it in RocksDB under ``oxigraph/`` with a watermark, for a shard
 larger than memory; at start it applies only what the journal holds past the watermark.
 
@@ -37,10 +41,10 @@ through a transactional ``load``; large ones through ``bulk_load``, which writes
 files directly and keeps memory flat.
 
 **Restart.** The journal is scanned (a torn last frame, from a crash mid-write, is cut
-off: it was never acknowledged); then every record past the store's watermark is applied
-again. Applying is idempotent (adding a quad twice or deleting an absent one changes
-nothing), so a crash at any point between the journal write and the watermark only
-means some work is redone.
+off: it was never acknowledged); then every record past the store's watermark (on disk)
+or the copy's mark (in memory, see :class:`_IndexCopy`) is applied again. Applying is
+idempotent (adding a quad twice or deleting an absent one changes nothing), so a crash
+at any point between the journal write and the watermark only means some work is redone.
 
 **Durability policy.** ``Durability.FSYNC`` (the default): ``fdatasync`` the journal
 before the call returns -- one per merged batch however large -- so a record the node
@@ -90,7 +94,9 @@ from __future__ import annotations
 import collections
 import ctypes
 import enum
+import functools
 import gc
+import hashlib
 import json
 import logging
 import os
@@ -100,7 +106,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
 import msgpack
@@ -219,6 +225,25 @@ class Index(enum.Enum):
 #: Observations per store write while the in-memory index is rebuilt at start: bounds
 #: the N-Triples text held at once, however large the journal.
 _REPLAY_CHUNK: Final = 16384
+#: Observations per bulk load into the copy of the index (see _IndexCopy): 16,384 leave
+#: RocksDB files of some 860 B per observation, 32,768 or more some 530 B, in as long.
+_COPY_CHUNK: Final = 32768
+#: Where the on-disk copy of the in-memory index lives, and where a new one is written
+#: before it is renamed into place (see :class:`_IndexCopy`).
+_COPY_DIR: Final = "index-copy"
+_COPY_TMP: Final = "index-copy.tmp"
+#: The copy's mark: ``"<journal offset> <hash of the journal's bytes before it>"``.
+_META_COPY_OF: Final = ox.NamedNode("urn:porter:shard:copy-of-journal")
+#: Journal bytes hashed into the mark: enough to take in the length and CRC-32 of some
+#: frames (records of one shape end alike; their checksums and ids differ).
+_TAIL_BYTES: Final = 4096
+#: A copy is written at close only for a journal at least this large: below it the
+#: index loads from the journal in some 0.1 s, about what opening a copy costs.
+COPY_MIN_JOURNAL_BYTES: Final = 1 << 20
+#: A copy further behind its journal than this share of the journal is not used: the
+#: records past it would take longer to apply to it (on disk) than loading the whole
+#: journal into memory.
+_COPY_MAX_BEHIND: Final = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,18 +374,20 @@ class _Journal:
         """Failed appends and syncs since the journal was opened."""
         return self._log.failures
 
-    def scan(self, until: int | None = None) -> Iterator[tuple[int, bytes]]:
+    def scan(self, until: int | None = None, *,
+             start: int | None = None) -> Iterator[tuple[int, bytes]]:
         """Yield ``(offset, payload)`` of every intact frame; cut a torn tail.
 
         Args:
             until: read only the frames before this offset (one this journal reached),
                 and change nothing: safe while other threads append.
+            start: the offset of a frame to begin at (the first frame by default).
 
         Raises:
             KnowledgeError: a frame before the end is damaged.
         """
         try:
-            yield from self._log.replay(until=until)
+            yield from self._log.replay(start, until=until)
         except DamagedLogError as exc:
             raise KnowledgeError(
                 f"{self.path} is damaged at byte {exc.damage.offset} (checksum mismatch "
@@ -408,6 +435,14 @@ class _Journal:
             StorageError: the fdatasync failed: what it covers is not known to be on disk.
         """
         self._log.sync_to(end)
+
+    def tail_hash(self, end: int) -> str:
+        """A hash of the bytes just before ``end``: it tells whether a copy of the index
+        made from this journal up to ``end`` was made from this journal (see
+        :class:`_IndexCopy`)."""
+        start = max(len(_MAGIC), end - _TAIL_BYTES)
+        return hashlib.blake2b(os.pread(self._log.fd, end - start, start),
+                               digest_size=16).hexdigest()
 
     def read(self, offset: int) -> bytes:
         """The payload of the frame at ``offset``."""
@@ -515,9 +550,14 @@ class _Applier:
     def __init__(
         self, write: Callable[[_StoreTask], None], *, max_pending: int = 16384,
         max_join: int = 32768, recover: Callable[[], None] | None = None,
+        on_stop: Callable[[], None] | None = None,
     ) -> None:
         self._write = write
         self._recover = recover
+        self._on_stop = on_stop
+        # The thread has ended: a task submitted now is dropped (nobody would apply it,
+        # and a drain would wait for it forever; see _IndexCopy).
+        self._done = False
         self._max_pending = max_pending
         self._max_join = max_join
         self._pending = 0
@@ -532,6 +572,8 @@ class _Applier:
 
     def submit(self, task: _StoreTask) -> None:
         with self._cond:
+            if self._done:
+                return
             if self._error is not None:
                 if self._recover is not None:
                     return  # the store is rebuilt from the journal, which holds this batch
@@ -574,7 +616,8 @@ class _Applier:
                 while not self._queue and not self._stopping:
                     self._cond.wait()
                 if not self._queue:
-                    return
+                    self._done = True
+                    break
                 task = self._queue.popleft()
                 self._pending -= task.weight
                 # Join what else is waiting: Oxigraph's bulk load costs about 25 ms per
@@ -613,6 +656,8 @@ class _Applier:
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
+        if self._on_stop is not None:
+            self._on_stop()
 
     def _heal(self) -> None:
         """Retry ``recover`` with a growing pause until it works or the shard closes.
@@ -642,10 +687,14 @@ class _Applier:
                         "are in the store again")
             return
 
-    def close(self) -> None:
+    def retire(self) -> None:
+        """Apply what is queued, then end the thread (without waiting for it)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+
+    def close(self) -> None:
+        self.retire()
         self._thread.join()
 
 
@@ -661,11 +710,109 @@ class _StoreTask:
     rendered: int = 0
     #: Rebuild the in-memory index from the journal's frames before this offset.
     rebuild_until: int = 0
+    #: ... starting at this frame (a copy of the index brought up to date; 0: the first).
+    rebuild_from: int = 0
 
     @property
     def weight(self) -> int:
         """Observations this task adds (what the applier's queue bound counts)."""
         return len(self.add) + self.rendered
+
+
+def _write_rdf(store: ox.Store, task: _StoreTask) -> None:
+    """Write a task's observations and removals to an on-disk store (no watermark).
+
+    Raises:
+        OSError: the store failed (a full disk...).
+        SyntaxError: Oxigraph refused the text.
+    """
+    text = task.text + _ntriples(task.add) if task.add else task.text
+    if text:
+        if task.weight >= BULK_THRESHOLD:
+            store.bulk_load(text, format=ox.RdfFormat.N_TRIPLES, lenient=True)
+            if _MALLOC_TRIM is not None:
+                _MALLOC_TRIM(0)
+        else:
+            store.load(text, format=ox.RdfFormat.N_TRIPLES, lenient=True)
+    _remove_observations(store, task.remove)
+
+
+def _remove_observations(store: ox.Store, targets: Sequence[bytes]) -> None:
+    for start in range(0, len(targets), 256):
+        store.update(";\n".join(
+            f"DELETE WHERE {{ <{observation_iri(t)}> ?p ?o }}"
+            for t in targets[start:start + 256]
+        ))
+
+
+def _copy_marks(store: ox.Store) -> list[tuple[int, str, ox.Quad]]:
+    """The marks of a copy of the index: ``(journal offset, tail hash, quad)``."""
+    out = []
+    for quad in store.quads_for_pattern(_META_SUBJECT, _META_COPY_OF, None, _META_GRAPH):
+        if not isinstance(quad.object, ox.Literal):
+            continue
+        end, _, tail = quad.object.value.partition(" ")
+        if end.isdigit() and tail:
+            out.append((int(end), tail, quad))
+    return out
+
+
+def _mark_copy(store: ox.Store, end: int, tail: str) -> None:
+    """Record that the copy reflects the journal up to ``end``: the new mark first, then
+    the old ones removed (a crash in between leaves both; the higher one is true)."""
+    old = _copy_marks(store)
+    store.add(ox.Quad(_META_SUBJECT, _META_COPY_OF, ox.Literal(f"{end} {tail}"), _META_GRAPH))
+    for old_end, old_tail, quad in old:
+        if (old_end, old_tail) != (end, tail):
+            store.remove(quad)
+
+
+class _IndexCopy:
+    """The on-disk copy of the in-memory index, which answers queries after a restart.
+
+    Loading 100k observations into an in-memory store takes 1.5 to 2 s whatever they are
+    loaded from, while a RocksDB store opens in a few tens of milliseconds. So a shard
+    with ``Index.MEMORY`` keeps a RocksDB copy of its index in ``index-copy/``, with a
+    *mark*: the journal offset it reflects and a hash of the journal's bytes just before
+    it. Life cycle:
+
+    * **close** brings the copy up to date with the journal (the records past its mark,
+      applied in place: idempotent, and the mark moves last, so a crash midway only
+      means the work is redone), or, when there is none, writes a new one under
+      ``index-copy.tmp/`` and renames it into place (a crash midway leaves the
+      temporary directory, removed at the next start). It is never written per merge.
+    * **open** checks the mark against the journal: at or before the journal's end,
+      the same bytes before it, and not too far behind. That runs on the copy's own
+      thread (this object's applier), so the shard serves the mesh without waiting for
+      it, and reads wait for it. Then the copy answers queries; its thread first
+      applies the records past the mark, then every batch committed meanwhile, in
+      order, while the shard's store thread loads the in-memory index from the
+      journal. A copy that does not match, cannot be opened or is missing means the old
+      path (queries wait for the load), said in the log, and a matching copy too far
+      behind is not used either.
+    * **switch**: once the in-memory index has loaded, it answers queries (with every
+      batch committed meanwhile queued behind the load), the copy's thread applies what
+      it still holds queued and ends, and the copy is closed.
+
+    A query reads whichever index answers when it starts, after that index's thread has
+    applied every batch committed before: so it sees every acknowledged record.
+    """
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self.path = path
+        #: Set by its thread once it is opened and its mark checked, and ``None`` again
+        #: once its thread has ended (the RocksDB files are let go).
+        self.store: ox.Store | None = None
+        #: Its thread has tried to open it (``failed`` says whether that worked).
+        self.opened = threading.Event()
+        #: A write to it failed: it answers nothing more, and close writes a new one.
+        self.failed = False
+        #: Writes applied (the isolated queries' checkpoint of it is reused until then).
+        self.generation = 0
+        self.applier: _Applier | None = None
+
+    def release(self) -> None:
+        self.store = None
 
 
 # --- the shard ------------------------------------------------------------------------------
@@ -723,24 +870,42 @@ class Shard:
             self._state = ReplicaState()
             self._store = self._open_store()
             self._generation = 0
-            self._checkpoint_gen = -1
+            self._checkpoint_gen: tuple[bool, int] = (False, -1)
             self._checkpoint_dir: pathlib.Path | None = None
             self._sign: SignRecord | None = None
             self._verify: VerifyRecord | None = None
             self._last_link: tuple[int, bytes] | None = None  # (seq, link) of our last
+            # The copy of the in-memory index kept on disk (see _IndexCopy): the one
+            # opened at start, and while it answers queries (until the index has loaded).
+            self._copy: _IndexCopy | None = None
+            self._reading_copy: _IndexCopy | None = None
+            self._loaded = threading.Event()  # the in-memory index holds the journal
+            self._closing = False  # close() stops a load still running
+            self._opened_at = time.monotonic()
             self._applier = _Applier(self._write_store, recover=self._reopen_store)
             try:
                 for _ in self._load_journal(rebuild=False):
                     pass  # the replica state only: the shard can serve the mesh now
                 if self.index is Index.DISK:
+                    self._discard_copy("the shard uses the on-disk index")
                     self._replay()
                 elif self._journal.end > len(_MAGIC):
                     # The index is rebuilt by the store thread, reading the journal up
-                    # to here again; queries wait for it (they drain the store thread).
+                    # to here again; meanwhile queries are answered from the copy on
+                    # disk, or wait for it (they drain the store thread).
+                    self._copy = self._reading_copy = self._open_copy()
                     self._applier.submit(_StoreTask((), (), 0, (),
                                                     rebuild_until=self._journal.end))
+                else:
+                    self._discard_copy("the journal is empty")
+                if self.index is Index.DISK or self._journal.end == len(_MAGIC):
+                    self._loaded.set()
             except BaseException:
+                self._closing = True
                 self._applier.close()
+                if self._copy is not None:
+                    assert self._copy.applier is not None
+                    self._copy.applier.close()
                 raise
             self._engine = QueryEngine(self._store, checkpoint=self._checkpoint)
             self._graph: rdflib.Graph | None = None
@@ -785,7 +950,8 @@ class Shard:
         fsync_directory(self.data_dir)
 
     def _load_journal(self, *, rebuild: bool, load_state: bool = True,
-                      until: int | None = None) -> Iterator[_StoreTask]:
+                      until: int | None = None, start: int | None = None,
+                      chunk: int = _REPLAY_CHUNK) -> Iterator[_StoreTask]:
         """Read the journal: rebuild the replica state, and with ``rebuild`` the store.
 
         The in-memory store is rebuilt in the same pass: each observation's N-Triples are
@@ -798,23 +964,28 @@ class Shard:
             rebuild: yield store tasks that write every observation of the journal.
             load_state: rebuild the replica state too (only at opening).
             until: read only the frames before this offset (see ``_Journal.scan``).
+            start: begin at this frame (a copy of the index brought up to date): an
+                observation retracted earlier is then left out (its retraction, outside
+                the range, is not there to remove it).
+            chunk: observations per store task.
         """
         load, unpack = self._state.load, msgpack.unpackb
+        retracted = self._state.is_retracted
         obs_kind, ret_kind = RecordKind.OBSERVATION, RecordKind.RETRACTION
         parts: list[bytes] = []
         rendered = 0
         targets: list[bytes] = []
-        for offset, payload in self._journal.scan(until):
+        for offset, payload in self._journal.scan(until, start=start):
             item = unpack(payload, raw=False)
             if item[0] == obs_kind:
                 if load_state:
                     load(item[1], item[2], item[3][:16], obs_kind, None, offset)
-                if rebuild:
+                if rebuild and (start is None or not retracted(item[3])):
                     # [0, origin, seq, id, about, finding, generatedAt, context, severity]
                     _render(parts.append, observation_iri(item[3]), item[4], item[5],
                             item[1], item[6], item[7], item[8])
                     rendered += 1
-                    if rendered == _REPLAY_CHUNK:
+                    if rendered == chunk:
                         yield _StoreTask((), (), 0, (), b"".join(parts), rendered)
                         parts, rendered = [], 0
             else:
@@ -835,6 +1006,192 @@ class Shard:
                 f"cannot open the Oxigraph store in {self.data_dir / 'oxigraph'}: {exc}; "
                 "it is rebuilt from the journal if you move it aside"
             ) from None
+
+    # -- the copy of the in-memory index (see _IndexCopy) --
+
+    def _discard_copy(self, why: str) -> None:
+        """Remove a copy of the in-memory index, and an unfinished one, if any."""
+        for name in (_COPY_DIR, _COPY_TMP):
+            if (self.data_dir / name).exists():
+                log.info("shard %s: removing %s (%s)", self.data_dir, name, why)
+                shutil.rmtree(self.data_dir / name, ignore_errors=True)
+
+    def _open_copy(self) -> _IndexCopy | None:
+        """Open the copy of the index if it matches the journal, to answer queries while
+        the in-memory index loads; else ``None``, and the log says why."""
+        tmp, path = self.data_dir / _COPY_TMP, self.data_dir / _COPY_DIR
+        if tmp.exists():
+            log.warning("shard %s: removing an unfinished copy of the index (the process "
+                        "stopped while writing it at close)", self.data_dir)
+            shutil.rmtree(tmp, ignore_errors=True)
+        if not path.exists():
+            log.info("shard %s: no copy of the index on disk (one is written at close once "
+                     "the journal holds %d bytes): queries wait until the index has loaded "
+                     "from the journal", self.data_dir, COPY_MIN_JOURNAL_BYTES)
+            return None
+        # Opened and checked on its own thread, so that opening it does not delay the
+        # shard serving the mesh; reads wait for that thread (see _reading_store).
+        copy = _IndexCopy(path)
+        copy.applier = _Applier(functools.partial(self._write_copy, copy),
+                                on_stop=copy.release)
+        end = self._journal.end
+        copy.applier.submit(_StoreTask((), (), end, (), rebuild_until=end))
+        return copy
+
+    def _open_copy_store(self, copy: _IndexCopy, end: int) -> int | None:
+        """Open the copy and check its mark against the journal's end at opening (on the
+        copy's thread): the mark, or ``None`` when it is not used (the log says why)."""
+        path = copy.path
+        store: ox.Store | None = None
+        why: str | None
+        try:
+            store = ox.Store(str(path))
+            marks = _copy_marks(store)
+        except (OSError, ValueError, RuntimeError) as exc:  # RocksDB: "Corruption: ..."
+            why = f"it cannot be read ({exc})"
+        else:
+            why = self._copy_mismatch(marks, end)
+        if why is not None:
+            store = None
+            gc.collect()  # RocksDB's lock goes with the last reference
+            log.warning("shard %s: the copy of the index on disk is not used: %s; it is "
+                        "removed, queries wait until the index has loaded from the journal, "
+                        "and a new copy is written at close", self.data_dir, why)
+            shutil.rmtree(path, ignore_errors=True)
+            return None
+        assert store is not None
+        mark = max(m[0] for m in marks)
+        copy.store = store
+        log.info("shard %s: queries are answered from the copy of the index on disk while "
+                 "the index loads into memory (%d bytes of journal past the copy are applied "
+                 "to it first)", self.data_dir, end - mark)
+        return mark
+
+    def _copy_mismatch(self, marks: Sequence[tuple[int, str, ox.Quad]], end: int
+                       ) -> str | None:
+        """Why a copy with these marks cannot stand for a journal ending at ``end``."""
+        if not marks:
+            return "it holds no journal offset (it was not finished)"
+        mark, tail, _ = max(marks)
+        if mark > end:
+            return (f"it reflects {mark} bytes of journal, more than the journal's {end} "
+                    "(the journal was cut or replaced)")
+        if mark < len(_MAGIC) or self._journal.tail_hash(mark) != tail:
+            return "it was made from another journal"
+        behind = end - mark
+        if behind > (end - len(_MAGIC)) * _COPY_MAX_BEHIND:
+            return (f"{behind} bytes of journal lie past it, more than loading the whole "
+                    "journal into memory costs")
+        return None
+
+    def _write_copy(self, copy: _IndexCopy, task: _StoreTask) -> None:
+        """Apply a batch to the copy and move its mark (on the copy's thread).
+
+        The first task opens it (and applies the journal past its mark). A failure leaves
+        the copy behind: it answers nothing more (queries wait for the in-memory index,
+        which has every batch too), and close writes a new one.
+        """
+        if not copy.opened.is_set():
+            mark: int | None = None
+            try:
+                mark = self._open_copy_store(copy, task.rebuild_until)
+            finally:
+                copy.failed = mark is None
+                copy.opened.set()
+            if mark is None:
+                assert copy.applier is not None
+                copy.applier.retire()
+                return
+            if mark == task.rebuild_until:
+                return
+            task = replace(task, rebuild_from=mark)
+        store = copy.store
+        if copy.failed or store is None:
+            return
+        try:
+            if task.rebuild_until:
+                for part in self._load_journal(rebuild=True, load_state=False,
+                                               start=task.rebuild_from,
+                                               until=task.rebuild_until, chunk=_COPY_CHUNK):
+                    if self._closing:
+                        return  # close() brings it up to date from its mark
+                    _write_rdf(store, part)
+                end = task.rebuild_until
+            else:
+                _write_rdf(store, task)
+                end = task.new_mark
+            _mark_copy(store, end, self._journal.tail_hash(end))
+        except (OSError, RuntimeError, SyntaxError, KnowledgeError) as exc:
+            copy.failed = True
+            assert copy.applier is not None
+            copy.applier.retire()
+            log.warning("shard %s: writing the copy of the index on disk failed (%s); queries "
+                        "wait until the index has loaded into memory", self.data_dir, str(exc))
+            return
+        copy.generation += 1
+
+    def _index_loaded(self) -> None:
+        """The in-memory index holds the journal as it was at opening: it answers queries
+        from now on, and the copy of it on disk is closed (on the store thread)."""
+        copy, self._reading_copy = self._reading_copy, None
+        self._loaded.set()
+        if copy is not None:
+            assert copy.applier is not None
+            copy.applier.retire()  # what it holds queued is applied; then it lets go
+        log.info("shard %s: the index has loaded into memory %.2f s after opening%s",
+                 self.data_dir, time.monotonic() - self._opened_at,
+                 "; it answers queries now, and the copy on disk is closed"
+                 if copy is not None else "")
+
+    def _save_copy(self) -> None:
+        """Bring the copy of the in-memory index up to date with the journal, or write one
+        (at close; see _IndexCopy). A failure is logged: the next start loads the index
+        from the journal."""
+        if self.index is not Index.MEMORY:
+            return
+        end = self._journal.end
+        if end < COPY_MIN_JOURNAL_BYTES:
+            self._discard_copy("the journal is small enough to load at once")
+            return
+        tmp, path = self.data_dir / _COPY_TMP, self.data_dir / _COPY_DIR
+        copy, started = self._copy, time.monotonic()
+        store: ox.Store | None = None
+        try:
+            mark = 0
+            if copy is not None and not copy.failed:
+                store = ox.Store(str(path))
+                mark = max((m[0] for m in _copy_marks(store)), default=0)
+            if not mark:
+                store = None
+                gc.collect()
+                shutil.rmtree(path, ignore_errors=True)
+                shutil.rmtree(tmp, ignore_errors=True)
+                store, mark = ox.Store(str(tmp)), len(_MAGIC)
+            assert store is not None
+            log.info("shard %s: %s the copy of the index on disk (%d bytes of journal to "
+                     "apply)", self.data_dir, "writing" if mark == len(_MAGIC) else "updating",
+                     end - mark)
+            if mark < end:
+                for part in self._load_journal(rebuild=True, load_state=False, start=mark,
+                                               until=end, chunk=_COPY_CHUNK):
+                    _write_rdf(store, part)
+                _mark_copy(store, end, self._journal.tail_hash(end))
+            store.flush()
+            store = None
+            gc.collect()
+            if not path.exists():
+                os.rename(tmp, path)
+                fsync_directory(self.data_dir)
+        except (OSError, ValueError, RuntimeError, SyntaxError, KnowledgeError) as exc:
+            store = None
+            gc.collect()
+            shutil.rmtree(tmp, ignore_errors=True)
+            log.warning("shard %s: the copy of the index was not written on disk (%s); the "
+                        "next start loads the index from the journal, queries waiting for it",
+                        self.data_dir, str(exc))
+            return
+        log.info("shard %s: the copy of the index on disk is up to date (%.2f s)",
+                 self.data_dir, time.monotonic() - started)
 
     def _watermarks(self) -> list[int]:
         return [int(q.object.value) for q in
@@ -896,6 +1253,8 @@ class Shard:
                 for task in self._load_journal(rebuild=True, load_state=False,
                                                until=self._journal.end):
                     self._write_store(task)
+                if not self._loaded.is_set():
+                    self._index_loaded()
         finally:
             self._lock.release()
 
@@ -985,7 +1344,10 @@ class Shard:
             if task.rebuild_until:
                 for part in self._load_journal(rebuild=True, load_state=False,
                                                until=task.rebuild_until):
+                    if self._closing:
+                        return  # nobody will read it
                     self._write_store(part)
+                self._index_loaded()
                 return
             if self.index is Index.MEMORY:
                 # A transactional load is the fast path in memory (the bulk loader's
@@ -997,16 +1359,10 @@ class Shard:
                     del text
                     if task.weight >= BULK_THRESHOLD and _MALLOC_TRIM is not None:
                         _MALLOC_TRIM(0)  # the parse buffers' pages: some 100 B/observation
-                self._remove_from_store(remove)
+                _remove_observations(store, remove)
                 self._generation += 1
                 return
-            if len(add) >= BULK_THRESHOLD:
-                store.bulk_load(_ntriples(add), format=ox.RdfFormat.N_TRIPLES, lenient=True)
-                if _MALLOC_TRIM is not None:
-                    _MALLOC_TRIM(0)
-            elif add:
-                store.load(_ntriples(add), format=ox.RdfFormat.N_TRIPLES, lenient=True)
-            self._remove_from_store(remove)
+            _write_rdf(store, task)
             store.add(_watermark_quad(task.new_mark))
             for old in task.old_marks:
                 if old != task.new_mark:
@@ -1014,13 +1370,6 @@ class Shard:
         except (OSError, SyntaxError) as exc:
             raise KnowledgeError(f"the Oxigraph store failed ({exc})") from None
         self._generation += 1
-
-    def _remove_from_store(self, targets: Sequence[bytes]) -> None:
-        for start in range(0, len(targets), 256):
-            self._store.update(";\n".join(
-                f"DELETE WHERE {{ <{observation_iri(t)}> ?p ?o }}"
-                for t in targets[start:start + 256]
-            ))
 
     def _commit(
         self, records: Sequence[Record], *, after: Mapping[str, int] | None = None,
@@ -1036,7 +1385,15 @@ class Shard:
         # the batch counts as held, and pulls or a catch-up bring it again later.
         offsets = self._journal.append([encode_record(r) for r in plan.accepted], sync=sync)
         self._state.apply(plan, offsets)
-        self._applier.submit(_StoreTask(plan.add, plan.remove, self._journal.end, (old_mark,)))
+        task = _StoreTask(plan.add, plan.remove, self._journal.end, (old_mark,))
+        # While the copy of the index answers queries, it gets every batch too. (Read
+        # once: a batch submitted to it after it ended is dropped, and no query reads
+        # it then; see _IndexCopy.)
+        copy = self._reading_copy
+        if copy is not None and not copy.failed:
+            assert copy.applier is not None
+            copy.applier.submit(task)
+        self._applier.submit(task)
         return MergeReport(len(plan.accepted), plan.duplicates, len(plan.add), len(plan.remove),
                            refused)
 
@@ -1128,8 +1485,7 @@ class Shard:
             self._check_open()
             if self._state.is_retracted(target):
                 raise KnowledgeError(f"{observation_iri(target)} is already retracted")
-            self._applier.drain()
-            present = next(iter(self._store.quads_for_pattern(
+            present = next(iter(self._reading_store().quads_for_pattern(
                 ox.NamedNode(observation_iri(target)), ox.NamedNode(RDF_TYPE), None,
                 ox.DefaultGraph())), None)
             if present is None:
@@ -1297,9 +1653,9 @@ class Shard:
         Raises:
             QueryError: refused or invalid; QueryTimeout past the deadline.
         """
-        self.sync()
         return self._engine.query(text, row_limit=row_limit, deadline=deadline,
-                                  isolate=isolate, prefixes=prefixes)
+                                  isolate=isolate, prefixes=prefixes,
+                                  store=self._reading_store())
 
     def stop_query_worker(self) -> None:
         """Stop the process that runs isolated queries (it restarts when next needed)."""
@@ -1324,22 +1680,21 @@ class Shard:
         Raises:
             KnowledgeError: unknown format.
         """
-        self.sync()
+        store = self._reading_store()
         try:
             rdf_format = _EXPORT_FORMATS[fmt]
         except KeyError:
             raise KnowledgeError(f"unknown export format {fmt!r}; use one of "
                                  f"{', '.join(_EXPORT_FORMATS)}") from None
         prefixes = dict(PREFIXES) if rdf_format is ox.RdfFormat.TURTLE else None
-        data = self._store.dump(format=rdf_format, from_graph=ox.DefaultGraph(),
+        data = store.dump(format=rdf_format, from_graph=ox.DefaultGraph(),
                                 prefixes=prefixes)
         assert data is not None  # dump() returns the bytes when no output is given
         return data
 
     def stats(self) -> ShardStats:
         """Counts, version vector and digest."""
-        self.sync()
-        count = self._store.query(
+        count = self._reading_store().query(
             f"SELECT (COUNT(?s) AS ?n) WHERE {{ ?s <{RDF_TYPE}> <{OBSERVATION_CLASS}> }}")
         assert isinstance(count, ox.QuerySolutions)
         live = next(count)[0]
@@ -1356,34 +1711,37 @@ class Shard:
 
     def optimize(self) -> None:
         """Compact the store (worth it after a large catch-up made of bulk loads)."""
-        self.sync()
-        self._store.optimize()
+        self._reading_store().optimize()
 
     # -- checkpoints for isolated queries --
 
     def _checkpoint(self) -> str:
         with self._lock:
-            self.sync()
-            if self._checkpoint_dir is not None and self._checkpoint_gen == self._generation:
+            store = self._reading_store()
+            from_copy = store is not self._store  # the copy on disk, while the index loads
+            generation = (self._copy.generation if from_copy and self._copy is not None
+                          else self._generation)
+            if self._checkpoint_dir is not None and \
+                    self._checkpoint_gen == (from_copy, generation):
                 return str(self._checkpoint_dir)
             root = self.data_dir / "checkpoints"
             if root.exists():
                 for old in root.iterdir():
                     shutil.rmtree(old, ignore_errors=True)
             root.mkdir(exist_ok=True)
-            target = root / f"{os.getpid()}-{self._generation}"
-            if self.index is Index.DISK:
-                self._store.backup(str(target))  # hard links: cheap
+            target = root / f"{os.getpid()}-{int(from_copy)}-{generation}"
+            if self.index is Index.DISK or from_copy:
+                store.backup(str(target))  # hard links: cheap
             else:
                 # An in-memory store has no files to link: write a copy (a bulk load,
                 # some seconds per 100k observations; kept until the next write).
                 copy = ox.Store(str(target))
-                copy.bulk_load(self._store.dump(format=ox.RdfFormat.N_QUADS),
+                copy.bulk_load(store.dump(format=ox.RdfFormat.N_QUADS),
                                format=ox.RdfFormat.N_QUADS)
                 copy.flush()
                 del copy
                 gc.collect()  # RocksDB's lock goes with the last reference
-            self._checkpoint_dir, self._checkpoint_gen = target, self._generation
+            self._checkpoint_dir, self._checkpoint_gen = target, (from_copy, generation)
             return str(target)
 
     # -- closing --
@@ -1393,13 +1751,59 @@ class Shard:
             raise KnowledgeError("the shard is closed; open it again")
 
     def sync(self) -> None:
-        """Wait until every record committed so far is in the store (queries do this).
+        """Wait until every record committed so far is in the index that answers queries
+        (queries do this): the in-memory index, or while it loads after a restart the
+        copy of it on disk (see :attr:`reading_from_copy`).
+
+        Raises:
+            KnowledgeError: the shard is closed, or the store failed to apply a batch.
+        """
+        self._reading_store()
+
+    def _reading_store(self) -> ox.Store:
+        """The store that answers reads now, once it holds every record committed so far.
 
         Raises:
             KnowledgeError: the shard is closed, or the store failed to apply a batch.
         """
         self._check_open()
+        copy = self._reading_copy
+        if copy is not None and not copy.failed:
+            assert copy.applier is not None
+            copy.applier.drain()
+            store = copy.store
+            if store is not None and not copy.failed:
+                return store
+            # Refused when opened, failed on a batch this read must see, or closed once
+            # the index loaded: the in-memory index has every batch.
         self._applier.drain()
+        return self._store
+
+    @property
+    def index_loading(self) -> bool:
+        """Whether the in-memory index is still loading from the journal after opening."""
+        return not self._loaded.is_set()
+
+    @property
+    def reading_from_copy(self) -> bool:
+        """Whether queries are answered from the copy of the in-memory index on disk (while
+        the index loads after a restart, when a copy matching the journal was there)."""
+        copy = self._reading_copy
+        if copy is None:
+            return False
+        copy.opened.wait()
+        return not copy.failed and copy.store is not None
+
+    def wait_index(self, timeout: float | None = None) -> bool:
+        """Wait until the in-memory index has loaded (after opening).
+
+        Args:
+            timeout: seconds to wait at most (``None``: no limit).
+
+        Returns:
+            Whether it has loaded.
+        """
+        return self._loaded.wait(timeout)
 
     def wait_store(self, timeout: float) -> None:
         """Like :meth:`sync`, but give a failed store up to ``timeout`` seconds to be
@@ -1429,8 +1833,13 @@ class Shard:
             if self._closed:
                 return
             self._closed = True
+            self._closing = True  # a load still running stops
             self._applier.close()
+            if self._copy is not None:
+                assert self._copy.applier is not None
+                self._copy.applier.close()
             self._release_store()
+            self._save_copy()
             self._journal.close()
             shutil.rmtree(self.data_dir / "checkpoints", ignore_errors=True)
             self._dir_lock.release()
@@ -1471,10 +1880,10 @@ def _rdflib_view(shard: Shard) -> rdflib.Graph:
                 "#string") else rdflib.URIRef(datatype))
         raise KnowledgeError(f"cannot express {term} in rdflib")
 
-    def open_shard() -> None:
+    def open_shard(view: OxigraphStore) -> None:
         if shard._closed:
             raise KnowledgeError("the shard behind this graph is closed; open it again")
-        shard.sync()
+        view._store = shard._reading_store()  # the copy on disk, while the index loads
 
     def plain(term: Any) -> Any:
         if isinstance(term, rdflib.Literal) and str(term.datatype) == _XSD_STRING:
@@ -1485,17 +1894,17 @@ def _rdflib_view(shard: Shard) -> rdflib.Graph:
         add = addN = remove = update = add_graph = remove_graph = refuse
 
         def triples(self, triple_pattern: Any, context: Any = None) -> Any:
-            open_shard()
+            open_shard(self)
             for (s, p, o), ctx in super().triples(triple_pattern, context):
                 yield (s, p, plain(o)), ctx
 
         def __len__(self, context: Any = None) -> int:
-            open_shard()
+            open_shard(self)
             return int(super().__len__(context))
 
         def query(self, query: Any, initNs: Mapping[str, Any], initBindings: Mapping[str, Any],
                   queryGraph: Any, **kwargs: Any) -> Result:
-            open_shard()
+            open_shard(self)
             if not isinstance(query, str) or initBindings or kwargs:
                 raise KnowledgeError("the shard's graph answers SPARQL text only (no prepared "
                                      "queries, no initBindings)")

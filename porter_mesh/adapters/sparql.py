@@ -666,6 +666,7 @@ class QueryEngine:
         deadline: float = DEFAULT_DEADLINE,
         isolate: bool | None = None,
         prefixes: Mapping[str, str] | None = None,
+        store: ox.Store | None = None,
     ) -> QueryResult:
         """Run a read-only query.
 
@@ -677,6 +678,9 @@ class QueryEngine:
                 (unbounded for non-streaming queries: only for trusted callers), ``None``
                 lets the classifier choose.
             prefixes: more prefixes to predefine (those of :data:`PREFIXES` win).
+            store: run it in process on this store instead of the engine's (a shard
+                answering from a copy of its index while the index loads); isolated
+                queries still run on the checkpoint.
 
         Returns:
             The result.
@@ -694,7 +698,8 @@ class QueryEngine:
         use_worker = (not checked.streaming) if isolate is None else isolate
         if use_worker and self._checkpoint is not None:
             return self._isolated(checked, known, row_limit, started, started + deadline)
-        return self._in_process(checked, known, row_limit, started, started + deadline)
+        return self._in_process(checked, known, row_limit, started, started + deadline,
+                                store)
 
     def _in_process(
         self,
@@ -703,6 +708,7 @@ class QueryEngine:
         row_limit: int,
         started: float,
         stop_at: float,
+        store: ox.Store | None = None,
     ) -> QueryResult:
         def timed(count: int) -> None:
             if time.monotonic() > stop_at:
@@ -712,9 +718,10 @@ class QueryEngine:
                     reason="deadline",
                 )
 
-        store = self._store
-        if store is None:
+        if self._store is None:
             raise QueryError("the query engine is closed", reason="closed")
+        if store is None:
+            store = self._store
         try:
             result = store.query(checked.text, prefixes=dict(prefixes), named_graphs=[])
             timed(0)

@@ -230,7 +230,9 @@ class Knowledge:
         for probe in self._probes.values():
             if not probe.done():
                 probe.cancel()
-        self.shard.close()
+        # Off the loop: closing a large shard writes the copy of its index on disk (some
+        # seconds for 100k observations the first time), and the node still runs.
+        await asyncio.to_thread(self.shard.close)
 
     # -- local writes --------------------------------------------------------------------
 

@@ -15,8 +15,9 @@ is one JSON object with an ``ev`` key:
 Commands (``op`` key): ``remember`` (n, prefix, about, severity, generated_at, quiet,
 concurrency: Remembers in flight at once, sharing their fdatasyncs),
 ``retract`` (id), ``vv`` (version vector, record count and digest, without waiting for the
-store), ``stats``, ``dump``, ``query`` (sparql), ``wait-subscribers``
-(n, timeout), ``quit``.
+store), ``index`` (whether the in-memory index is still loading and whether queries are
+answered from the copy of it on disk meanwhile), ``stats``, ``dump``, ``query`` (sparql),
+``wait-subscribers`` (n, timeout), ``quit``.
 
 :class:`KgProcess` starts one and talks to it (the tests and the benchmark use it).
 """
@@ -191,6 +192,8 @@ async def run_command(cmd: dict[str, Any], node: Node, shard: Shard,
         state = shard.state
         reply(ev="vv", vv=state.version_vector(), records=state.record_count,
               digest=state.digest().top.hex(), caught_up=sorted(knowledge.caught_up_from()))
+    elif op == "index":
+        reply(ev="index", loading=shard.index_loading, from_copy=shard.reading_from_copy)
     elif op == "stats":
         reply(ev="stats", kg=knowledge.stats(), node=node.stats())
     elif op == "dump":
