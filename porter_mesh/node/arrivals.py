@@ -76,6 +76,7 @@ from porter_mesh.core.envelope import (
     encode_topic,
 )
 from porter_mesh.core.hlc import HybridClock
+from porter_mesh.core.session.acks import PendingAcks
 from porter_mesh.core.session.receiving import (
     LOST_BROADCAST,
     MISADDRESSED,
@@ -94,7 +95,7 @@ from porter_mesh.node.peering import Peering
 from porter_mesh.node.subscriptions import OBSERVE_PREFIX, Subscriptions
 from porter_mesh.node.zio import recv_frames, recv_frames_from, send_frames
 
-__all__ = ["Acks", "Arrivals", "KindHandler", "Reply", "count_for"]
+__all__ = ["Arrivals", "KindHandler", "Reply", "count_for"]
 
 log = logging.getLogger("porter_mesh.node")
 
@@ -114,19 +115,6 @@ def count_for(counter: collections.Counter[str], sender: str, n: int = 1) -> Non
     """``counter[sender] += n``, for a bounded number of senders."""
     if sender in counter or len(counter) < _MAX_COUNTED_SENDERS:
         counter[sender] += n
-
-
-class Acks(dict[bytes, list[int]]):
-    """Acknowledgements waiting for the next flush: sequence numbers by the sender's
-    ROUTER identity, so that a read's acknowledgements to one sender share a message."""
-
-    def add(self, ident: bytes, seq: int) -> None:
-        """Acknowledge ``seq`` to ``ident`` with the next flush."""
-        seqs = self.get(ident)
-        if seqs is None:
-            self[ident] = [seq]
-        else:
-            seqs.append(seq)
 
 
 class Arrivals(Generic[_Token]):
@@ -156,11 +144,13 @@ class Arrivals(Generic[_Token]):
         refuse: counts and audits something a secured node must not accept.
         app_control: told every other control message addressed to this node:
             ``app_control(kind, sender, body)``.
+        incarnation: this node's incarnation (a carried acknowledgement must name it).
     """
 
     def __init__(self, config: NodeConfig, counters: collections.Counter[str], *,
                  lost_by: collections.Counter[str], sockets: Sockets,
-                 links: dict[str, PeerLink], acks: Acks, clock: HybridClock, roster: Roster[_Token],
+                 links: dict[str, PeerLink], acks: PendingAcks, clock: HybridClock,
+                 roster: Roster[_Token],
                  receiving: Receiving, sending: Sender[_Token], inbox: Inbox,
                  peering: Peering[_Token], subs: Subscriptions,
                  carry_out: Callable[[Iterable[RosterAction | SendAction[_Token]]], None],
@@ -169,8 +159,10 @@ class Arrivals(Generic[_Token]):
                  send_control: Callable[..., None],
                  pub: Callable[[], zmq.Socket[bytes] | None],
                  drop: Callable[..., None], refuse: Callable[..., None],
-                 app_control: Callable[[str, str, dict[str, Any]], None]) -> None:
+                 app_control: Callable[[str, str, dict[str, Any]], None],
+                 incarnation: int) -> None:
         self._config = config
+        self._incarnation = incarnation
         self._name = config.name
         self._counters = counters
         self._lost_by = lost_by
@@ -330,6 +322,9 @@ class Arrivals(Generic[_Token]):
             return
         ident = frames[0]
         origin = user or ident[:64].decode("utf-8", "replace")
+        # A third frame after the envelope and payload: acknowledgements carried (see
+        # porter_mesh.core.session.acks).
+        carried = frames.pop() if len(frames) == 4 else None
         try:
             env, payload = decode_direct(frames[1:])
         except ProtocolError as exc:
@@ -340,7 +335,11 @@ class Arrivals(Generic[_Token]):
         if env.kind is not None:
             self._on_control(env, payload, ident)
             return
-        known = self._heard(env, time.monotonic())
+        now = time.monotonic()
+        known = self._heard(env, now)
+        if carried is not None:
+            self._on_carried(env, carried, now)
+        self._acks.seen(ident, env.sender, env.incarnation)
         room, consumer, held_full = self._inbox.admission(accepted)
         receipt = self._receiving.direct_message(
             env.sender, env.incarnation, env.recipient or "", env.seq, env.count, env.msg_id,
@@ -396,11 +395,10 @@ class Arrivals(Generic[_Token]):
         return True
 
     def flush_acks(self) -> None:
-        """Send the acknowledgements queued since the last flush, one message per
-        sender."""
+        """Send the acknowledgements still owed at the end of a flush (no direct message
+        carried them), one message per sender."""
         router = self.router
-        pending = list(self._acks.items())
-        self._acks.clear()
+        pending = self._acks.alone()
         if router is None:
             return
         for ident, seqs in pending:
@@ -472,6 +470,22 @@ class Arrivals(Generic[_Token]):
                        env.sender, exc)
         except Exception:
             log.exception("handler for %r failed on a message from %s", env.kind, env.sender)
+
+    def _on_carried(self, env: Envelope, data: bytes, now: float) -> None:
+        """Acknowledgements carried by a direct message from ``env.sender``: settled as an
+        ``ack`` message's are, if they are for this incarnation of this node."""
+        try:
+            ack = decode_ack(data)
+        except ProtocolError as exc:
+            self._drop(exc.reason, env.sender, "dropped the acknowledgements carried by a "
+                       "message from %s: %s", env.sender, exc)
+            return
+        if ack.incarnation != self._incarnation:
+            # For an earlier process on this node's address: they are not ours to settle.
+            self._counters["ack.carried-stale"] += 1
+            return
+        self._counters["ack.carried"] += 1
+        self._carry_out(self._sending.acked(env.sender, ack.firsts, now))
 
     def _on_ack(self, env: Envelope, ack: Ack) -> None:
         now = time.monotonic()
