@@ -20,7 +20,9 @@ heard. What to do next is the receiving rules' answer (a
 their order, journal, deliver, acknowledge. The new direct messages of one read are
 journaled together (:meth:`~porter_mesh.node.inbox.Inbox.accept`) and acknowledged with
 the flush that follows the read, so one ``fdatasync`` and one acknowledgement message
-serve a burst.
+serve a burst; when that flush sends the sender a direct message (a handler's reply),
+the acknowledgements ride on it instead (:mod:`porter_mesh.core.session.acks`), and a
+direct message that carries some for this node settles them here.
 
 Control messages go by kind: heartbeats to the receiving rules (the sender's last
 broadcast positions, so a lost last message is still counted), hello and welcome to
@@ -337,7 +339,8 @@ class Arrivals(Generic[_Token]):
             return
         now = time.monotonic()
         known = self._heard(env, now)
-        if carried is not None:
+        if carried is not None and known:
+            # (From a sender off the roster nothing is taken, its acknowledgements neither.)
             self._on_carried(env, carried, now)
         self._acks.seen(ident, env.sender, env.incarnation)
         room, consumer, held_full = self._inbox.admission(accepted)

@@ -36,7 +36,11 @@ keeps each message in its outbox and resends it with backoff until acknowledged 
 deadline passes (then the caller's future fails with ``DeliveryTimeout``). The receiver
 de-duplicates by (sender, incarnation, sequence), records accepted messages in its
 journal (when it has a data directory) before acknowledging, and acknowledges duplicates
-again without delivering them.
+again without delivering them. An acknowledgement owed to a peer that this node sends a
+direct message in the same flush (a handler's reply to a request, the next request after
+a reply) rides on that message instead of going alone (:meth:`Node._carry_acks`,
+:mod:`porter_mesh.core.session.acks`), so a request and its reply are two ZeroMQ
+messages, not four.
 
 Timers. Nothing polls: the node has one timer (:class:`~porter_mesh.node.timer.DeadlineTimer`)
 armed at the earliest deadline of all that waits on the clock (the next heartbeat, which

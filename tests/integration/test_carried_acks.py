@@ -9,9 +9,15 @@ import itertools
 import os
 
 import pytest
+import zmq
 
 from porter_mesh.core.advert import PeerAdvert
 from porter_mesh.core.as2 import Activity
+from porter_mesh.core.constants import PROTOCOL_VERSION
+from porter_mesh.core.control import Ack, encode_ack
+from porter_mesh.core.envelope import Envelope, encode_direct, encode_payload, make_msg_id
+from porter_mesh.core.hlc import HybridClock
+from porter_mesh.node.inbox import wall_ms
 from porter_mesh.node.node import Message, Node
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(60)]
@@ -83,3 +89,44 @@ def test_a_node_that_does_not_announce_carried_acks_gets_ack_messages() -> None:
     assert echo.get("ack.carried", 0) == 0
     assert echo.get("retries", 0) == 0
     assert ping.get("outbox") == echo.get("outbox") == 0
+
+
+async def forged_carried_acks() -> None:
+    """``a`` has a message to ``b`` in flight (``b`` has no handler yet, so it
+    acknowledges nothing); a DEALER speaking for ``b`` then carries ``a`` an
+    acknowledgement of it, first naming another incarnation of ``a``, then ``a``'s."""
+    mesh = f"ca{os.getpid()}-{next(_ids)}"
+    async with Node(name="b", mesh=mesh, discovery=False, channels=(), inbox_size=0) as b:
+        a = Node(name="a", mesh=mesh, discovery=False, channels=(),
+                 seeds=(f"127.0.0.1:{b.router_port}",))
+        async with a:
+            await a.wait_for_peers(["b"], 20)
+            sent = a.async_send_nowait("b", request(0), timeout=60)
+            clock = HybridClock()
+            ctx = zmq.Context()
+            sock = ctx.socket(zmq.DEALER)
+            try:
+                sock.connect(f"tcp://127.0.0.1:{a.router_port}")
+
+                def carry(seq: int, incarnation: int) -> None:
+                    env = Envelope(PROTOCOL_VERSION, make_msg_id(b.incarnation, "task:a", seq),
+                                   "b", "task:a", seq, b.incarnation, clock.now(wall_ms()), "a")
+                    sock.send_multipart([*encode_direct(env, encode_payload([request(seq)])),
+                                         encode_ack(Ack((1,), incarnation))])
+
+                carry(1, a.incarnation ^ 1)  # an acknowledgement for another process
+                await a.wait_for_stats(lambda st: st.get("ack.carried-stale", 0) == 1, 20)
+                await a.wait_for_stats(lambda st: st.get("received.direct", 0) == 1, 20)
+                assert not sent.done()
+                assert a.stats()["outbox"] == 1
+                carry(2, a.incarnation)
+                await asyncio.wait_for(sent, 20)
+                assert a.stats().get("ack.carried") == 1
+                assert a.stats()["received.direct"] == 2  # both messages delivered
+            finally:
+                sock.close(linger=0)
+                ctx.term()
+
+
+def test_a_carried_ack_settles_only_sends_of_the_incarnation_it_names() -> None:
+    asyncio.run(forged_carried_acks())
