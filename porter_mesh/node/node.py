@@ -265,7 +265,8 @@ class Node:
                             batch_handlers=batch_handlers)
         # The channels this node receives, and the subscriptions that reached its PUB.
         self._subs = Subscriptions(self.name, self._sub_sockets)
-        self._flush_scheduled = False
+        # The flush queued for the next loop turn, if any (a flush run earlier cancels it).
+        self._flush_handle: asyncio.Handle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # The sockets, how they are made and watched, and the one read loop.
         self._sockets = Sockets(config, after_batch=self._after_batch,
@@ -603,10 +604,9 @@ class Node:
             )
 
     def _schedule_flush(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
+        if self._flush_handle is None:
             assert self._loop is not None
-            self._loop.call_soon(self._flush)
+            self._flush_handle = self._loop.call_soon(self._flush)
 
     def async_publish(self, channel: str, activity: Activity, *,
                       trace: TraceContext | None = None) -> None:
@@ -748,7 +748,12 @@ class Node:
             self.async_publish(channel, activity, trace=trace)
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
+        handle = self._flush_handle
+        if handle is not None:
+            # Run early (a read's after-batch work sends a handler's reply at once): the
+            # queued run would find nothing to do.
+            handle.cancel()
+            self._flush_handle = None
         if self._closed and self._pub is None:
             return
         sending = self._sending
@@ -915,8 +920,9 @@ class Node:
         # Otherwise the flush waits for the next turn, so that waiters run first and
         # acknowledgements of several reads share one message.
         if self._sending.direct_queued:
-            self._flush()
-        elif self._acks or self._sending.broadcasts_queued:
+            self._flush()  # which re-arms the timer
+            return
+        if self._acks or self._sending.broadcasts_queued:
             self._schedule_flush()
         self._rearm()
 
