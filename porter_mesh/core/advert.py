@@ -20,6 +20,8 @@ key    field                           value
                                        records with (only with security)
 ``s``  ``slots``                       task slots (omitted when 0)
 ``t``  ``tools``                       comma-separated tool names (omitted if none)
+``ca`` ``carried_acks``                ``1`` when the node reads acknowledgements carried
+                                       by direct messages (omitted otherwise)
 =====  ==============================  ==========================================
 
 Addresses are not in the TXT record: they come from the mDNS address records (or a
@@ -114,10 +116,11 @@ _K_KEY: Final = "k"
 _K_SIGNING_KEY: Final = "sk"
 _K_SLOTS: Final = "s"
 _K_TOOLS: Final = "t"
+_K_CARRIED_ACKS: Final = "ca"
 #: Every key this version reads; other keys are ignored.
 TXT_KEYS: Final = frozenset(
     {_K_NAME, _K_MESH, _K_ROLE, _K_PUB, _K_ROUTER, _K_VERSION, _K_INCARNATION, _K_KEY,
-     _K_SIGNING_KEY, _K_SLOTS, _K_TOOLS}
+     _K_SIGNING_KEY, _K_SLOTS, _K_TOOLS, _K_CARRIED_ACKS}
 )
 _REQUIRED: Final = (_K_NAME, _K_MESH, _K_ROLE, _K_PUB, _K_ROUTER, _K_VERSION, _K_INCARNATION)
 # Decimal integers only: no sign, no spaces, no underscores (int() accepts all of those).
@@ -234,6 +237,9 @@ class PeerAdvert:
             signatures against the trusted directory, never against an advert.
         slots: task slots the node offers (workers), 0 for none.
         tools: tool names the node offers.
+        carried_acks: the node reads acknowledgements carried by direct messages (see
+            :mod:`porter_mesh.core.session.acks`); a node of an earlier version does
+            not announce it and gets ``ack`` messages only.
 
     Raises:
         ConfigError: on construction, when any field is invalid.
@@ -251,6 +257,7 @@ class PeerAdvert:
     slots: int = 0
     tools: tuple[str, ...] = ()
     signing_key: str | None = None
+    carried_acks: bool = False
 
     def __post_init__(self) -> None:
         check_agent_name(self.name)
@@ -264,6 +271,8 @@ class PeerAdvert:
         _check_int(self.version, "version", 1, _MAX_VERSION)
         _check_int(self.incarnation, "incarnation", 0, MAX_INCARNATION)
         _check_int(self.slots, "slots", 0, MAX_SLOTS)
+        if type(self.carried_acks) is not bool:
+            raise ConfigError("carried_acks must be a boolean")
         if not isinstance(self.addresses, tuple):
             raise ConfigError("addresses must be a tuple of IP address strings")
         for address in self.addresses:
@@ -372,6 +381,8 @@ def encode_txt(advert: PeerAdvert) -> dict[str, str]:
         txt[_K_SLOTS] = str(advert.slots)
     if advert.tools:
         txt[_K_TOOLS] = ",".join(advert.tools)
+    if advert.carried_acks:
+        txt[_K_CARRIED_ACKS] = "1"
     return txt
 
 
@@ -451,6 +462,7 @@ def decode_txt(properties: TxtProperties, *, addresses: Sequence[str] = ()) -> P
             signing_key=fields.get(_K_SIGNING_KEY),
             slots=_decimal(fields[_K_SLOTS], "slots") if _K_SLOTS in fields else 0,
             tools=tuple(tools_text.split(",")) if tools_text else (),
+            carried_acks=fields.get(_K_CARRIED_ACKS) == "1",
         )
     except ConfigError as exc:
         raise _bad(str(exc)) from None

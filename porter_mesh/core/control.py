@@ -30,7 +30,9 @@ kind            body
                 from an observer, which wants the roster but joins none
 ``welcome``     the answer to ``hello``: the same map as a hello (never ``{"o": 1}``)
 ``ack``         ``{"f": [seq, ...]}``: the first sequence number of each acknowledged
-                direct message (a batch is acknowledged by its first sequence)
+                direct message (a batch is acknowledged by its first sequence); the
+                same body with ``"e": incarnation`` is also a *carried* acknowledgement,
+                the third frame of a direct message (:mod:`.session.acks`)
 ``bye``         ``{}``
 ``drain``       ``{"to": agent}`` or ``{}`` (everyone): finish current work, take no more
 ``halt``        ``{"to": agent}`` or ``{}`` (everyone): stop now
@@ -324,14 +326,27 @@ def decode_heartbeat(data: bytes) -> Heartbeat:
 @dataclass(frozen=True, slots=True)
 class Ack:
     """The body of ``ack``: the direct messages received (journaled first when the
-    receiver keeps a journal), each named by its first sequence number."""
+    receiver keeps a journal), each named by its first sequence number.
+
+    Attributes:
+        firsts: the first sequence number of each message acknowledged.
+        incarnation: the incarnation of the sender acknowledged to; set in a *carried*
+            acknowledgement (the third frame of a direct message, see
+            :mod:`porter_mesh.core.session.acks`), which travels on a connection that a
+            restarted peer may have taken over. None in an ``ack`` message, whose
+            connection names the sender's incarnation already.
+    """
 
     firsts: tuple[int, ...]
+    incarnation: int | None = None
 
 
 def encode_ack(ack: Ack) -> bytes:
-    """Encode an ``ack`` body: ``{"f": [seq, ...]}``."""
-    return encode_control({"f": list(ack.firsts)})
+    """Encode an ``ack`` body: ``{"f": [seq, ...]}``, with ``"e": incarnation`` when
+    the acknowledgement is carried."""
+    if ack.incarnation is None:
+        return encode_control({"f": list(ack.firsts)})
+    return encode_control({"f": list(ack.firsts), "e": ack.incarnation})
 
 
 def decode_ack(data: bytes) -> Ack:
@@ -339,12 +354,17 @@ def decode_ack(data: bytes) -> Ack:
 
     Raises:
         FrameError: ``reason="bad-ack"`` when ``f`` is not an array of sequence numbers
-            (>= 1); the reasons of :func:`decode_control`.
+            (>= 1) or ``e`` is present and not an incarnation (0 .. 2**63-1); the
+            reasons of :func:`decode_control`.
     """
-    firsts = decode_control(data).get("f")
+    body = decode_control(data)
+    firsts = body.get("f")
     if not isinstance(firsts, list) or not all(_is_int(s) and s >= 1 for s in firsts):
         raise _bad("bad-ack", "ack 'f' must be an array of sequence numbers >= 1")
-    return Ack(tuple(firsts))
+    incarnation = body.get("e")
+    if incarnation is not None and not (_is_int(incarnation) and 0 <= incarnation < 1 << 63):
+        raise _bad("bad-ack", "ack 'e' must be an incarnation, an integer in [0, 2**63)")
+    return Ack(tuple(firsts), incarnation)
 
 
 # -- hello / welcome ------------------------------------------------------------------

@@ -20,7 +20,9 @@ heard. What to do next is the receiving rules' answer (a
 their order, journal, deliver, acknowledge. The new direct messages of one read are
 journaled together (:meth:`~porter_mesh.node.inbox.Inbox.accept`) and acknowledged with
 the flush that follows the read, so one ``fdatasync`` and one acknowledgement message
-serve a burst.
+serve a burst; when that flush sends the sender a direct message (a handler's reply),
+the acknowledgements ride on it instead (:mod:`porter_mesh.core.session.acks`), and a
+direct message that carries some for this node settles them here.
 
 Control messages go by kind: heartbeats to the receiving rules (the sender's last
 broadcast positions, so a lost last message is still counted), hello and welcome to
@@ -76,6 +78,7 @@ from porter_mesh.core.envelope import (
     encode_topic,
 )
 from porter_mesh.core.hlc import HybridClock
+from porter_mesh.core.session.acks import PendingAcks
 from porter_mesh.core.session.receiving import (
     LOST_BROADCAST,
     MISADDRESSED,
@@ -94,7 +97,7 @@ from porter_mesh.node.peering import Peering
 from porter_mesh.node.subscriptions import OBSERVE_PREFIX, Subscriptions
 from porter_mesh.node.zio import recv_frames, recv_frames_from, send_frames
 
-__all__ = ["Acks", "Arrivals", "KindHandler", "OnceLog", "Reply", "count_for"]
+__all__ = ["Arrivals", "KindHandler", "OnceLog", "Reply", "count_for"]
 
 log = logging.getLogger("porter_mesh.node")
 
@@ -136,19 +139,6 @@ class OnceLog:
                     *args, origin)
 
 
-class Acks(dict[bytes, list[int]]):
-    """Acknowledgements waiting for the next flush: sequence numbers by the sender's
-    ROUTER identity, so that a read's acknowledgements to one sender share a message."""
-
-    def add(self, ident: bytes, seq: int) -> None:
-        """Acknowledge ``seq`` to ``ident`` with the next flush."""
-        seqs = self.get(ident)
-        if seqs is None:
-            self[ident] = [seq]
-        else:
-            seqs.append(seq)
-
-
 class Arrivals(Generic[_Token]):
     """Reads a node's sockets and carries out what each arrival asks (see the module
     docstring).
@@ -176,11 +166,13 @@ class Arrivals(Generic[_Token]):
         refuse: counts and audits something a secured node must not accept.
         app_control: told every other control message addressed to this node:
             ``app_control(kind, sender, body)``.
+        incarnation: this node's incarnation (a carried acknowledgement must name it).
     """
 
     def __init__(self, config: NodeConfig, counters: collections.Counter[str], *,
                  lost_by: collections.Counter[str], sockets: Sockets,
-                 links: dict[str, PeerLink], acks: Acks, clock: HybridClock, roster: Roster[_Token],
+                 links: dict[str, PeerLink], acks: PendingAcks, clock: HybridClock,
+                 roster: Roster[_Token],
                  receiving: Receiving, sending: Sender[_Token], inbox: Inbox,
                  peering: Peering[_Token], subs: Subscriptions,
                  carry_out: Callable[[Iterable[RosterAction | SendAction[_Token]]], None],
@@ -189,8 +181,10 @@ class Arrivals(Generic[_Token]):
                  send_control: Callable[..., None],
                  pub: Callable[[], zmq.Socket[bytes] | None],
                  drop: Callable[..., None], refuse: Callable[..., None],
-                 app_control: Callable[[str, str, dict[str, Any]], None]) -> None:
+                 app_control: Callable[[str, str, dict[str, Any]], None],
+                 incarnation: int) -> None:
         self._config = config
+        self._incarnation = incarnation
         self._name = config.name
         self._counters = counters
         self._lost_by = lost_by
@@ -350,6 +344,9 @@ class Arrivals(Generic[_Token]):
             return
         ident = frames[0]
         origin = user or ident[:64].decode("utf-8", "replace")
+        # A third frame after the envelope and payload: acknowledgements carried (see
+        # porter_mesh.core.session.acks).
+        carried = frames.pop() if len(frames) == 4 else None
         try:
             env, payload = decode_direct(frames[1:])
         except ProtocolError as exc:
@@ -360,7 +357,12 @@ class Arrivals(Generic[_Token]):
         if env.kind is not None:
             self._on_control(env, payload, ident)
             return
-        known = self._heard(env, time.monotonic())
+        now = time.monotonic()
+        known = self._heard(env, now)
+        if carried is not None and known:
+            # (From a sender off the roster nothing is taken, its acknowledgements neither.)
+            self._on_carried(env, carried, now)
+        self._acks.seen(ident, env.sender, env.incarnation)
         room, consumer, held_full = self._inbox.admission(accepted)
         receipt = self._receiving.direct_message(
             env.sender, env.incarnation, env.recipient or "", env.seq, env.count, env.msg_id,
@@ -416,11 +418,10 @@ class Arrivals(Generic[_Token]):
         return True
 
     def flush_acks(self) -> None:
-        """Send the acknowledgements queued since the last flush, one message per
-        sender."""
+        """Send the acknowledgements still owed at the end of a flush (no direct message
+        carried them), one message per sender."""
         router = self.router
-        pending = list(self._acks.items())
-        self._acks.clear()
+        pending = self._acks.alone()
         if router is None:
             return
         for ident, seqs in pending:
@@ -492,6 +493,22 @@ class Arrivals(Generic[_Token]):
                        env.sender, exc)
         except Exception:
             log.exception("handler for %r failed on a message from %s", env.kind, env.sender)
+
+    def _on_carried(self, env: Envelope, data: bytes, now: float) -> None:
+        """Acknowledgements carried by a direct message from ``env.sender``: settled as an
+        ``ack`` message's are, if they are for this incarnation of this node."""
+        try:
+            ack = decode_ack(data)
+        except ProtocolError as exc:
+            self._drop(exc.reason, env.sender, "dropped the acknowledgements carried by a "
+                       "message from %s: %s", env.sender, exc)
+            return
+        if ack.incarnation != self._incarnation:
+            # For an earlier process on this node's address: they are not ours to settle.
+            self._counters["ack.carried-stale"] += 1
+            return
+        self._counters["ack.carried"] += 1
+        self._carry_out(self._sending.acked(env.sender, ack.firsts, now))
 
     def _on_ack(self, env: Envelope, ack: Ack) -> None:
         now = time.monotonic()

@@ -36,7 +36,11 @@ keeps each message in its outbox and resends it with backoff until acknowledged 
 deadline passes (then the caller's future fails with ``DeliveryTimeout``). The receiver
 de-duplicates by (sender, incarnation, sequence), records accepted messages in its
 journal (when it has a data directory) before acknowledging, and acknowledges duplicates
-again without delivering them.
+again without delivering them. An acknowledgement owed to a peer that this node sends a
+direct message in the same flush (a handler's reply to a request, the next request after
+a reply) rides on that message instead of going alone (:meth:`Node._carry_acks`,
+:mod:`porter_mesh.core.session.acks`), so a request and its reply are two ZeroMQ
+messages, not four.
 
 Timers. Nothing polls: the node has one timer (:class:`~porter_mesh.node.timer.DeadlineTimer`)
 armed at the earliest deadline of all that waits on the clock (the next heartbeat, which
@@ -96,8 +100,10 @@ from porter_mesh.core.control import (
     KIND_STATS,
     KIND_STATS_REPLY,
     NODE_KINDS,
+    Ack,
     Heartbeat,
     StatsReply,
+    encode_ack,
     encode_bye,
     encode_control,
     encode_heartbeat,
@@ -111,6 +117,7 @@ from porter_mesh.core.envelope import (
 )
 from porter_mesh.core.hlc import HybridClock
 from porter_mesh.core.peers import PeerEvent, PeerInfo
+from porter_mesh.core.session.acks import PendingAcks
 from porter_mesh.core.session.frames import (
     BroadcastFrame,
     Count,
@@ -141,7 +148,7 @@ from porter_mesh.errors import (
     StorageError,
     UnknownPeerError,
 )
-from porter_mesh.node.arrivals import Acks, Arrivals, KindHandler, OnceLog, Reply, count_for
+from porter_mesh.node.arrivals import Arrivals, KindHandler, OnceLog, Reply, count_for
 from porter_mesh.node.completions import Completion, Countdown, fail_all, send_error, settle
 from porter_mesh.node.config import NodeConfig, split_seed
 from porter_mesh.node.inbox import Inbox, Message, wall_ms
@@ -213,8 +220,9 @@ class Node:
         # The receiving rules (direct and broadcast; what to do with each arrival): pure.
         self._receiving = Receiving(key_window=config.idempotency_window)
         self._clock = HybridClock(max_skew_ms=round(config.max_clock_skew * 1000))
-        # Acknowledgements waiting for the next flush.
-        self._acks = Acks()
+        # Acknowledgements owed until the next flush (a direct message to their sender
+        # may carry them).
+        self._acks = PendingAcks()
         self._control_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
         # What the application is owed: handlers, the inbox, declined messages, the
         # delivery journal and its replay.
@@ -225,7 +233,8 @@ class Node:
                             batch_handlers=batch_handlers)
         # The channels this node receives, and the subscriptions that reached its PUB.
         self._subs = Subscriptions(self.name, self._sub_sockets)
-        self._flush_scheduled = False
+        # The flush queued for the next loop turn, if any (a flush run earlier cancels it).
+        self._flush_handle: asyncio.Handle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # The sockets, how they are made and watched, and the one read loop.
         self._sockets = Sockets(config, after_batch=self._after_batch,
@@ -252,7 +261,8 @@ class Node:
             peering=self._peering, subs=self._subs, carry_out=self._carry_out,
             envelope=self._envelope, send_frames=self._send_frames,
             send_control=self._send_control_direct, pub=lambda: self._pub,
-            drop=self._drop, refuse=self._refuse, app_control=self._on_app_control)
+            drop=self._drop, refuse=self._refuse, app_control=self._on_app_control,
+            incarnation=self.incarnation)
         self._arrivals.kind_handlers[KIND_STATS] = self._on_stats_request
         self._pub: zmq.Socket[bytes] | None = None
         self._sub: zmq.Socket[bytes] | None = None
@@ -458,6 +468,7 @@ class Node:
             tools=tuple(self.config.tools),
             public_key=self._security.identity.public_key if self._security else None,
             signing_key=self._security.identity.signing_key_z85 if self._security else None,
+            carried_acks=True,
         )
 
     def _on_discovered(self, advert: PeerAdvert) -> None:
@@ -565,10 +576,9 @@ class Node:
             )
 
     def _schedule_flush(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
+        if self._flush_handle is None:
             assert self._loop is not None
-            self._loop.call_soon(self._flush)
+            self._flush_handle = self._loop.call_soon(self._flush)
 
     def async_publish(self, channel: str, activity: Activity, *,
                       trace: TraceContext | None = None) -> None:
@@ -710,7 +720,12 @@ class Node:
             self.async_publish(channel, activity, trace=trace)
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
+        handle = self._flush_handle
+        if handle is not None:
+            # Run early (a read's after-batch work sends a handler's reply at once): the
+            # queued run would find nothing to do.
+            handle.cancel()
+            self._flush_handle = None
         if self._closed and self._pub is None:
             return
         sending = self._sending
@@ -748,9 +763,14 @@ class Node:
                     env = self._envelope(C.DIRECT_PREFIX + recipient, frame.seq, frame.count,
                                          recipient=recipient, msg_id=frame.msg_id,
                                          trace=frame.trace)
-                    if not self._send_frames(link.dealer, encode_direct(env, frame.payload)):
+                    frames = encode_direct(env, frame.payload)
+                    carried = self._carry_acks(recipient, frames) if self._acks else None
+                    if not self._send_frames(link.dealer, frames):
                         blocked = blocked or set()
                         blocked.add(recipient)
+                        if carried is not None:
+                            for seq in carried[1]:  # they go alone, with the flush
+                                self._acks.add(carried[0], seq)
                 elif isinstance(frame, BroadcastFrame) and self._pub is not None:
                     env = self._envelope(frame.channel, frame.seq, frame.count,
                                          kind=frame.kind, trace=frame.trace)
@@ -785,6 +805,19 @@ class Node:
                 self._refuse(action.event, action.peer, action.detail, key=action.key)
         if published and self._pub is not None:
             self._sockets.after_send(self._pub)
+
+    def _carry_acks(self, recipient: str,
+                    frames: list[bytes]) -> tuple[bytes, list[int]] | None:
+        """Add to a direct message's ``frames`` the acknowledgements owed to its
+        ``recipient``, if it reads them there (:mod:`porter_mesh.core.session.acks`).
+        Returns what was taken, to give back if the message cannot be sent."""
+        info = self._peers.get(recipient)
+        if info is None or not info.advert.carried_acks:
+            return None
+        carried = self._acks.carry(recipient, info.incarnation)
+        if carried is not None:
+            frames.append(encode_ack(Ack(tuple(carried[1]), info.incarnation)))
+        return carried
 
     def _send_frames(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> bool:
         try:
@@ -859,8 +892,9 @@ class Node:
         # Otherwise the flush waits for the next turn, so that waiters run first and
         # acknowledgements of several reads share one message.
         if self._sending.direct_queued:
-            self._flush()
-        elif self._acks or self._sending.broadcasts_queued:
+            self._flush()  # which re-arms the timer
+            return
+        if self._acks or self._sending.broadcasts_queued:
             self._schedule_flush()
         self._rearm()
 

@@ -57,6 +57,15 @@ def test_round_trip_full() -> None:
     assert decode_txt(encode_txt(ad), addresses=("127.0.0.1",)) == ad  # str keys too
 
 
+def test_carried_acks_are_announced_only_when_read() -> None:
+    ad = advert(carried_acks=True)
+    assert encode_txt(ad)["ca"] == "1"
+    assert decode_txt(wire(encode_txt(ad)), addresses=ad.addresses) == ad
+    # A node of an earlier version says nothing: it gets ack messages only.
+    assert "ca" not in encode_txt(advert())
+    assert not decode_txt(wire(encode_txt(advert())), addresses=("127.0.0.1",)).carried_acks
+
+
 def test_every_txt_string_fits() -> None:
     ad = advert(public_key=KEY, slots=65536, tools=tuple(f"tool-{i:02d}" for i in range(30)))
     for key, value in encode_txt(ad).items():

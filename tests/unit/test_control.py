@@ -61,6 +61,16 @@ def test_ack_bytes_equal_the_nodes() -> None:
     assert K.decode_ack(msgpack.packb({"f": [3]})) == K.Ack((3,))
 
 
+def test_a_carried_ack_names_the_incarnation_it_is_for() -> None:
+    carried = K.Ack((4, 9), 2**62)
+    assert K.encode_ack(carried) == msgpack.packb({"f": [4, 9], "e": 2**62})
+    assert K.decode_ack(K.encode_ack(carried)) == carried
+    for bad in (-1, 2**63, "x", True):
+        with pytest.raises(FrameError, match="ack 'e'") as info:
+            K.decode_ack(msgpack.packb({"f": [4], "e": bad}))
+        assert info.value.reason == "bad-ack"
+
+
 def test_hello_and_welcome_bytes_equal_the_nodes() -> None:
     for peers in ([], [PEER]):
         expected = msgpack.packb(node_hello_body(ME, peers))

@@ -7,6 +7,9 @@ times and say what to do, with no socket, no event loop and no clock of their ow
 * :mod:`.roster`: adverts vetted and what each change of the roster asks (connect,
   disconnect, forget a restarted peer's streams, fail a seat's sends);
 * :mod:`.keys`: the receiver's idempotency-key window (wall time passed in);
+* :mod:`.acks`: the acknowledgements owed until the next flush, and which of them ride
+  on a direct message to their sender (a reply, the next request) instead of going
+  alone;
 * :mod:`.receiving`: what to do with each arrival, direct (new, duplicate, held, or
   refused for want of room) or broadcast (gaps and repeats counted), as ordered
   steps that the node and the endpoint both carry out;
