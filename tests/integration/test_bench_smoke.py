@@ -184,3 +184,16 @@ def test_journal_soak_stays_bounded(tmp_path: pathlib.Path) -> None:
     assert res["received_mb"] * 1e6 > 4 * threshold  # far more than the bound went through
     assert res["max_bytes"] <= 2 * threshold + 256 * 1024  # the bound, plus what is in flight
     assert (tmp_path / "journal.png").stat().st_size > 0
+
+
+@pytest.mark.network
+def test_calls_benchmark_counts_both_measures(tmp_path: pathlib.Path) -> None:
+    cmd = [sys.executable, "-m", "bench.bench_calls", "--quick", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    res = json.loads((tmp_path / "calls.json").read_text())
+    # Every message costs the node some calls and some CPU; a run that measured nothing
+    # (no message through) would show zero or less.
+    for measure in ("round trip", "broadcast"):
+        assert res[measure]["calls_per_message"] > 1, res
+        assert res[measure]["cpu_us_per_message"] > 0, res
