@@ -79,6 +79,7 @@ from porter_mesh.core.envelope import (
 )
 from porter_mesh.core.hlc import HybridClock
 from porter_mesh.core.session.acks import PendingAcks
+from porter_mesh.core.session.keys import KEY_PREFIX
 from porter_mesh.core.session.receiving import (
     LOST_BROADCAST,
     MISADDRESSED,
@@ -137,6 +138,20 @@ class OnceLog:
         self._seen.add(key)
         log.warning(message + " (further drops of this kind from %s are only counted)",
                     *args, origin)
+
+
+def _pending(accepted: list[Accepted], env: Envelope) -> bool:
+    """Whether ``env`` repeats a message of the current read that is not journaled yet
+    (by sequence, or by idempotency key). Its acknowledgement waits for the original's:
+    should the journal refuse that one (a full disk), acknowledging the repeat would
+    acknowledge a message nobody kept. Only repeats get here, so the scan is rare."""
+    sender, incarnation, seq, msg_id = env.sender, env.incarnation, env.seq, env.msg_id
+    keyed = msg_id.startswith(KEY_PREFIX)
+    for first, _, _, _, _ in accepted:
+        if (first.sender == sender and first.incarnation == incarnation
+                and (first.seq == seq or (keyed and first.msg_id == msg_id))):
+            return True
+    return False
 
 
 class Arrivals(Generic[_Token]):
@@ -391,7 +406,7 @@ class Arrivals(Generic[_Token]):
                 # Journal, deliver, then acknowledge, for the whole read (_accept); without
                 # a journal the acknowledgement waits for the message to be taken.
                 accepted.append((env, frames[1], payload, activities, ident))
-        elif steps:
+        elif steps and not _pending(accepted, env):
             self._acks.add(ident, env.seq)  # a duplicate: acknowledged again
 
     def _spoofed(self, env: Envelope, authentic: str | None, what: str, *,

@@ -6,6 +6,8 @@ kill -9 too. A real 2 MiB tmpfs, filled to the brim, holds the data directory.""
 from __future__ import annotations
 
 import pathlib
+import signal
+import time
 
 import pytest
 
@@ -112,3 +114,36 @@ def test_owed_messages_kept_after_a_full_disk_survive_kill_9(
         handled = wait_for_lines(out, COUNT, second, 30)
         assert sorted(handled) == sorted(f"m{i}" for i in range(COUNT))
         assert len(handled) == len(set(handled))
+
+
+def test_a_resend_read_with_its_original_is_not_acknowledged_when_the_disk_is_full(
+        procs: list[NodeProcess], mesh: str, tmp_path: pathlib.Path) -> None:
+    """A receiver stopped for a moment reads a message and its resends in one go: the
+    resends are repeats of a message the journal has not kept yet, so they must not be
+    acknowledged when the journal then refuses the original (a full disk)."""
+    with tiny_filesystem(tmp_path / "fs") as fs:
+        receiver = NodeProcess("recv", "--data-dir", str(fs / "recv"), mesh=mesh)
+        procs.append(receiver)
+        sender = NodeProcess("send", mesh=mesh)
+        procs.append(sender)
+        sender.wait_until(lambda ev: "recv" in peers_seen(ev), 20, "sender finds receiver")
+        filler = fill(fs)
+        receiver.proc.send_signal(signal.SIGSTOP)
+        try:
+            sender.command(op="send", to="recv", n=5, size=SIZE)
+            # The sender resends every 0.1-0.5 s: wait until the stopped receiver has
+            # the message and three resends of it waiting.
+            deadline = time.monotonic() + 30
+            while stats(sender).get("retries", 0) < 3:
+                assert time.monotonic() < deadline, stats(sender)
+        finally:
+            receiver.proc.send_signal(signal.SIGCONT)
+        sender.watch(3, lambda e: e["ev"] == "sent", "acknowledged while full")
+        assert stats(receiver)["refused.disk"] >= 1
+        filler.unlink()  # space returns: a later resend lands, once
+        done = sender.wait_for(lambda e: e["ev"] == "sent", 40, "every send acknowledged")
+        assert done["ok"] == 5
+        receiver.wait_until(lambda ev: sum(e["ev"] == "msg" and e["direct"]
+                                           for e in ev) >= 5, 20, "all delivered")
+        texts = [e["text"] for e in receiver.events if e["ev"] == "msg" and e["direct"]]
+        assert sorted(texts) == [f"m{i}" for i in range(5)]
