@@ -82,6 +82,7 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
     verdicts = {row["measure"]: row["verdict"] for row in res["summary"]}
     assert set(verdicts) == {
         "broadcast 1->1",
+        "broadcast 1->1 vs pyzmq",
         "broadcast 1->2 per sub",
         "broadcast 1->1 prebuilt",
         "broadcast 1->1 each read",
