@@ -35,14 +35,21 @@ def stats(proc: NodeProcess) -> dict[str, int]:
     return dict(proc.ask("stats", "stats")["stats"])
 
 
+def pair_on(fs: pathlib.Path, procs: list[NodeProcess],
+            mesh: str) -> tuple[NodeProcess, NodeProcess]:
+    """A receiver journaling on ``fs`` and a sender that found it."""
+    receiver = NodeProcess("recv", "--data-dir", str(fs / "recv"), mesh=mesh)
+    procs.append(receiver)
+    sender = NodeProcess("send", mesh=mesh)
+    procs.append(sender)
+    sender.wait_until(lambda ev: "recv" in peers_seen(ev), 20, "sender finds receiver")
+    return receiver, sender
+
+
 def test_a_full_disk_refuses_direct_messages_until_space_returns(
         procs: list[NodeProcess], mesh: str, tmp_path: pathlib.Path) -> None:
     with tiny_filesystem(tmp_path / "fs") as fs:
-        receiver = NodeProcess("recv", "--data-dir", str(fs / "recv"), mesh=mesh)
-        procs.append(receiver)
-        sender = NodeProcess("send", mesh=mesh)
-        procs.append(sender)
-        sender.wait_until(lambda ev: "recv" in peers_seen(ev), 20, "sender finds receiver")
+        receiver, sender = pair_on(fs, procs, mesh)
         sender.command(op="wait-subscribers", channel="log", n=1)
         sender.wait_for(lambda e: e["ev"] == "subscribers", 15, "the receiver subscribes")
         filler = fill(fs)
@@ -122,11 +129,7 @@ def test_a_resend_read_with_its_original_is_not_acknowledged_when_the_disk_is_fu
     resends are repeats of a message the journal has not kept yet, so they must not be
     acknowledged when the journal then refuses the original (a full disk)."""
     with tiny_filesystem(tmp_path / "fs") as fs:
-        receiver = NodeProcess("recv", "--data-dir", str(fs / "recv"), mesh=mesh)
-        procs.append(receiver)
-        sender = NodeProcess("send", mesh=mesh)
-        procs.append(sender)
-        sender.wait_until(lambda ev: "recv" in peers_seen(ev), 20, "sender finds receiver")
+        receiver, sender = pair_on(fs, procs, mesh)
         filler = fill(fs)
         receiver.proc.send_signal(signal.SIGSTOP)
         try:
