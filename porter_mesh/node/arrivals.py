@@ -198,7 +198,6 @@ class Arrivals(Generic[_Token]):
                  drop: Callable[..., None], refuse: Callable[..., None],
                  app_control: Callable[[str, str, dict[str, Any]], None],
                  incarnation: int) -> None:
-        self._config = config
         self._incarnation = incarnation
         self._name = config.name
         self._counters = counters

@@ -246,7 +246,6 @@ class Node:
                           read_dealer=lambda *where: self._arrivals.read_dealer(*where),
                           on_handshake=lambda sock: self._peering.on_handshake(sock))
         self._links = self._net.links
-        self._probes = self._net.probes
         # Reaching peers: adverts, hellos, re-contact, refusals, revoked keys.
         self._peering: Peering[Completion] = Peering(
             config, self.counters, roster=self._roster, sending=self._sending,
