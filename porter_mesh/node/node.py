@@ -38,7 +38,7 @@ de-duplicates by (sender, incarnation, sequence), records accepted messages in i
 journal (when it has a data directory) before acknowledging, and acknowledges duplicates
 again without delivering them. An acknowledgement owed to a peer that this node sends a
 direct message in the same flush (a handler's reply to a request, the next request after
-a reply) rides on that message instead of going alone (:meth:`Node._carry_acks`,
+a reply) rides on that message instead of going alone (:mod:`porter_mesh.node.outgoing`,
 :mod:`porter_mesh.core.session.acks`), so a request and its reply are two ZeroMQ
 messages, not four.
 
@@ -100,10 +100,8 @@ from porter_mesh.core.control import (
     KIND_STATS,
     KIND_STATS_REPLY,
     NODE_KINDS,
-    Ack,
     Heartbeat,
     StatsReply,
-    encode_ack,
     encode_bye,
     encode_control,
     encode_heartbeat,
@@ -111,34 +109,16 @@ from porter_mesh.core.control import (
 )
 from porter_mesh.core.envelope import (
     Envelope,
-    encode_broadcast,
-    encode_direct,
-    make_msg_id,
 )
 from porter_mesh.core.hlc import HybridClock
 from porter_mesh.core.peers import PeerEvent, PeerInfo
 from porter_mesh.core.session.acks import PendingAcks
-from porter_mesh.core.session.frames import (
-    BroadcastFrame,
-    Count,
-    DirectFrame,
-    Fail,
-    SendFrame,
-    Settle,
-)
 from porter_mesh.core.session.keys import MAX_KEY_CHARS
 from porter_mesh.core.session.receiving import Receiving
 from porter_mesh.core.session.roster import (
-    Connect,
-    Disconnect,
-    Drop,
-    Forget,
-    PeerChanged,
-    Reconnect,
     Roster,
-    RosterAction,
 )
-from porter_mesh.core.session.sending import SendAction, Sender
+from porter_mesh.core.session.sending import Sender
 from porter_mesh.core.tracecontext import TraceContext
 from porter_mesh.errors import (
     ConfigError,
@@ -149,14 +129,14 @@ from porter_mesh.errors import (
     UnknownPeerError,
 )
 from porter_mesh.node.arrivals import Arrivals, KindHandler, OnceLog, Reply, count_for
-from porter_mesh.node.completions import Completion, Countdown, fail_all, send_error, settle
+from porter_mesh.node.completions import Completion, Countdown
 from porter_mesh.node.config import NodeConfig, split_seed
-from porter_mesh.node.inbox import Inbox, Message, wall_ms
+from porter_mesh.node.inbox import Inbox, Message
 from porter_mesh.node.links import Links, Sockets, recv_subscription
+from porter_mesh.node.outgoing import Outgoing
 from porter_mesh.node.peering import Peering
 from porter_mesh.node.subscriptions import Subscriptions
 from porter_mesh.node.timer import DeadlineTimer
-from porter_mesh.node.zio import send_frames
 
 __all__ = ["KindHandler", "Message", "Node", "Reply"]
 
@@ -224,6 +204,23 @@ class Node:
         # may carry them).
         self._acks = PendingAcks()
         self._control_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
+        self._pub: zmq.Socket[bytes] | None = None
+        # The sockets, how they are made and watched, and the one read loop.
+        self._sockets = Sockets(config, after_batch=self._after_batch,
+                                closed=lambda: self._closed)
+        self._net = Links(self._sockets, routing_id=f"{self.name}/{self.incarnation:x}",
+                          read_sub=lambda sock, peer: self._arrivals.read_sub(sock, peer),
+                          read_dealer=lambda *where: self._arrivals.read_dealer(*where),
+                          on_handshake=lambda sock: self._peering.on_handshake(sock))
+        self._links = self._net.links
+        # Every action of the rules carried out onto the sockets, in order.
+        self._out = Outgoing(
+            self.name, self.incarnation, max_pending=config.max_pending,
+            counters=self.counters, clock=self._clock, sending=self._sending,
+            receiving=self._receiving, peers=self._peers, sockets=self._sockets,
+            links=self._links, acks=self._acks, pub=lambda: self._pub,
+            peering=lambda: self._peering, drop=self._drop, refuse=self._refuse)
+        self._carry_out = self._out.carry_out
         # What the application is owed: handlers, the inbox, declined messages, the
         # delivery journal and its replay.
         self._inbox = Inbox(config, self.counters, receiving=self._receiving,
@@ -236,20 +233,10 @@ class Node:
         # The flush queued for the next loop turn, if any (a flush run earlier cancels it).
         self._flush_handle: asyncio.Handle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # The sockets, how they are made and watched, and the one read loop.
-        self._sockets = Sockets(config, after_batch=self._after_batch,
-                                closed=lambda: self._closed)
-        # The links to peers, the probes and every handshake watch (socket work only;
-        # the roster and the re-contact schedule decide when).
-        self._net = Links(self._sockets, routing_id=f"{self.name}/{self.incarnation:x}",
-                          read_sub=lambda sock, peer: self._arrivals.read_sub(sock, peer),
-                          read_dealer=lambda *where: self._arrivals.read_dealer(*where),
-                          on_handshake=lambda sock: self._peering.on_handshake(sock))
-        self._links = self._net.links
         # Reaching peers: adverts, hellos, re-contact, refusals, revoked keys.
         self._peering: Peering[Completion] = Peering(
             config, self.counters, roster=self._roster, sending=self._sending,
-            net=self._net, carry_out=self._carry_out, send_control=self._send_control_direct,
+            net=self._net, carry_out=self._carry_out, send_control=self._out.send_control,
             advert=self.advert, topics=self._subs.topics, drop=self._drop, refuse=self._refuse,
             closed=lambda: self._closed)
         # Reading the mesh: every arrival checked and handed to the rule it is for.
@@ -258,12 +245,11 @@ class Node:
             links=self._links, acks=self._acks, clock=self._clock, roster=self._roster,
             receiving=self._receiving, sending=self._sending, inbox=self._inbox,
             peering=self._peering, subs=self._subs, carry_out=self._carry_out,
-            envelope=self._envelope, send_frames=self._send_frames,
-            send_control=self._send_control_direct, pub=lambda: self._pub,
+            envelope=self._out.envelope, send_frames=self._out.send_frames,
+            send_control=self._out.send_control, pub=lambda: self._pub,
             drop=self._drop, refuse=self._refuse, app_control=self._on_app_control,
             incarnation=self.incarnation)
         self._arrivals.kind_handlers[KIND_STATS] = self._on_stats_request
-        self._pub: zmq.Socket[bytes] | None = None
         self._sub: zmq.Socket[bytes] | None = None
         self._router: zmq.Socket[bytes] | None = None
         self._security: MeshSecurity | None = None
@@ -420,7 +406,7 @@ class Node:
         self._closed = True
         with contextlib.suppress(Exception):
             self._flush()
-            self._publish_control(KIND_BYE, encode_bye())
+            self._out.publish_control(KIND_BYE, encode_bye())
         if self._timer is not None:
             self._timer.close()
         if self._discovery is not None:
@@ -734,114 +720,6 @@ class Node:
             self._arrivals.flush_acks()
         self._rearm()
 
-    def _envelope(self, channel: str, seq: int, count: int, *, recipient: str | None = None,
-                  kind: str | None = None, ref: str | None = None,
-                  msg_id: str | None = None, trace: TraceContext | None = None) -> Envelope:
-        return Envelope(
-            C.PROTOCOL_VERSION, msg_id or make_msg_id(self.incarnation, channel, seq),
-            self.name, channel, seq, self.incarnation, self._clock.now(wall_ms()), recipient,
-            ref, count, kind, *(trace or (None, None)),
-        )
-
-    def _carry_out(self, actions: Iterable[RosterAction | SendAction[Completion]]) -> None:
-        """Carry out what the sending side and the roster ask, in order: frames onto
-        sockets (a direct frame only over a link; once a DEALER refuses one, the
-        recipient's later frames of the list wait for their resend so the stream stays
-        in order), completions settled or failed, links opened and closed, the roster's
-        changes told, counters."""
-        blocked: set[str] | None = None
-        published = False
-        for action in actions:
-            if isinstance(action, SendFrame):
-                frame = action.frame
-                if isinstance(frame, DirectFrame):
-                    recipient = frame.recipient
-                    link = self._links.get(recipient)
-                    if link is None or (blocked is not None and recipient in blocked):
-                        continue
-                    env = self._envelope(C.DIRECT_PREFIX + recipient, frame.seq, frame.count,
-                                         recipient=recipient, msg_id=frame.msg_id,
-                                         trace=frame.trace)
-                    frames = encode_direct(env, frame.payload)
-                    carried = self._carry_acks(recipient, frames) if self._acks else None
-                    if not self._send_frames(link.dealer, frames):
-                        blocked = blocked or set()
-                        blocked.add(recipient)
-                        if carried is not None:
-                            for seq in carried[1]:  # they go alone, with the flush
-                                self._acks.add(carried[0], seq)
-                elif isinstance(frame, BroadcastFrame) and self._pub is not None:
-                    env = self._envelope(frame.channel, frame.seq, frame.count,
-                                         kind=frame.kind, trace=frame.trace)
-                    try:
-                        send_frames(self._pub, encode_broadcast(env, frame.payload))
-                    except zmq.Again:
-                        self.counters["dropped.pub-hwm"] += frame.count
-                    published = True
-            elif isinstance(action, Settle):
-                for done in action.tokens:
-                    settle(done)
-            elif isinstance(action, Fail):
-                fail_all(action.tokens, send_error(
-                    action, me=self.name, max_pending=self.config.max_pending,
-                    refusal=self._peering.refusal(action.recipient)))
-            elif isinstance(action, Count):
-                self.counters[action.name] += action.n
-            elif isinstance(action, PeerChanged):
-                self._peering.changed(action.event)
-            elif isinstance(action, Connect):
-                self._peering.connect(action.advert)
-            elif isinstance(action, Disconnect):
-                self._peering.disconnect(action.name)
-            elif isinstance(action, Reconnect):
-                self._peering.disconnect(action.advert.name)
-                self._peering.connect(action.advert)
-            elif isinstance(action, Forget):
-                self._receiving.forget(action.name)
-            elif isinstance(action, Drop):
-                self._drop(action.reason, action.peer, "%s", action.detail)
-            else:
-                self._refuse(action.event, action.peer, action.detail, key=action.key)
-        if published and self._pub is not None:
-            self._sockets.after_send(self._pub)
-
-    def _carry_acks(self, recipient: str,
-                    frames: list[bytes]) -> tuple[bytes, list[int]] | None:
-        """Add to a direct message's ``frames`` the acknowledgements owed to its
-        ``recipient``, if it reads them there (:mod:`porter_mesh.core.session.acks`).
-        Returns what was taken, to give back if the message cannot be sent."""
-        info = self._peers.get(recipient)
-        if info is None or not info.advert.carried_acks:
-            return None
-        carried = self._acks.carry(recipient, info.incarnation)
-        if carried is not None:
-            frames.append(encode_ack(Ack(tuple(carried[1]), info.incarnation)))
-        return carried
-
-    def _send_frames(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> bool:
-        try:
-            send_frames(sock, frames)
-        except zmq.Again:
-            self.counters["backpressure.dealer"] += 1
-            return False
-        finally:
-            self._sockets.after_send(sock)
-        return True
-
-    def _send_control_direct(self, sock: zmq.Socket[bytes], kind: str,
-                             payload: bytes, *, ident: bytes | None = None) -> None:
-        env = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=kind)
-        frames = encode_direct(env, payload)
-        if ident is not None:
-            frames = [ident, *frames]
-        self._send_frames(sock, frames)
-
-    def _publish_control(self, kind: str, payload: bytes) -> None:
-        """Broadcast one control message on ``control``, next in its sequence."""
-        if self._pub is None:
-            return
-        self._carry_out([self._sending.broadcast(C.CHANNEL_CONTROL, payload, kind=kind)])
-
     def async_control(self, kind: str, *, target: str | None = None,
                       body: dict[str, Any] | None = None) -> None:
         """Broadcast a control message (``drain``, ``halt``...) to ``target`` or everyone."""
@@ -849,7 +727,7 @@ class Node:
         fields = dict(body or {})
         if target is not None:
             fields["to"] = target
-        self._publish_control(kind, encode_control(fields))
+        self._out.publish_control(kind, encode_control(fields))
 
     # ------------------------------------------------------------------ receiving
 
@@ -957,7 +835,7 @@ class Node:
     def async_publish_kind(self, kind: str, payload: bytes) -> None:
         """Broadcast a message of a registered ``kind`` on ``control``."""
         self._check_open()
-        self._publish_control(kind, payload)
+        self._out.publish_control(kind, payload)
 
     # ------------------------------------------------------------------ timers
 
@@ -1022,7 +900,7 @@ class Node:
             self._beat_due = now + self.config.heartbeat_interval
         self._carry_out(self._sending.timer(now, self._links))
         if force_beat and not self.config.observer:
-            self._publish_control(KIND_HEARTBEAT, encode_heartbeat(Heartbeat(
+            self._out.publish_control(KIND_HEARTBEAT, encode_heartbeat(Heartbeat(
                 self._sending.broadcast_positions(), self.draining)))
         if force_beat and self._security is not None:
             # The ZAP callback may have re-read the directory already: compare generations.
