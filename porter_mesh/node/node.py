@@ -84,12 +84,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import zmq
-
 from porter_mesh.adapters.dirlock import DirLock
-from porter_mesh.adapters.security import AUDIT_FILE, MeshSecurity, check_libzmq
+from porter_mesh.adapters.security import MeshSecurity, check_libzmq
 from porter_mesh.core import constants as C
-from porter_mesh.core.addresses import url_host
 from porter_mesh.core.advert import PeerAdvert
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.control import (
@@ -124,15 +121,15 @@ from porter_mesh.errors import (
     ConfigError,
     NodeClosedError,
     PeerRefusedError,
-    SecurityError,
     StorageError,
     UnknownPeerError,
 )
 from porter_mesh.node.arrivals import Arrivals, KindHandler, OnceLog, Reply, count_for
 from porter_mesh.node.completions import Completion, Countdown
-from porter_mesh.node.config import NodeConfig, split_seed
+from porter_mesh.node.config import NodeConfig
+from porter_mesh.node.endpoints import Endpoints, load_security
 from porter_mesh.node.inbox import Inbox, Message
-from porter_mesh.node.links import Links, Sockets, recv_subscription
+from porter_mesh.node.links import Links, Sockets
 from porter_mesh.node.outgoing import Outgoing
 from porter_mesh.node.peering import Peering
 from porter_mesh.node.subscriptions import Subscriptions
@@ -185,6 +182,9 @@ class Node:
         self.view_sections: dict[str, Callable[[], dict[str, Any]]] = {}
         self._dir_lock: DirLock | None = None
         self._started_at = time.monotonic()
+        self._started = False
+        self._closed = False
+        self.draining = False
         # The sending rules (queues, batching, numbering, the outbox): pure; the node
         # carries out what they return (_carry_out).
         self._sending: Sender[Completion] = Sender(
@@ -204,7 +204,6 @@ class Node:
         # may carry them).
         self._acks = PendingAcks()
         self._control_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
-        self._pub: zmq.Socket[bytes] | None = None
         # The sockets, how they are made and watched, and the one read loop.
         self._sockets = Sockets(config, after_batch=self._after_batch,
                                 closed=lambda: self._closed)
@@ -213,12 +212,18 @@ class Node:
                           read_dealer=lambda *where: self._arrivals.read_dealer(*where),
                           on_handshake=lambda sock: self._peering.on_handshake(sock))
         self._links = self._net.links
+        # The channels this node receives, and the subscriptions that reached its PUB.
+        self._subs = Subscriptions(self.name, lambda: self._ends.sub_sockets())
+        # This node's PUB, ROUTER and shared SUB, and the keys that guard them.
+        self._ends = Endpoints(config, self.counters, sockets=self._sockets, net=self._net,
+                               subs=self._subs,
+                               revalidate=lambda: self._peering.revalidate())
         # Every action of the rules carried out onto the sockets, in order.
         self._out = Outgoing(
             self.name, self.incarnation, max_pending=config.max_pending,
             counters=self.counters, clock=self._clock, sending=self._sending,
             receiving=self._receiving, peers=self._peers, sockets=self._sockets,
-            links=self._links, acks=self._acks, pub=lambda: self._pub,
+            links=self._links, acks=self._acks, pub=lambda: self._ends.pub,
             peering=lambda: self._peering, drop=self._drop, refuse=self._refuse)
         self._carry_out = self._out.carry_out
         # What the application is owed: handlers, the inbox, declined messages, the
@@ -228,8 +233,6 @@ class Node:
                             wake_by=self._wake_by, after_batch=self._after_batch,
                             closed=lambda: self._closed, handlers=handlers,
                             batch_handlers=batch_handlers)
-        # The channels this node receives, and the subscriptions that reached its PUB.
-        self._subs = Subscriptions(self.name, self._sub_sockets)
         # The flush queued for the next loop turn, if any (a flush run earlier cancels it).
         self._flush_handle: asyncio.Handle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -246,26 +249,16 @@ class Node:
             receiving=self._receiving, sending=self._sending, inbox=self._inbox,
             peering=self._peering, subs=self._subs, carry_out=self._carry_out,
             envelope=self._out.envelope, send_frames=self._out.send_frames,
-            send_control=self._out.send_control, pub=lambda: self._pub,
+            send_control=self._out.send_control, pub=lambda: self._ends.pub,
             drop=self._drop, refuse=self._refuse, app_control=self._on_app_control,
             incarnation=self.incarnation)
         self._arrivals.kind_handlers[KIND_STATS] = self._on_stats_request
-        self._sub: zmq.Socket[bytes] | None = None
-        self._router: zmq.Socket[bytes] | None = None
-        self._security: MeshSecurity | None = None
-        self._trust_generation = 0
-        self._trust_removals = 0
         self._discovery: Any = None
         # The one timer of the node, armed at the earliest deadline of everything that
         # waits on time (see _rearm), and when it is due (monotonic; inf: not armed).
         self._timer: DeadlineTimer | None = None
         self._beat_due = 0.0
-        self._started = False
-        self._closed = False
-        self.draining = False
         self._halt_event: asyncio.Event | None = None
-        self.pub_port = 0
-        self.router_port = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -291,7 +284,7 @@ class Node:
         cfg = self.config
         check_libzmq()
         cfg.check_protected()
-        security = self._load_security() if cfg.secured else None
+        security = load_security(cfg, self.counters) if cfg.secured else None
         if cfg.data_dir is not None:
             # Refused here, before any socket is bound, when another node runs on it.
             self._dir_lock = DirLock(cfg.data_dir, filename=DATA_DIR_LOCK)
@@ -305,38 +298,19 @@ class Node:
         self._timer = DeadlineTimer(self._loop, self._on_timer)
         self._inbox.start(self._loop)
         self._halt_event = asyncio.Event()
-        ctx = self._sockets.open(self._loop)
-        if security is not None:
-            # The authenticator must answer before the first client can knock.
-            self._sockets.watch(security.start(ctx), self._answer_zap)
-            self._security = self._sockets.security = security
-            self._inbox.bind_actors = True
-            self._trust_generation = security.store.generation
-            self._peering.security = self._arrivals.security = security
-            self._trust_removals = security.store.removals
+        self._sockets.open(self._loop)
         try:
-            self._pub = self._sockets.new_pub()
-            self.pub_port = self._sockets.bind(self._pub, cfg.pub_port)
-            self._router = self._sockets.server(zmq.ROUTER)
-            self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
-            self.router_port = self._sockets.bind(self._router, cfg.router_port)
-            # A secured node keeps one SUB per peer instead (see the module docstring).
-            self._sub = self._sockets.socket(zmq.SUB) if security is None else None
-            self._peering.shared_sub = self._arrivals.sub = self._sub
-            self._arrivals.router = self._router
-        except zmq.ZMQError as exc:
-            self._close_sockets()
+            self._ends.open(security)
+        except ConfigError:
             self._release_data_dir()
-            raise ConfigError(
-                f"cannot bind on {', '.join(cfg.interfaces)}: {exc.strerror}; choose other "
-                "ports (0 lets the OS pick) or another interface"
-            ) from None
+            raise
+        if security is not None:
+            self._inbox.bind_actors = True
+            self._peering.security = self._arrivals.security = security
+        self._peering.shared_sub = self._arrivals.sub = self._ends.sub
+        self._arrivals.router = self._ends.router
         for channel in (C.CHANNEL_CONTROL, *cfg.channels):
             self.subscribe(channel)
-        if security is not None:
-            # A client without keys is refused before ZAP hears of it: watch for it.
-            self._net.watch_handshake(self._pub, None)
-            self._net.watch_handshake(self._router, None)
         if cfg.data_dir is not None:
             try:
                 self._inbox.open_journal(cfg.data_dir / "inbox.journal")
@@ -344,10 +318,7 @@ class Node:
                 self._close_sockets()
                 self._release_data_dir()
                 raise
-        if self._sub is not None:
-            self._sockets.watch(self._sub, self._arrivals.read_sub)
-        self._sockets.watch(self._router, self._arrivals.read_router)
-        self._sockets.watch(self._pub, self._read_xpub)
+        self._ends.watch(self._arrivals.read_sub, self._arrivals.read_router)
         # The first heartbeat is due now: arm for it before anything awaits (registering
         # with mDNS takes a second or more), or its lateness would look like a pause.
         self._wake_by(self._next_deadline())
@@ -365,37 +336,25 @@ class Node:
         log.info("node %s up: pub %d router %d incarnation %x%s", self.name, self.pub_port,
                  self.router_port, self.incarnation, " (CurveZMQ)" if security else "")
 
-    def _load_security(self) -> MeshSecurity:
-        cfg = self.config
-        assert cfg.secret_key_file is not None
-        for seed in cfg.seeds:
-            if split_seed(seed)[0] is None:
-                raise SecurityError(
-                    f"seed {seed!r} has no agent name: a secured node must know whose key "
-                    "to expect there; write it NAME@HOST:PORT with NAME trusted on the mesh"
-                )
-        return MeshSecurity.load(
-            name=self.name, mesh=cfg.mesh, key_file=cfg.secret_key_file,
-            trusted_dir=cfg.trusted_path,
-            audit_path=cfg.data_dir / AUDIT_FILE if cfg.data_dir is not None else None,
-            counters=self.counters, observer=cfg.observer,
-        )
+    @property
+    def pub_port(self) -> int:
+        """The port this node's PUB is bound at (0 before start)."""
+        return self._ends.pub_port
 
-    def _answer_zap(self) -> None:
-        authenticator = self._security.authenticator if self._security else None
-        if authenticator is not None and authenticator.answer_pending():
-            assert self._loop is not None
-            self._loop.call_soon(self._answer_zap)
+    @property
+    def router_port(self) -> int:
+        """The port this node's ROUTER is bound at (0 before start)."""
+        return self._ends.router_port
 
     @property
     def secured(self) -> bool:
         """True when this node runs CurveZMQ."""
-        return self._security is not None
+        return self._ends.security is not None
 
     @property
     def security(self) -> MeshSecurity | None:
         """The running node's keys, trusted directory and audit log (None if unsecured)."""
-        return self._security
+        return self._ends.security
 
     async def aclose(self) -> None:
         """Leave gracefully: say goodbye, unregister from mDNS, fail pending sends,
@@ -419,40 +378,28 @@ class Node:
         if self._halt_event is not None:
             self._halt_event.set()
 
+    def _close_sockets(self) -> None:
+        self._ends.close()
+        self._peering.shared_sub = self._arrivals.sub = self._arrivals.router = None
+
     def _release_data_dir(self) -> None:
         if self._dir_lock is not None:
             self._dir_lock.release()
             self._dir_lock = None
 
-    def _close_sockets(self) -> None:
-        self._sockets.unwatch_all()  # before any socket closes: its descriptor goes with it
-        self._net.close_all()
-        if self._pub is not None:
-            # Give queued broadcasts (the goodbye among them) a moment to leave.
-            self._pub.close(linger=500)
-            self._pub = None
-        for other in (self._sub, self._router):
-            if other is not None:
-                other.close(linger=0)
-        self._sub = self._router = None
-        self._peering.shared_sub = self._arrivals.sub = self._arrivals.router = None
-        if self._security is not None:
-            # After the server sockets: none of them may outlive the authenticator.
-            self._security.stop()
-        self._sockets.term()
-
     # ------------------------------------------------------------------ adverts
 
     def advert(self) -> PeerAdvert:
         """This node's discovery record."""
+        security = self._ends.security
         return PeerAdvert(
             name=self.name, role=self.config.role, mesh=self.config.mesh,
             pub_port=self.pub_port, router_port=self.router_port,
             version=C.PROTOCOL_VERSION, incarnation=self.incarnation,
             addresses=tuple(self.config.interfaces), slots=self.config.slots,
             tools=tuple(self.config.tools),
-            public_key=self._security.identity.public_key if self._security else None,
-            signing_key=self._security.identity.signing_key_z85 if self._security else None,
+            public_key=security.identity.public_key if security else None,
+            signing_key=security.identity.signing_key_z85 if security else None,
             carried_acks=True,
         )
 
@@ -470,46 +417,8 @@ class Node:
                 key: str | None = None) -> None:
         """Drop something a secured node must not accept: count it and audit it."""
         self.count_drop(event, peer)
-        if self._security is not None:
-            self._security.audit.record(event, detail, peer=peer, key=key)
-
-    def _reopen_pub(self) -> None:
-        """A key left the trusted directory: cut every subscriber off this node's PUB.
-
-        ZeroMQ's PUB has no way to drop one subscriber, and a connection authenticated
-        before the key was removed would otherwise keep receiving every broadcast until it
-        reconnects. So the XPUB is closed and a new one bound on the same port: honest
-        subscribers reconnect through ZAP within their reconnect interval (what was
-        published meanwhile is a sequence gap they count, and knowledge is repaired by
-        anti-entropy, as for any loss), while the revoked key is refused.
-        """
-        old = self._pub
-        if old is None or self._closed:
-            return
-        self._sockets.unwatch(old)
-        self._net.end_handshake_watch(old)
-        old.close(linger=0)
-        self._subs.reset()
-        sock = self._pub = self._sockets.new_pub()
-        self.counters["security.pub-reopened"] += 1
-        log.info("node %s: a key left the trusted directory; every subscriber of this "
-                 "node's PUB was cut and must reconnect", self.name)
-        # Until the bind succeeds broadcasts reach nobody (and are counted as gaps by
-        # the subscribers, like any other loss).
-        self._sockets.bind_again(sock, self.pub_port, wanted=lambda: sock is self._pub,
-                                 bound=lambda: self._pub_bound(sock),
-                                 failed=self._pub_unbound)
-
-    def _pub_bound(self, sock: zmq.Socket[bytes]) -> None:
-        if self._security is not None:
-            self._net.watch_handshake(sock, None)
-        self._sockets.watch(sock, self._read_xpub)
-
-    def _pub_unbound(self, host: str, exc: zmq.ZMQError) -> None:
-        self.counters["error.pub-rebind"] += 1
-        log.error("node %s cannot bind its PUB socket again on %s:%d (%s): its broadcasts "
-                  "reach nobody; restart the node", self.name, host, self.pub_port,
-                  exc.strerror)
+        if self._ends.security is not None:
+            self._ends.security.audit.record(event, detail, peer=peer, key=key)
 
     # ------------------------------------------------------------------ handshakes
 
@@ -527,10 +436,6 @@ class Node:
         return self._peering.introduced_peers()
 
     # ------------------------------------------------------------------ subscribe
-
-    def _sub_sockets(self) -> list[zmq.Socket[bytes]]:
-        subs = [link.sub for link in self._links.values() if link.sub is not None]
-        return subs if self._sub is None else [self._sub, *subs]
 
     def subscribe(self, channel: str) -> None:
         """Receive broadcasts on ``channel`` from now on (idempotent)."""
@@ -711,7 +616,7 @@ class Node:
             # queued run would find nothing to do.
             handle.cancel()
             self._flush_handle = None
-        if self._closed and self._pub is None:
+        if self._closed and self._ends.pub is None:
             return
         sending = self._sending
         if sending.broadcasts_queued or sending.direct_queued:
@@ -730,15 +635,6 @@ class Node:
         self._out.publish_control(kind, encode_control(fields))
 
     # ------------------------------------------------------------------ receiving
-
-    def _read_xpub(self) -> None:
-        """Read the (un)subscriptions that reach this node's PUB."""
-        sock = self._pub
-        if sock is None:
-            return
-        more = self._sockets.read(sock, recv_subscription, self._subs.on_subscription)
-        self._subs.read_done()
-        self._sockets.read_done(more, self._read_xpub)
 
     def subscribers(self, channel: str) -> frozenset[str]:
         """The names of the nodes whose subscription to ``channel`` reached this node's
@@ -902,16 +798,8 @@ class Node:
         if force_beat and not self.config.observer:
             self._out.publish_control(KIND_HEARTBEAT, encode_heartbeat(Heartbeat(
                 self._sending.broadcast_positions(), self.draining)))
-        if force_beat and self._security is not None:
-            # The ZAP callback may have re-read the directory already: compare generations.
-            store = self._security.store
-            store.refresh_if_changed(now)
-            if store.generation != self._trust_generation:
-                self._trust_generation = store.generation
-                self._peering.revalidate()
-            if store.removals != self._trust_removals:
-                self._trust_removals = store.removals
-                self._reopen_pub()
+        if force_beat:
+            self._ends.check_trust(now)
         if force_beat:
             self._carry_out(self._roster.tick(now))
             if self.config.unread_warning:
@@ -1135,6 +1023,5 @@ class Node:
 
     def endpoints(self) -> dict[str, str]:
         """``{"pub": ..., "router": ...}`` endpoints on the first interface."""
-        addr = url_host(self.config.interfaces[0])
-        return {"pub": f"tcp://{addr}:{self.pub_port}", "router": f"tcp://{addr}:{self.router_port}"}
+        return self._ends.endpoints()
 
