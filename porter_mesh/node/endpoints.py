@@ -10,6 +10,18 @@ node (a secured node has one SUB per peer: libzmq sets the CURVE server key per 
 A port that cannot be bound is a :class:`~porter_mesh.errors.ConfigError` saying what to
 choose instead, raised with every socket already closed.
 
+A secured node (one with a secret key, ``NodeConfig.secret_key_file``; the keys, the
+trusted directory and ZAP are explained in :mod:`porter_mesh.adapters.security`) runs
+CurveZMQ on every socket, and its sockets differ in three ways: one SUB per peer instead
+of the shared one; DEALERs that carry no chosen routing id (the ROUTER makes one up, so
+that a trusted peer cannot claim another's id and take its replies); and the ROUTER read
+with ``copy=False`` for each message's ZAP User-Id, the agent name bound to the sender's
+key. Every message must then come from the name it claims and every activity's ``actor``
+must be that name (:mod:`porter_mesh.node.arrivals`; anything else is dropped and
+audited), and an advert must carry a key the trusted directory binds to its name
+(:mod:`porter_mesh.node.peering`). An unsecured node pays for none of this; one bound
+beyond loopback without a key refuses to start unless ``insecure`` is set.
+
 Security while running (:class:`Endpoints` with a
 :class:`~porter_mesh.adapters.security.MeshSecurity`): the keys are loaded before any
 socket is bound (:func:`load_security`; a seed without an agent name is refused, since a

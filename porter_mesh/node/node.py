@@ -5,42 +5,32 @@ Theory of operation
 The protocol's rules are pure and live in :mod:`porter_mesh.core.session`: sending
 (queues, batching, numbering, the outbox), the roster (adverts, peer states, what each
 change asks) and receiving (authenticity, sequencing, de-duplication, idempotency keys,
-inbox admission). Each takes an explicit time and returns actions. The node owns the
-sockets and the clock and carries those actions out, in their order; its parts:
+inbox admission). Each takes an explicit time and returns actions. :class:`Node` makes
+the parts that carry those actions out, runs them on one event loop, and owns the
+lifecycle and the clock:
 
-* :mod:`~porter_mesh.node.links`: the sockets, how each is made, bound and watched, the
-  one read loop, and the links to peers (a DEALER to each peer's ROUTER, the SUB side);
+* :mod:`~porter_mesh.node.api`: what an application calls (sending, receiving, channels,
+  peers, extension kinds, counters), each call the front of one part below;
+* :mod:`~porter_mesh.node.outgoing`: every action of the rules carried out, in order:
+  frames onto sockets (acknowledgements riding on direct messages), completions
+  settled or failed, links opened and closed, roster changes told;
 * :mod:`~porter_mesh.node.arrivals`: every message read, decoded, checked and handed to
   the rule it is for (journal, deliver, acknowledge, in that order);
 * :mod:`~porter_mesh.node.inbox`: what the application is owed: handlers, the inbox,
   declined messages, the delivery journal and its replay after a restart;
 * :mod:`~porter_mesh.node.peering`: adverts, hellos, re-contact of seeds and lost peers,
   refusals, revoked keys;
-* :mod:`~porter_mesh.node.subscriptions`: the channels this node receives and who
-  receives its own;
-* this module: the lifecycle, the public API, sending (:meth:`Node._carry_out` is where
-  every frame, settlement, failure and roster change the rules return is carried out),
-  and the one timer.
+* :mod:`~porter_mesh.node.endpoints`: this node's PUB, ROUTER and shared SUB, and on a
+  secured node (CurveZMQ) the keys, ZAP and the trusted directory's watch;
+* :mod:`~porter_mesh.node.links` (the sockets, the one read loop, the links to peers)
+  and :mod:`~porter_mesh.node.subscriptions` (the channels received, and who receives
+  this node's).
 
-Sending is batched under load: ``async_publish`` and ``async_send_nowait`` only queue;
-one flush per loop iteration packs what accumulated into messages of up to
-``batch_max`` activities. A lone message therefore goes out on the next iteration and a
-burst goes out in a few large messages.
-
-Broadcast is best effort and ordered per sender (one PUB socket, one TCP stream). Each
-message carries a per-(sender, channel) sequence number; heartbeats carry the last one
-per channel, so loss (even of the last message) is detected and counted, never silent.
-
-Direct delivery is at-least-once on the wire and once to the application: the sender
-keeps each message in its outbox and resends it with backoff until acknowledged or its
-deadline passes (then the caller's future fails with ``DeliveryTimeout``). The receiver
-de-duplicates by (sender, incarnation, sequence), records accepted messages in its
-journal (when it has a data directory) before acknowledging, and acknowledges duplicates
-again without delivering them. An acknowledgement owed to a peer that this node sends a
-direct message in the same flush (a handler's reply to a request, the next request after
-a reply) rides on that message instead of going alone (:mod:`porter_mesh.node.outgoing`,
-:mod:`porter_mesh.core.session.acks`), so a request and its reply are two ZeroMQ
-messages, not four.
+Sending is batched under load: a publish or a send only queues; one flush per loop turn
+(:meth:`Node._flush`) packs what accumulated into messages of up to ``batch_max``
+activities, so a lone message goes out on the next turn and a burst in a few large
+messages. A read's after-batch work flushes at once when a handler queued a direct
+message (a request's reply does not wait a turn), so its acknowledgement rides on it.
 
 Timers. Nothing polls: the node has one timer (:class:`~porter_mesh.node.timer.DeadlineTimer`)
 armed at the earliest deadline of all that waits on the clock (the next heartbeat, which
@@ -55,22 +45,6 @@ Clocks. The hybrid timestamp of every broadcast, direct message and acknowledgem
 merged into this node's clock within ``max_clock_skew`` (:mod:`porter_mesh.core.hlc`); a
 peer beyond it is still heard and its messages handled, but its time is not adopted and
 its roster state is CLOCK_SKEW (one WARNING per peer). Nothing is dropped for its clock.
-
-Security. A node with a secret key (``NodeConfig.secret_key_file``) runs CurveZMQ on
-every socket (:mod:`porter_mesh.adapters.security` explains keys, the trusted directory
-and ZAP). Its sockets then differ in three ways: there is one SUB per peer instead of
-one shared SUB (libzmq sets the CURVE server key per socket); DEALERs carry no chosen
-routing id (the ROUTER makes up one, so a trusted peer cannot claim another's id and
-take over its replies); and the ROUTER is read with ``copy=False`` to get each message's
-ZAP User-Id, the agent name bound to the sender's key. Every message must then come
-from the name it claims, and every activity's ``actor`` must be that name too; anything
-else is dropped and written to the audit log. Adverts must carry a key that the trusted
-directory binds to the advertised name, and an advert that would move a live peer is
-believed only first-hand. The trusted directory is looked at on every heartbeat (one
-``stat``; see :meth:`~porter_mesh.adapters.security.TrustStore.refresh_if_changed`): a
-peer whose key was removed is disconnected, and the PUB is bound afresh so that its
-subscription ends too. An unsecured node pays for none of this. A node bound beyond
-loopback without a key refuses to start unless ``insecure`` is set (protected mode).
 """
 
 from __future__ import annotations
@@ -88,7 +62,6 @@ from porter_mesh.adapters.dirlock import DirLock
 from porter_mesh.adapters.security import MeshSecurity, check_libzmq
 from porter_mesh.core import constants as C
 from porter_mesh.core.advert import PeerAdvert
-from porter_mesh.core.as2 import Activity
 from porter_mesh.core.control import (
     KIND_BYE,
     KIND_DRAIN,
@@ -96,36 +69,22 @@ from porter_mesh.core.control import (
     KIND_HEARTBEAT,
     KIND_STATS,
     KIND_STATS_REPLY,
-    NODE_KINDS,
     Heartbeat,
     StatsReply,
     encode_bye,
-    encode_control,
     encode_heartbeat,
     encode_stats_reply,
 )
-from porter_mesh.core.envelope import (
-    Envelope,
-)
+from porter_mesh.core.envelope import Envelope
 from porter_mesh.core.hlc import HybridClock
-from porter_mesh.core.peers import PeerEvent, PeerInfo
 from porter_mesh.core.session.acks import PendingAcks
-from porter_mesh.core.session.keys import MAX_KEY_CHARS
 from porter_mesh.core.session.receiving import Receiving
-from porter_mesh.core.session.roster import (
-    Roster,
-)
+from porter_mesh.core.session.roster import Roster
 from porter_mesh.core.session.sending import Sender
-from porter_mesh.core.tracecontext import TraceContext
-from porter_mesh.errors import (
-    ConfigError,
-    NodeClosedError,
-    PeerRefusedError,
-    StorageError,
-    UnknownPeerError,
-)
-from porter_mesh.node.arrivals import Arrivals, KindHandler, OnceLog, Reply, count_for
-from porter_mesh.node.completions import Completion, Countdown
+from porter_mesh.errors import ConfigError, StorageError
+from porter_mesh.node.api import NodeAPI
+from porter_mesh.node.arrivals import Arrivals, KindHandler, OnceLog, Reply
+from porter_mesh.node.completions import Completion
 from porter_mesh.node.config import NodeConfig
 from porter_mesh.node.endpoints import Endpoints, load_security
 from porter_mesh.node.inbox import Inbox, Message
@@ -148,7 +107,7 @@ _PAUSE_MIN = 1.0
 DATA_DIR_LOCK = "node.lock"
 
 
-class Node:
+class Node(NodeAPI):
     """A mesh node. Use ``async with Node(name=...) as node:`` or ``astart``/``aclose``.
 
     Args:
@@ -173,13 +132,11 @@ class Node:
         self.config = config
         self.name = config.name
         self.incarnation = secrets.randbits(63) or 1
-        self.counters: collections.Counter[str] = collections.Counter()
-        #: Broadcasts lost (sequence gaps) and messages dropped, per sending peer.
-        self.lost_by: collections.Counter[str] = collections.Counter()
-        self.dropped_by: collections.Counter[str] = collections.Counter()
+        self.counters = collections.Counter()
+        self.lost_by = collections.Counter()
+        self.dropped_by = collections.Counter()
         self._drop = OnceLog(self.count_drop)
-        #: Extra sections of :meth:`view` (the knowledge replica adds ``knowledge``).
-        self.view_sections: dict[str, Callable[[], dict[str, Any]]] = {}
+        self.view_sections = {}
         self._dir_lock: DirLock | None = None
         self._started_at = time.monotonic()
         self._started = False
@@ -187,7 +144,7 @@ class Node:
         self.draining = False
         # The sending rules (queues, batching, numbering, the outbox): pure; the node
         # carries out what they return (_carry_out).
-        self._sending: Sender[Completion] = Sender(
+        self._sending = Sender(
             self.name, self.incarnation, retry_initial=config.retry_initial,
             retry_max=config.retry_max, max_pending=config.max_pending,
             batch_max=config.batch_max, broadcast_bytes=config.broadcast_message_bytes,
@@ -203,7 +160,7 @@ class Node:
         # Acknowledgements owed until the next flush (a direct message to their sender
         # may carry them).
         self._acks = PendingAcks()
-        self._control_listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
+        self._control_listeners = []
         # The sockets, how they are made and watched, and the one read loop.
         self._sockets = Sockets(config, after_batch=self._after_batch,
                                 closed=lambda: self._closed)
@@ -235,15 +192,15 @@ class Node:
                             batch_handlers=batch_handlers)
         # The flush queued for the next loop turn, if any (a flush run earlier cancels it).
         self._flush_handle: asyncio.Handle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop = None
         # Reaching peers: adverts, hellos, re-contact, refusals, revoked keys.
-        self._peering: Peering[Completion] = Peering(
+        self._peering = Peering(
             config, self.counters, roster=self._roster, sending=self._sending,
             net=self._net, carry_out=self._carry_out, send_control=self._out.send_control,
             advert=self.advert, topics=self._subs.topics, drop=self._drop, refuse=self._refuse,
             closed=lambda: self._closed)
         # Reading the mesh: every arrival checked and handed to the rule it is for.
-        self._arrivals: Arrivals[Completion] = Arrivals(
+        self._arrivals = Arrivals(
             config, self.counters, lost_by=self.lost_by, sockets=self._sockets,
             links=self._links, acks=self._acks, clock=self._clock, roster=self._roster,
             receiving=self._receiving, sending=self._sending, inbox=self._inbox,
@@ -258,7 +215,7 @@ class Node:
         # waits on time (see _rearm), and when it is due (monotonic; inf: not armed).
         self._timer: DeadlineTimer | None = None
         self._beat_due = 0.0
-        self._halt_event: asyncio.Event | None = None
+        self._halt_event = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -420,194 +377,12 @@ class Node:
         if self._ends.security is not None:
             self._ends.security.audit.record(event, detail, peer=peer, key=key)
 
-    # ------------------------------------------------------------------ handshakes
-
-    def refusals(self) -> dict[str, PeerRefusedError]:
-        """The peers that refused this node's connection for a reason keys explain, by
-        name (or by seed, ``HOST:PORT``, when the seed gave no name), with the error a
-        send to them raises. A peer leaves this map when a later handshake succeeds."""
-        return self._peering.refusals()
-
-    def introduced(self) -> frozenset[str]:
-        """The linked peers whose hello or welcome has arrived on their current link: the
-        peers they know are on this node's roster too. A command that broadcasts once
-        waits for these (and their subscriptions) so that nobody a peer knows is missed
-        because mDNS had not answered yet."""
-        return self._peering.introduced_peers()
-
-    # ------------------------------------------------------------------ subscribe
-
-    def subscribe(self, channel: str) -> None:
-        """Receive broadcasts on ``channel`` from now on (idempotent)."""
-        self._subs.subscribe(channel)
-
-    def unsubscribe(self, channel: str) -> None:
-        """Stop receiving ``channel`` (``control`` cannot be dropped)."""
-        self._subs.unsubscribe(channel)
-
-    def observe_direct(self) -> None:
-        """Also receive copies of direct messages delivered anywhere on the mesh
-        (for observers such as ``porter-mesh tail``). On a secured mesh a copy is
-        vouched for by the node that relays it, which checked the original sender."""
-        self._subs.observe_direct()
-
-    @property
-    def channels(self) -> frozenset[str]:
-        """Channels this node receives."""
-        return self._subs.channels
-
     # ------------------------------------------------------------------ sending
-
-    def _check_open(self) -> None:
-        if self._closed or not self._started:
-            raise NodeClosedError(
-                f"node {self.name} is {'closed' if self._closed else 'not started'}; "
-                "start it with astart() (or use it as a context manager)"
-            )
 
     def _schedule_flush(self) -> None:
         if self._flush_handle is None:
             assert self._loop is not None
             self._flush_handle = self._loop.call_soon(self._flush)
-
-    def async_publish(self, channel: str, activity: Activity, *,
-                      trace: TraceContext | None = None) -> None:
-        """Queue ``activity`` for broadcast on ``channel`` (loop thread only).
-
-        Args:
-            channel: the channel.
-            activity: the activity.
-            trace: W3C trace context for the envelope (a traced message travels alone).
-
-        Raises:
-            NodeClosedError: the node is not running.
-            ConfigError: ``channel`` is a direct inbox (use ``send``).
-        """
-        if trace is not None:
-            self._publish_traced(channel, activity, trace)
-            return
-        if self._sending.publish_more(channel, activity):
-            # Checked when the queue began; it lives until the flush already scheduled
-            # (closing flushes, so a closed node never has one).
-            return
-        self._check_open()
-        if channel.startswith(C.DIRECT_PREFIX):
-            raise ConfigError(f"{channel!r} is a direct inbox; use send() to reach one agent")
-        self._sending.publish(channel, activity)
-        self._schedule_flush()
-
-    async def publish(self, channel: str, activity: Activity, *,
-                      trace: TraceContext | None = None) -> None:
-        """Broadcast ``activity`` on ``channel`` (best effort, ordered per sender)."""
-        self.async_publish(channel, activity, trace=trace)
-
-    def _publish_traced(self, channel: str, activity: Activity, trace: TraceContext) -> None:
-        """Send a traced broadcast now, in its own message, after what is queued before
-        it on the channel (so that the channel's order holds)."""
-        self._check_open()
-        if channel.startswith(C.DIRECT_PREFIX):
-            raise ConfigError(f"{channel!r} is a direct inbox; use send() to reach one agent")
-        self._carry_out(self._sending.publish_now(channel, activity, trace))
-
-    def _direct_queue(
-        self, recipient: str, timeout: float | None
-    ) -> tuple[str, asyncio.Future[None], float]:
-        """The agent name of ``recipient``, a new future and the deadline of a send."""
-        self._check_open()
-        if recipient.startswith(C.DIRECT_PREFIX):
-            recipient = recipient[len(C.DIRECT_PREFIX):]
-        refused = self._peering.refusal(recipient)
-        if refused is not None:
-            raise PeerRefusedError(str(refused), recipient=recipient, reason=refused.reason)
-        if recipient not in self._links:
-            known = ", ".join(sorted(self._links)) or "none yet"
-            raise UnknownPeerError(
-                f"no agent named {recipient!r} on mesh {self.config.mesh!r} (known: {known}); "
-                "check the name, or wait for discovery with wait_for_peer()",
-                recipient=recipient,
-            )
-        self._schedule_flush()
-        assert self._loop is not None
-        deadline = time.monotonic() + (timeout if timeout is not None
-                                       else self.config.send_timeout)
-        return recipient, self._loop.create_future(), deadline
-
-    def async_send_nowait(
-        self, recipient: str, activity: Activity, *, timeout: float | None = None,
-        key: str | None = None, trace: TraceContext | None = None,
-    ) -> asyncio.Future[None]:
-        """Queue a direct message; the future completes when the recipient acknowledges.
-
-        Args:
-            recipient: agent name (or ``task:<name>``).
-            timeout: seconds until the send fails (default ``send_timeout``).
-            key: an idempotency key (see :meth:`send`).
-            trace: W3C trace context for the envelope (a traced message travels alone).
-
-        Raises:
-            UnknownPeerError: the recipient is not on the mesh.
-            ConfigError: ``key`` is empty or longer than 256 characters.
-        """
-        name, fut, deadline = self._direct_queue(recipient, timeout)
-        if key is not None and not 0 < len(key) <= MAX_KEY_CHARS:
-            raise ConfigError(f"an idempotency key must be 1-{MAX_KEY_CHARS} "
-                              f"characters, got {len(key)}")
-        self._sending.queue(name, activity, fut, deadline, key=key, trace=trace)
-        return fut
-
-    def async_send_many(
-        self, recipient: str, activities: Iterable[Activity], *, timeout: float | None = None
-    ) -> asyncio.Future[None]:
-        """Queue a burst of direct messages with one future for all of them.
-
-        Each activity is still its own message on the stream (sequenced, acknowledged,
-        de-duplicated and delivered once); only the caller's bookkeeping is shared. The
-        future completes when every one is acknowledged, and fails with the first
-        failure.
-
-        Raises:
-            UnknownPeerError: the recipient is not on the mesh.
-        """
-        name, fut, deadline = self._direct_queue(recipient, timeout)
-        items = list(activities)
-        if not items:
-            fut.set_result(None)
-            return fut
-        countdown = Countdown(fut, len(items))
-        queue = self._sending.queue
-        for activity in items:
-            queue(name, activity, countdown, deadline)
-        return fut
-
-    async def send(self, recipient: str, activity: Activity, *,
-                   timeout: float | None = None, key: str | None = None,
-                   trace: TraceContext | None = None) -> None:
-        """Deliver ``activity`` to one agent and wait for its acknowledgement.
-
-        A :class:`DeliveryTimeout` means no acknowledgement came back in time, not that
-        the message was lost: a paused receiver may still handle it when it resumes, and
-        an acknowledgement can be lost on the way back. To retry safely, send with a
-        ``key`` (an idempotency key, like NATS's ``Nats-Msg-Id``) and retry with the same
-        key: the receiver acknowledges a message whose key it has seen from this sender
-        within ``idempotency_window`` seconds (default 10 minutes; across its restarts
-        too, with a data directory) and does not hand it to the application again.
-
-        Raises:
-            UnknownPeerError: no such agent.
-            DeliveryTimeout: not acknowledged before the deadline.
-            DeliveryError: too many messages to this agent are in flight.
-        """
-        await self.async_send_nowait(recipient, activity, timeout=timeout, key=key,
-                                     trace=trace)
-
-    async def send_to_channel(self, channel: str, activity: Activity, *,
-                              timeout: float | None = None, key: str | None = None,
-                              trace: TraceContext | None = None) -> None:
-        """``task:<agent>`` goes direct (acknowledged); any other channel is broadcast."""
-        if channel.startswith(C.DIRECT_PREFIX):
-            await self.send(channel, activity, timeout=timeout, key=key, trace=trace)
-        else:
-            self.async_publish(channel, activity, trace=trace)
 
     def _flush(self) -> None:
         handle = self._flush_handle
@@ -625,39 +400,7 @@ class Node:
             self._arrivals.flush_acks()
         self._rearm()
 
-    def async_control(self, kind: str, *, target: str | None = None,
-                      body: dict[str, Any] | None = None) -> None:
-        """Broadcast a control message (``drain``, ``halt``...) to ``target`` or everyone."""
-        self._check_open()
-        fields = dict(body or {})
-        if target is not None:
-            fields["to"] = target
-        self._out.publish_control(kind, encode_control(fields))
-
     # ------------------------------------------------------------------ receiving
-
-    def subscribers(self, channel: str) -> frozenset[str]:
-        """The names of the nodes whose subscription to ``channel`` reached this node's
-        PUB: a broadcast on ``channel`` published now reaches them.
-
-        Each node subscribes, after every channel's topic, to a second topic that names
-        it and the channel and that nothing is ever published on; this node's XPUB reads
-        those. A name is the subscriber's claim, not authenticated: it serves waiting and
-        reporting, not access control.
-        """
-        return self._subs.subscribers(channel)
-
-    def subscriber_count(self, channel: str) -> int:
-        """How many subscriber sockets currently receive ``channel`` from this node."""
-        return self._subs.count(channel)
-
-    async def wait_for_subscribers(self, channel: str, count: int, timeout: float) -> None:
-        """Wait until ``count`` subscribers receive ``channel`` from this node.
-
-        Raises:
-            TimeoutError: fewer subscribed within ``timeout`` seconds.
-        """
-        await self._subs.wait_for(channel, count, timeout)
 
     def _after_batch(self) -> None:
         # Direct messages queued by handlers during this read (replies, mostly) leave
@@ -670,68 +413,6 @@ class Node:
         if self._acks or self._sending.broadcasts_queued:
             self._schedule_flush()
         self._rearm()
-
-    def redeliver(self) -> None:
-        """Offer the messages handlers declined (:class:`~porter_mesh.errors.NotHandled`)
-        to the handlers again now, instead of at their next backoff (loop thread only).
-
-        Call it when whatever made a handler decline is ready again (a gateway's far
-        side came back). Adding a handler does the same.
-        """
-        self._inbox.redeliver()
-
-    # ------------------------------------------------------------------ extension kinds
-
-    def register_kind(self, kind: str, handler: KindHandler) -> None:
-        """Route the mesh's own messages of ``kind`` (e.g. knowledge sync) to ``handler``.
-
-        The handler gets the envelope, the raw payload (it decodes and validates it) and
-        a ``reply(kind, payload)`` function that answers the sender directly. It runs on
-        the loop thread and must not block.
-        """
-        if kind in NODE_KINDS:
-            raise ConfigError(f"kind {kind!r} is the node's own")
-        self._arrivals.kind_handlers[kind] = handler
-
-    def unregister_kind(self, kind: str) -> None:
-        """Stop routing ``kind`` (idempotent): its handler and its ``unsupported``
-        handler (:meth:`register_unsupported`) go. From then on this node answers a
-        request of ``kind`` with ``unsupported``, as a node that never ran that
-        protocol does, so that the asker turns elsewhere (a knowledge replica closed
-        while its node runs on).
-
-        Raises:
-            ConfigError: ``kind`` is one of the node's own.
-        """
-        if kind in NODE_KINDS:
-            raise ConfigError(f"kind {kind!r} is the node's own")
-        self._arrivals.kind_handlers.pop(kind, None)
-        self._arrivals.unsupported_handlers.pop(kind, None)
-
-    def register_unsupported(self, kind: str, handler: KindHandler) -> None:
-        """Route the ``unsupported`` answers to this node's requests of ``kind`` to
-        ``handler`` (same arguments as for :meth:`register_kind`; the payload is
-        ``{"k": kind}``). Each protocol on top (knowledge sync, ``stats``) learns this
-        way which peers do not run it, without taking the answers meant for another.
-        """
-        self._arrivals.unsupported_handlers[kind] = handler
-
-    def async_send_kind(self, peer: str, kind: str, payload: bytes) -> None:
-        """Send a message of a registered ``kind`` to one peer (unacknowledged; the
-        protocol on top retries as it needs).
-
-        Raises:
-            UnknownPeerError: ``peer`` is not connected.
-        """
-        self._check_open()
-        if peer not in self._links:
-            raise UnknownPeerError(f"no connected peer {peer!r}", recipient=peer)
-        self._arrivals.send_kind(peer, kind, payload)
-
-    def async_publish_kind(self, kind: str, payload: bytes) -> None:
-        """Broadcast a message of a registered ``kind`` on ``control``."""
-        self._check_open()
-        self._out.publish_control(kind, payload)
 
     # ------------------------------------------------------------------ timers
 
@@ -795,12 +476,11 @@ class Node:
         if force_beat:
             self._beat_due = now + self.config.heartbeat_interval
         self._carry_out(self._sending.timer(now, self._links))
-        if force_beat and not self.config.observer:
-            self._out.publish_control(KIND_HEARTBEAT, encode_heartbeat(Heartbeat(
-                self._sending.broadcast_positions(), self.draining)))
         if force_beat:
+            if not self.config.observer:
+                self._out.publish_control(KIND_HEARTBEAT, encode_heartbeat(Heartbeat(
+                    self._sending.broadcast_positions(), self.draining)))
             self._ends.check_trust(now)
-        if force_beat:
             self._carry_out(self._roster.tick(now))
             if self.config.unread_warning:
                 self._inbox.check_unread(now)
@@ -808,55 +488,6 @@ class Node:
             self._peering.run_recontacts(now)
 
     # ------------------------------------------------------------------ application
-
-    def add_handler(self, handler: Callable[[Message], None]) -> Callable[[], None]:
-        """Call ``handler`` for every delivered message (on the loop thread, in order).
-
-        On a node without an inbox (``inbox_size=0``) the handlers are the application:
-        a direct message is taken (see :meth:`ack`) when every handler has returned for
-        it, and until the first handler is added no direct message is acknowledged, so
-        none is lost to an application still starting. Pass handlers to the constructor
-        (or add them before :meth:`astart`) to see, on a node with an inbox, the
-        messages a restart delivers again; without an inbox they wait for the first
-        handler.
-
-        A handler that cannot act on a message yet raises
-        :class:`~porter_mesh.errors.NotHandled`: the message is not taken. It stays
-        owed (in the journal, or unacknowledged without a data directory, so that the
-        sender retries), it does not reach the inbox or the later handlers, and it is
-        offered again, to the handlers that have not returned for it, after a capped
-        backoff (``redeliver_initial`` .. ``redeliver_max``), at once when a handler is
-        added or :meth:`redeliver` is called. Later messages of the same sender wait
-        behind it, so order per sender holds. Any other exception is logged and counts
-        as returning (the message is taken).
-
-        Returns a function that removes the handler.
-        """
-        return self._inbox.add_handler(handler)
-
-    def add_batch_handler(self, handler: Callable[[list[Message]], None]) -> Callable[[], None]:
-        """Call ``handler`` with the messages of each ZeroMQ message as one list.
-
-        The same messages, order and thread as :meth:`add_handler`, one call per batch:
-        the cheaper choice for an application that counts, filters or forwards many
-        messages. The list is the handler's to keep. A batch handler that raises
-        :class:`~porter_mesh.errors.NotHandled` declines the whole batch (as
-        :meth:`add_handler` says). Returns a function that removes it.
-        """
-        return self._inbox.add_batch_handler(handler)
-
-    def add_peer_listener(self, listener: Callable[[PeerEvent], None]) -> Callable[[], None]:
-        """Call ``listener`` on every roster change (joined, evasive, alive, left)."""
-        listeners = self._peering.listeners
-        listeners.append(listener)
-        return lambda: listeners.remove(listener)
-
-    def add_control_listener(
-        self, listener: Callable[[str, str, dict[str, Any]], None]
-    ) -> Callable[[], None]:
-        """Call ``listener(kind, sender, body)`` for control messages addressed to us."""
-        self._control_listeners.append(listener)
-        return lambda: self._control_listeners.remove(listener)
 
     def _on_app_control(self, kind: str, sender: str, body: dict[str, Any]) -> None:
         """``drain``, ``halt`` or a kind of the application's, addressed to this node:
@@ -871,157 +502,6 @@ class Node:
         if kind == KIND_HALT and self._halt_event is not None:
             self._halt_event.set()
 
-    def drain(self, *, limit: int | None = None, ack: bool = True) -> list[Message]:
-        """Take up to ``limit`` messages from the inbox without waiting.
-
-        With ``ack`` (the default), the messages handed out by earlier calls of
-        :meth:`drain` and :meth:`receive` are taken first (see :meth:`ack`).
-        """
-        return self._inbox.drain(limit=limit, ack=ack)
-
-    async def receive(self, timeout: float | None = None, *, ack: bool = True) -> Message:
-        """The next message from the inbox, waiting up to ``timeout`` seconds.
-
-        With ``ack`` (the default), the messages handed out by earlier calls of
-        :meth:`receive` and :meth:`drain` are taken first (see :meth:`ack`).
-
-        Raises:
-            TimeoutError: nothing arrived in time.
-            NodeClosedError: the node closed while waiting.
-        """
-        return await self._inbox.receive(timeout, ack=ack)
-
-    def ack(self, message: Message | None = None) -> None:
-        """Say that the application has taken messages from the inbox.
-
-        A direct message on a node with a data directory stays owed until it is taken:
-        if the process ends before that (``kill -9`` included), the next node started on
-        the same data directory delivers it again (``redelivered`` set), before anything
-        new. ``ack(message)`` takes ``message`` and every message handed out before it;
-        ``ack()`` takes everything :meth:`receive` and :meth:`drain` have handed out.
-        Both calls also take the earlier ones by default, so an application that handles
-        each message before asking for the next needs no ``ack`` at all; one that keeps
-        messages to handle later passes ``ack=False`` and calls this when it is done.
-        Handlers need none of this (see :meth:`add_handler`). Without a data directory
-        it does nothing.
-        """
-        self._inbox.ack(message)
-
-    async def wait_readable(self) -> None:
-        """Wait until the inbox holds at least one message (or the node closes)."""
-        await self._inbox.wait_readable()
-
-    def peers(self) -> list[PeerInfo]:
-        """A snapshot of the roster."""
-        return self._peers.snapshot()
-
-    def peer(self, name: str) -> PeerInfo | None:
-        """The roster entry of ``name``, if any."""
-        info = self._peers.get(name)
-        return info.copy() if info is not None else None
-
-    async def wait_for_peers(self, names: Iterable[str] | int, timeout: float) -> list[PeerInfo]:
-        """Wait until every named agent (or this many agents) is on the roster.
-
-        Raises:
-            TimeoutError: not all arrived within ``timeout`` seconds (the message says who).
-        """
-        deadline = time.monotonic() + timeout
-        want = set() if isinstance(names, int) else set(names)
-        count = names if isinstance(names, int) else len(want)
-        while True:
-            have = {p.name for p in self._peers if p.name in self._links}
-            if (want and want <= have) or (not want and len(have) >= count):
-                return self.peers()
-            if time.monotonic() >= deadline:
-                missing = (", ".join(sorted(want - have)) if want
-                           else f"{count - len(have)} more")
-                raise TimeoutError(f"node {self.name}: peers not found within {timeout}s: "
-                                   f"{missing} (connected: {', '.join(sorted(have)) or 'none'})")
-            await asyncio.sleep(0.02)
-
-    async def wait_halted(self) -> None:
-        """Wait until a ``halt`` control message arrives or the node closes."""
-        assert self._halt_event is not None, "node not started"
-        await self._halt_event.wait()
-
-    async def wait_for_stats(self, predicate: Callable[[dict[str, int]], bool],
-                             timeout: float) -> dict[str, int]:
-        """Wait until ``predicate(stats())`` holds; returns those stats.
-
-        Raises:
-            TimeoutError: it did not hold within ``timeout`` seconds.
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            stats = self.stats()
-            if predicate(stats):
-                return stats
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"node {self.name}: condition on stats not met within "
-                                   f"{timeout}s; stats {stats}")
-            await asyncio.sleep(0.01)
-
-    def stats(self) -> dict[str, int]:
-        """Counters: sent, received, dropped (by reason), lost, duplicates, retries..."""
-        out = dict(self.counters)
-        out["inbox"] = len(self._inbox)
-        out["outbox"] = len(self._sending.outbox)
-        out["retries"] = self._sending.outbox.resent
-        out["peers"] = len(self._peers)
-        if self._inbox.storage_error is not None:
-            out["storage.full"] = 1
-        if self._inbox.unread_warned:
-            out["inbox.unread"] = 1
-        return out
-
-    def storage(self) -> dict[str, Any] | None:
-        """The delivery journal's state, or None without a data directory.
-
-        Returns:
-            ``state`` (``ok``, or ``full`` while the journal cannot be written and
-            direct messages are refused), ``path``, ``free_bytes`` (when full: the space
-            left at the last failure), ``refused`` (direct messages refused for it so
-            far), ``size`` (the journal's bytes).
-        """
-        return self._inbox.storage()
-
-    # ------------------------------------------------------------------ the node's view
-
-    def view(self) -> dict[str, Any]:
-        """This node's own view of the mesh, as ``porter-mesh stats`` shows it.
-
-        Returns:
-            Plain values: ``name``, ``role``, ``mesh``, ``version``, ``protocol``,
-            ``incarnation`` (hex), ``uptime`` (seconds), ``draining``; ``peers`` (one map
-            per roster entry: ``name``, ``role``, ``state``, ``draining``, ``last_heard``
-            (seconds ago), ``lost``, ``dropped``); ``lost`` and ``dropped`` in total;
-            ``queues`` (``inbox``, ``outbox``, ``subscribers``); ``counters``;
-            ``storage`` (:meth:`storage`, with a data directory); plus the sections of
-            :attr:`view_sections` (``knowledge``, when a replica runs).
-        """
-        from porter_mesh.node.views import node_view
-
-        return node_view(self)
-
-    @property
-    def uptime(self) -> float:
-        """Seconds since the node started (or was made)."""
-        return time.monotonic() - self._started_at
-
-    def count_drop(self, reason: str, peer: str | None) -> None:
-        """Count one message from ``peer`` (None: unknown) dropped for ``reason``
-        (protocols on top of the node, such as knowledge sync, count their refusals
-        here)."""
-        self.counters["dropped." + reason] += 1
-        if peer is not None:
-            count_for(self.dropped_by, peer)
-
     def _on_stats_request(self, env: Envelope, payload: bytes, reply: Reply) -> None:
         """Answer ``stats`` with :meth:`view` (any sender may ask, as for a ping)."""
         reply(KIND_STATS_REPLY, encode_stats_reply(StatsReply(self.view())))
-
-    def endpoints(self) -> dict[str, str]:
-        """``{"pub": ..., "router": ...}`` endpoints on the first interface."""
-        return self._ends.endpoints()
-

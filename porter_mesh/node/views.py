@@ -20,12 +20,13 @@ from porter_mesh.core import constants as C
 from porter_mesh.core.control import KIND_STATS, KIND_STATS_REPLY
 from porter_mesh.core.envelope import Envelope
 from porter_mesh.errors import PorterError
+from porter_mesh.node.api import NodeAPI
 from porter_mesh.node.node import Node, Reply
 
 __all__ = ["ViewClient", "ViewUnsupported", "node_view"]
 
 
-def node_view(node: Node) -> dict[str, Any]:
+def node_view(node: NodeAPI) -> dict[str, Any]:
     """``node``'s own view of the mesh (see :meth:`Node.view`)."""
     from porter_mesh import __version__
 

@@ -215,13 +215,13 @@ class Endpoint(Generic[T]):
                 actions.append(SendFrame(WelcomeFrame(self.advert, frame.advert.name)))
             return actions
         if isinstance(frame, ByeFrame):
-            # The rule of Node._on_control for ``bye``.
+            # The rule of Arrivals._on_control for ``bye``.
             return self._roster_actions(self.roster.left(frame.sender, frame.incarnation, now))
         return self._on_broadcast(frame, now)
 
     def _heard(self, sender: str, incarnation: int,
                now: float) -> tuple[bool, list[Action[T]]]:
-        """Mark ``sender`` heard (``Node._heard``): whether it is on the roster."""
+        """Mark ``sender`` heard (``Arrivals._heard``): whether it is on the roster."""
         known, actions = self.roster.heard(sender, incarnation, now)
         return known, self._roster_actions(actions)
 
@@ -253,7 +253,7 @@ class Endpoint(Generic[T]):
         return actions
 
     def journal_failed(self, frame: DirectFrame) -> list[Action[T]]:
-        """The :class:`Journal` of ``frame`` could not be written (``Node._storage_failed``):
+        """The :class:`Journal` of ``frame`` could not be written (``Inbox._storage_failed``):
         nothing after it is carried out, and its retry is judged new again."""
         return self._receipt(self.receiving.journal_failed(
             frame.sender, frame.incarnation, frame.seq, frame.msg_id, frame.count), frame, [])
@@ -269,7 +269,7 @@ class Endpoint(Generic[T]):
             self.receiving.declined(frame.sender, frame.incarnation, frame.seq), frame, [])
 
     def _on_ack(self, frame: AckFrame, now: float) -> list[Action[T]]:
-        """The rule of ``Node._on_ack``: each named message settles once."""
+        """The rule of ``Arrivals._on_ack``: each named message settles once."""
         _, actions = self._heard(frame.sender, frame.incarnation, now)
         actions += self.sending.acked(frame.sender, frame.firsts, now)
         return actions
@@ -309,7 +309,7 @@ class Endpoint(Generic[T]):
     # -- a life's start and end ----------------------------------------------------
 
     def restore(self, journal: list[tuple[DirectFrame, float]]) -> None:
-        """Remember what an earlier run of this node journaled (``Node._open_journal``):
+        """Remember what an earlier run of this node journaled (``Inbox.open_journal``):
         each message with the wall time it arrived, oldest first, so that its retries
         are duplicates and its key stays in the window."""
         for frame, wall in journal:

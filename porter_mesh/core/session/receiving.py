@@ -33,7 +33,7 @@ the top of each stream so that loss at the tail shows too.
 
 :class:`Receiving` puts these rules together and says, for each arrival, what to do in
 order as a :class:`Receipt` (the steps journal, deliver, acknowledge, and a counter to
-add to). The node (:meth:`porter_mesh.node.node.Node._on_direct`, ``_on_broadcast``)
+add to). The node (:meth:`porter_mesh.node.arrivals.Arrivals._on_direct`, ``_on_broadcast``)
 and the pure :class:`~porter_mesh.core.session.endpoint.Endpoint` both carry out its
 receipts, so each receiving rule is written here once.
 
