@@ -352,18 +352,18 @@ class Arrivals(Generic[_Token]):
     def _on_direct(self, frames: list[bytes],
                    accepted: list[Accepted], user: str | None = None) -> None:
         """One ROUTER message; ``user``: the authenticated sender name (secured)."""
-        if len(frames) < 2:
-            self._drop("frames", user or "?", "dropped a direct message with %d frames",
-                       len(frames))
+        n = len(frames)
+        if n < 2:
+            self._drop("frames", user or "?", "dropped a direct message with %d frames", n)
             return
         ident = frames[0]
-        origin = user or ident[:64].decode("utf-8", "replace")
         # A third frame after the envelope and payload: acknowledgements carried (see
         # porter_mesh.core.session.acks).
-        carried = frames.pop() if len(frames) == 4 else None
+        carried = frames.pop() if n == 4 else None
         try:
             env, payload = decode_direct(frames[1:])
         except ProtocolError as exc:
+            origin = user or ident[:64].decode("utf-8", "replace")
             self._drop(exc.reason, origin, "dropped a direct message from %s: %s", origin, exc)
             return
         if user is not None and not self._authentic(env, user):

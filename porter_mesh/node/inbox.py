@@ -296,8 +296,12 @@ class Inbox:
         handler, and no owed message that must go first) and whether the held
         messages are at their limit."""
         limit = self._size
-        room = (limit - len(self._messages) - sum(a[0].count for a in pending[-64:])
-                if limit else None)
+        if not limit:
+            room = None
+        elif pending:
+            room = limit - len(self._messages) - sum([a[0].count for a in pending[-64:]])
+        else:
+            room = limit - len(self._messages)
         consumer = bool(self.handlers or self.batch_handlers) and not self._replay
         return room, consumer, self.held_count >= self.held_limit
 

@@ -43,7 +43,7 @@ Pure: no sockets, no event loop, no clock; ``now`` is monotonic seconds.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterator, Mapping
 from typing import Generic, NamedTuple, TypeVar, cast
 
 from porter_mesh.core.as2 import Activity
@@ -155,6 +155,11 @@ class Sender(Generic[T]):
         self._alone: set[str] = set()
         self._broadcasts: dict[str, list[Activity]] = {}
         self._bseq: dict[str, int] = {}
+        #: Direct activities waiting for a flush, by recipient; broadcasts, by channel.
+        #: Read them as "whether any wait": the driver asks after every read and flush,
+        #: and a plain attribute's truth costs no call, where a property's would.
+        self.direct_queued: Mapping[str, object] = self._direct
+        self.broadcasts_queued: Mapping[str, object] = self._broadcasts
 
     # -- queues ---------------------------------------------------------------------
 
@@ -198,16 +203,6 @@ class Sender(Generic[T]):
         else:
             queue.append(activity)
 
-    @property
-    def direct_queued(self) -> bool:
-        """Whether direct activities wait for a flush."""
-        return bool(self._direct)
-
-    @property
-    def broadcasts_queued(self) -> bool:
-        """Whether broadcasts wait for a flush."""
-        return bool(self._broadcasts)
-
     def flush(self, now: float, reachable: Container[str]) -> list[SendAction[T]]:
         """Everything queued becomes messages: broadcasts first, then direct ones.
 
@@ -221,11 +216,15 @@ class Sender(Generic[T]):
         """
         actions: list[SendAction[T]] = []
         if self._broadcasts:
-            pending, self._broadcasts = self._broadcasts, {}
+            pending = self._broadcasts
+            self._broadcasts = {}
+            self.broadcasts_queued = self._broadcasts
             for channel, activities in pending.items():
                 actions += self._broadcast(channel, activities, None)
         if self._direct:
-            pending_d, self._direct = self._direct, {}
+            pending_d = self._direct
+            self._direct = {}
+            self.direct_queued = self._direct
             alone, self._alone = self._alone, set()
             for recipient, items in pending_d.items():
                 self._flush_direct(recipient, items, recipient in alone, now, reachable,
