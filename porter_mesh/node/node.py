@@ -135,6 +135,7 @@ from porter_mesh.core.session.roster import (
     Forget,
     PeerChanged,
     Reconnect,
+    Refuse,
     Roster,
     RosterAction,
 )
@@ -752,9 +753,10 @@ class Node:
         blocked: set[str] | None = None
         published = False
         for action in actions:
-            if isinstance(action, SendFrame):
+            # type() tests, not isinstance(): no call per action (every message has two).
+            if type(action) is SendFrame:
                 frame = action.frame
-                if isinstance(frame, DirectFrame):
+                if type(frame) is DirectFrame:
                     recipient = frame.recipient
                     link = self._links.get(recipient)
                     if link is None or (blocked is not None and recipient in blocked):
@@ -778,14 +780,14 @@ class Node:
                     except zmq.Again:
                         self.counters["dropped.pub-hwm"] += frame.count
                     published = True
-            elif isinstance(action, Settle):
+            elif type(action) is Settle:
                 for done in action.tokens:
                     settle(done)
             elif isinstance(action, Fail):
                 fail_all(action.tokens, send_error(
                     action, me=self.name, max_pending=self.config.max_pending,
                     refusal=self._peering.refusal(action.recipient)))
-            elif isinstance(action, Count):
+            elif type(action) is Count:
                 self.counters[action.name] += action.n
             elif isinstance(action, PeerChanged):
                 self._peering.changed(action.event)
@@ -801,6 +803,7 @@ class Node:
             elif isinstance(action, Drop):
                 self._drop(action.reason, action.peer, "%s", action.detail)
             else:
+                assert isinstance(action, Refuse)
                 self._refuse(action.event, action.peer, action.detail, key=action.key)
         if published and self._pub is not None:
             self._sockets.after_send(self._pub)
@@ -811,11 +814,12 @@ class Node:
         ``recipient``, if it reads them there (:mod:`porter_mesh.core.session.acks`).
         Returns what was taken, to give back if the message cannot be sent."""
         info = self._peers.get(recipient)
-        if info is None or not info.advert.carried_acks:
+        advert = info.advert if info is not None else None
+        if advert is None or not advert.carried_acks:
             return None
-        carried = self._acks.carry(recipient, info.incarnation)
+        carried = self._acks.carry(recipient, advert.incarnation)
         if carried is not None:
-            frames.append(encode_ack(Ack(tuple(carried[1]), info.incarnation)))
+            frames.append(encode_ack(Ack(tuple(carried[1]), advert.incarnation)))
         return carried
 
     def _send_frames(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> bool:
