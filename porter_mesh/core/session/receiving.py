@@ -175,7 +175,8 @@ class DirectReceiver:
 
     def taken(self, sender: str, incarnation: int, seq: int) -> None:
         """A held message was taken: it is acknowledged now, its retries as duplicates."""
-        self._unacked.discard((sender, incarnation, seq))
+        if self._unacked:  # (every message taken without a journal passes here)
+            self._unacked.discard((sender, incarnation, seq))
 
     def forget(self, sender: str) -> None:
         """``sender`` restarted: its new incarnation starts a new stream."""
