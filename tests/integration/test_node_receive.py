@@ -12,6 +12,7 @@ import pytest
 from porter_mesh.core.as2 import Activity
 from porter_mesh.errors import NodeClosedError
 from porter_mesh.node.node import Node
+from tests.integration.harness import seeded_by
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(90)]
 
@@ -23,14 +24,9 @@ def note(i: int) -> Activity:
 @contextlib.asynccontextmanager
 async def pair(mesh: str) -> AsyncIterator[tuple[Node, Node]]:
     """``sender`` linked to ``reader``, both started; both closed on the way out."""
-    reader = Node(name="reader", mesh=mesh, discovery=False, channels=())
-    async with reader:
-        sender = Node(name="sender", mesh=mesh, discovery=False, channels=(),
-                      seeds=(f"127.0.0.1:{reader.router_port}",))
-        async with sender:
-            await sender.wait_for_peers(["reader"], 30)
-            await reader.wait_for_peers(["sender"], 30)
-            yield sender, reader
+    async with Node(name="reader", mesh=mesh, discovery=False, channels=()) as reader, \
+            seeded_by(reader, "sender") as sender:
+        yield sender, reader
 
 
 def waiting_readers(node: Node) -> int:
