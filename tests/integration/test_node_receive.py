@@ -96,3 +96,19 @@ def test_closing_wakes_every_reader_with_node_closed(mesh: str) -> None:
             assert all(isinstance(r, NodeClosedError) for r in results), results
 
     asyncio.run(run())
+
+
+def test_wait_readable_wakes_on_a_message_and_a_timed_out_wait_leaves(mesh: str) -> None:
+    async def run() -> None:
+        async with pair(mesh) as (sender, reader):
+            for _ in range(20):  # as the sync facade waits: wait_for() cancels it
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(reader.wait_readable(), 0.02)
+            assert waiting_readers(reader) == 0
+            waiting = asyncio.ensure_future(reader.wait_readable())
+            await sender.send("reader", note(3), timeout=30)
+            await asyncio.wait_for(waiting, 30)
+            assert waiting_readers(reader) == 0
+            assert reader.drain()[0].activity.summary == "n3"
+
+    asyncio.run(run())
