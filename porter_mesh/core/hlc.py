@@ -201,7 +201,10 @@ class HybridClock:
         # Checks inline: this runs for every message sent.
         if type(wall_ms) is not int or not 0 <= wall_ms <= PHYSICAL_MAX:
             raise _bad_wall(wall_ms)
-        ts = max(wall_ms << LOGICAL_BITS, self._last + 1)
+        # Comparisons, not max(): no call on a path every message takes.
+        ts = wall_ms << LOGICAL_BITS
+        if ts <= self._last:
+            ts = self._last + 1
         if ts > HLC_MAX:
             raise ClockError("hybrid clock exhausted the 64-bit range", reason="exhausted")
         self._last = ts
@@ -232,7 +235,11 @@ class HybridClock:
         offset = (remote >> LOGICAL_BITS) - wall_ms
         if not -self._max_skew_ms <= offset <= self._max_skew_ms:
             return offset
-        ts = max(wall_ms << LOGICAL_BITS, self._last + 1, remote + 1)
+        ts = wall_ms << LOGICAL_BITS
+        if ts <= self._last:
+            ts = self._last + 1
+        if ts <= remote:
+            ts = remote + 1
         if ts > HLC_MAX:
             raise ClockError("hybrid clock exhausted the 64-bit range", reason="exhausted")
         self._last = ts

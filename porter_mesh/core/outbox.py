@@ -90,12 +90,19 @@ class Outbox(Generic[T]):
 
     def _sample(self, rtt: float) -> None:
         """Fold one acknowledgement time into the RTO (RFC 6298, section 2)."""
-        if self._srtt is None:
-            self._srtt, self._rttvar = rtt, rtt / 2
+        # Comparisons rather than min/max/abs: this runs for every acknowledgement.
+        srtt = self._srtt
+        if srtt is None:
+            srtt, self._rttvar = rtt, rtt / 2
         else:
-            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - rtt)
-            self._srtt = 0.875 * self._srtt + 0.125 * rtt
-        self.rto = min(max(self._srtt + 4 * self._rttvar, self.retry_initial), self.retry_max)
+            self._rttvar = 0.75 * self._rttvar + 0.25 * (srtt - rtt if srtt > rtt
+                                                         else rtt - srtt)
+            srtt = 0.875 * srtt + 0.125 * rtt
+        self._srtt = srtt
+        rto = srtt + 4 * self._rttvar
+        if rto < self.retry_initial:
+            rto = self.retry_initial
+        self.rto = rto if rto < self.retry_max else self.retry_max
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -138,7 +145,7 @@ class Outbox(Generic[T]):
 
     def _push(self, entry: Pending[T]) -> None:
         self._tie += 1
-        when = min(entry.next_try, entry.deadline)
+        when = entry.next_try if entry.next_try < entry.deadline else entry.deadline
         heapq.heappush(self._heap, (when, self._tie, entry.recipient, entry.first_seq))
 
     def _remove(self, key: tuple[str, int]) -> Pending[T] | None:
@@ -164,7 +171,8 @@ class Outbox(Generic[T]):
         """
         entry = self._remove((recipient, first_seq))
         if entry is not None and now is not None and entry.attempts == 1:
-            self._sample(max(0.0, now - entry.sent_at))
+            rtt = now - entry.sent_at
+            self._sample(rtt if rtt > 0.0 else 0.0)
         return entry
 
     @property

@@ -189,7 +189,7 @@ class PeerTable:
         not in the roster (the caller should ask that peer for a hello, not trust it).
         """
         info = self._peers.get(name)
-        if info is None or info.incarnation != incarnation:
+        if info is None or info.advert.incarnation != incarnation:  # (every message)
             return False, []
         info.last_heard = now
         if skew_ms is None:

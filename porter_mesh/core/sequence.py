@@ -93,7 +93,8 @@ class SeqVerdict(enum.Enum):
         return self not in _NOT_NEW
 
 
-_NOT_NEW: Final = frozenset({SeqVerdict.DUPLICATE, SeqVerdict.STALE_INCARNATION})
+# A tuple, not a set: membership by identity needs no call to the members' __hash__.
+_NOT_NEW: Final = (SeqVerdict.DUPLICATE, SeqVerdict.STALE_INCARNATION)
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +295,18 @@ class SequenceTracker:
         Raises:
             FrameError: ``reason="bad-seq"`` for a malformed range.
         """
+        key = (sender, stream)
+        st = self._streams.get(key)
+        if (st is not None and st.inc == incarnation and type(first) is int
+                and type(count) is int and first == st.top + 1 and st.base == st.top
+                and 1 <= count <= MAX_BATCH and count <= self._window
+                and first + count - 1 <= _SEQ_MAX):
+            # In order with nothing outstanding, checked in one go (top >= 0, so
+            # first >= 1): the whole batch at once.
+            self._streams.move_to_end(key)
+            st.base = st.top = first + count - 1
+            self._received += count
+            return _R_IN_ORDER
         if type(count) is not int or not 1 <= count <= MAX_BATCH:
             raise FrameError(
                 f"batch count {count!r} is not an integer in [1, {MAX_BATCH}]", reason="bad-seq"
@@ -301,15 +314,8 @@ class SequenceTracker:
         _check_seq(first, 1, "sequence")
         last = first + count - 1
         _check_seq(last, 1, "last sequence of the batch")
-        key = (sender, stream)
-        st = self._streams.get(key)
         if st is not None and st.inc == incarnation:
             self._streams.move_to_end(key)
-            if first == st.top + 1 and st.base == st.top and count <= self._window:
-                # In order with nothing outstanding: the whole batch at once.
-                st.base = st.top = last
-                self._received += count
-                return _R_IN_ORDER
         # Rare: reordering, retries, restarts. One sequence at a time, then merge.
         result: SeqResult | None = None
         missing: tuple[int, int] | None = None

@@ -239,14 +239,16 @@ class Arrivals(Generic[_Token]):
         if sock is None:
             sock = self.sub
         if sock is not None:
+            # partial, not a lambda: no Python frame of its own per message
             more = self._sockets.read(sock, recv_frames,
-                              lambda frames: self._on_broadcast(frames, peer))
+                                      functools.partial(self._on_broadcast, peer=peer))
             self._sockets.read_done(more, functools.partial(self.read_sub, sock, peer))
 
     def read_dealer(self, sock: zmq.Socket[bytes], peer: str | None,
                      seed_name: str | None = None, probe: Target | None = None) -> None:
         more = self._sockets.read(sock, recv_frames,
-                          lambda frames: self._on_dealer(frames, peer, seed_name, probe))
+                                  functools.partial(self._on_dealer, peer=peer,
+                                                    seed_name=seed_name, probe=probe))
         self._sockets.read_done(more, functools.partial(self.read_dealer, sock, peer, seed_name,
                                                 probe))
 
@@ -257,7 +259,7 @@ class Arrivals(Generic[_Token]):
         accepted: list[Accepted] = []
         if self.security is None:
             more = self._sockets.read(sock, recv_frames,
-                              lambda frames: self._on_direct(frames, accepted))
+                                      functools.partial(self._on_direct, accepted=accepted))
         else:
             more = self._sockets.read(sock, recv_frames_from,
                               lambda got: self._on_direct(got[0], accepted, got[1]))
@@ -352,18 +354,18 @@ class Arrivals(Generic[_Token]):
     def _on_direct(self, frames: list[bytes],
                    accepted: list[Accepted], user: str | None = None) -> None:
         """One ROUTER message; ``user``: the authenticated sender name (secured)."""
-        if len(frames) < 2:
-            self._drop("frames", user or "?", "dropped a direct message with %d frames",
-                       len(frames))
+        n = len(frames)
+        if n < 2:
+            self._drop("frames", user or "?", "dropped a direct message with %d frames", n)
             return
         ident = frames[0]
-        origin = user or ident[:64].decode("utf-8", "replace")
         # A third frame after the envelope and payload: acknowledgements carried (see
         # porter_mesh.core.session.acks).
-        carried = frames.pop() if len(frames) == 4 else None
+        carried = frames.pop() if n == 4 else None
         try:
             env, payload = decode_direct(frames[1:])
         except ProtocolError as exc:
+            origin = user or ident[:64].decode("utf-8", "replace")
             self._drop(exc.reason, origin, "dropped a direct message from %s: %s", origin, exc)
             return
         if user is not None and not self._authentic(env, user):

@@ -56,6 +56,12 @@ log = logging.getLogger("porter_mesh.node")
 _T = TypeVar("_T")
 
 
+def _expire(waiter: asyncio.Future[None]) -> None:
+    """A reader's deadline passed (see :meth:`Inbox._wait`)."""
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
 def wall_ms() -> int:
     """The wall clock in milliseconds (hybrid clocks, idempotency keys' times)."""
     return time.time_ns() // 1_000_000
@@ -192,7 +198,8 @@ class Inbox:
         self._closed = closed
         self._size = config.inbox_size
         self._messages: collections.deque[Message] = collections.deque()
-        self._event: asyncio.Event | None = None
+        # The readers waiting for a message (receive(), wait_readable()), woken together.
+        self._waiters: list[asyncio.Future[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self.handlers: list[Handler] = list(handlers)
         self.batch_handlers: list[BatchHandler] = list(batch_handlers)
@@ -227,7 +234,6 @@ class Inbox:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Bind to the node's running loop."""
         self._loop = loop
-        self._event = asyncio.Event()
         self._read_at = time.monotonic()
 
     def close(self) -> None:
@@ -236,8 +242,7 @@ class Inbox:
             # Closing the node means the application is done with what it took.
             self._take(self._handed)
             self.journal.close()
-        if self._event is not None:
-            self._event.set()
+        self._wake()
 
     # -------------------------------------------------------------- the journal
 
@@ -296,8 +301,12 @@ class Inbox:
         handler, and no owed message that must go first) and whether the held
         messages are at their limit."""
         limit = self._size
-        room = (limit - len(self._messages) - sum(a[0].count for a in pending[-64:])
-                if limit else None)
+        if not limit:
+            room = None
+        elif pending:
+            room = limit - len(self._messages) - sum([a[0].count for a in pending[-64:]])
+        else:
+            room = limit - len(self._messages)
         consumer = bool(self.handlers or self.batch_handlers) and not self._replay
         return room, consumer, self.held_count >= self.held_limit
 
@@ -495,8 +504,8 @@ class Inbox:
                 return None
             msgs = msgs[:room]
         inbox.extend(msgs)
-        if self._event is not None:
-            self._event.set()
+        if self._waiters:
+            self._wake()
         return None
 
     def _stopped(self, env: Envelope, msgs: list[Message], offset: int, end: int,
@@ -649,8 +658,6 @@ class Inbox:
             inbox.clear()
         else:
             out = [inbox.popleft() for _ in range(limit)]
-        if not inbox and self._event is not None:
-            self._event.clear()
         for msg in reversed(out):
             if msg.offset >= 0:
                 self._handed = msg.offset + 1
@@ -664,16 +671,21 @@ class Inbox:
             TimeoutError: nothing arrived in time.
             NodeClosedError: the node closed while waiting.
         """
-        assert self._event is not None, "node not started"
+        loop = self._loop
+        assert loop is not None, "node not started"
         if ack:
             self.ack()
-        async with asyncio.timeout(timeout):
-            while not self._messages:
+        messages = self._messages
+        if not messages:
+            # A future and a timer of our own rather than asyncio.timeout() around an
+            # Event: a request/reply client waits here once per reply, and this costs
+            # half the calls.
+            deadline = None if timeout is None else loop.time() + timeout
+            while not messages:
                 if self._closed():
                     raise NodeClosedError(f"node {self._name} closed")
-                self._event.clear()
-                await self._event.wait()
-        msg = self._messages.popleft()
+                await self._wait(loop, deadline)
+        msg = messages.popleft()
         self._read_at = time.monotonic()
         if msg.offset >= 0:
             self._handed = msg.offset + 1
@@ -691,10 +703,34 @@ class Inbox:
 
     async def wait_readable(self) -> None:
         """Wait until the inbox holds at least one message (or the node closes)."""
-        assert self._event is not None, "node not started"
+        loop = self._loop
+        assert loop is not None, "node not started"
         while not self._messages and not self._closed():
-            self._event.clear()
-            await self._event.wait()
+            await self._wait(loop, None)
+
+    async def _wait(self, loop: asyncio.AbstractEventLoop, deadline: float | None) -> None:
+        """Wait until a message arrives or the node closes (``deadline``: loop time after
+        which :class:`TimeoutError` is raised)."""
+        waiter = loop.create_future()
+        self._waiters.append(waiter)
+        timer = None if deadline is None else loop.call_at(deadline, _expire, waiter)
+        try:
+            await waiter
+        except BaseException:
+            # Timed out or cancelled: nothing will wake it (a wake-up clears the list).
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _wake(self) -> None:
+        """Wake every reader waiting in :meth:`_wait`."""
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def check_unread(self, now: float) -> None:
         """Say once when owed messages wait for an application that does not read them:

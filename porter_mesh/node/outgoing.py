@@ -51,6 +51,7 @@ from porter_mesh.core.session.roster import (
     Forget,
     PeerChanged,
     Reconnect,
+    Refuse,
     RosterAction,
 )
 from porter_mesh.core.session.sending import SendAction, Sender
@@ -121,9 +122,10 @@ class Outgoing:
         blocked: set[str] | None = None
         pub = None
         for action in actions:
-            if isinstance(action, SendFrame):
+            # type() tests, not isinstance(): no call per action (every message has two).
+            if type(action) is SendFrame:
                 frame = action.frame
-                if isinstance(frame, DirectFrame):
+                if type(frame) is DirectFrame:
                     recipient = frame.recipient
                     link = self._links.get(recipient)
                     if link is None or (blocked is not None and recipient in blocked):
@@ -149,14 +151,14 @@ class Outgoing:
                         send_frames(pub, encode_broadcast(env, frame.payload))
                     except zmq.Again:
                         self._counters["dropped.pub-hwm"] += frame.count
-            elif isinstance(action, Settle):
+            elif type(action) is Settle:
                 for done in action.tokens:
                     settle(done)
             elif isinstance(action, Fail):
                 fail_all(action.tokens, send_error(
                     action, me=self._name, max_pending=self._max_pending,
                     refusal=self._peering().refusal(action.recipient)))
-            elif isinstance(action, Count):
+            elif type(action) is Count:
                 self._counters[action.name] += action.n
             elif isinstance(action, PeerChanged):
                 self._peering().changed(action.event)
@@ -172,6 +174,7 @@ class Outgoing:
             elif isinstance(action, Drop):
                 self._drop(action.reason, action.peer, "%s", action.detail)
             else:
+                assert isinstance(action, Refuse)
                 self._refuse(action.event, action.peer, action.detail, key=action.key)
         if pub is not None:
             self._sockets.after_send(pub)
@@ -182,11 +185,12 @@ class Outgoing:
         ``recipient``, if it reads them there (:mod:`porter_mesh.core.session.acks`).
         Returns what was taken, to give back if the message cannot be sent."""
         info = self._peers.get(recipient)
-        if info is None or not info.advert.carried_acks:
+        advert = info.advert if info is not None else None
+        if advert is None or not advert.carried_acks:
             return None
-        carried = self._acks.carry(recipient, info.incarnation)
+        carried = self._acks.carry(recipient, advert.incarnation)
         if carried is not None:
-            frames.append(encode_ack(Ack(tuple(carried[1]), info.incarnation)))
+            frames.append(encode_ack(Ack(tuple(carried[1]), advert.incarnation)))
         return carried
 
     def send_frames(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -9,11 +10,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from porter_mesh.node.node import Node
 
 NODE_PROC = Path(__file__).with_name("node_proc.py")
 Event = dict[str, Any]
@@ -175,3 +178,17 @@ def peers_seen(events: list[Event]) -> set[str]:
         elif e["kind"] == "left":
             current.discard(e["peer"])
     return current
+
+
+@contextlib.asynccontextmanager
+async def seeded_by(first: Node, name: str, **options: Any) -> AsyncIterator[Node]:
+    """A node ``name`` in this process, seeded with the ROUTER of ``first`` (started
+    already) on the same mesh, started and on each other's roster; closed on the way
+    out. ``options``: more of the node's settings (discovery is off, no channels)."""
+    second = Node(name=name, mesh=first.config.mesh, discovery=False,
+                  **{"channels": (), **options},
+                  seeds=(f"127.0.0.1:{first.router_port}",))
+    async with second:
+        await second.wait_for_peers([first.name], 30)
+        await first.wait_for_peers([name], 30)
+        yield second

@@ -19,6 +19,7 @@ from porter_mesh.core.envelope import Envelope, encode_direct, encode_payload, m
 from porter_mesh.core.hlc import HybridClock
 from porter_mesh.node.inbox import wall_ms
 from porter_mesh.node.node import Message, Node
+from tests.integration.harness import seeded_by
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(60)]
 _ids = itertools.count()
@@ -50,24 +51,19 @@ async def round_trips(echo_type: type[Node]) -> tuple[dict[str, int], dict[str, 
             replies.append(echo.async_send_nowait(msg.sender, msg.activity))
 
     echo.add_handler(answer)
-    async with echo:
-        ping = Node(name="ping", mesh=mesh, discovery=False, channels=(),
-                    seeds=(f"127.0.0.1:{echo.router_port}",))
-        async with ping:
-            await ping.wait_for_peers(["echo"], 20)
-            await echo.wait_for_peers(["ping"], 20)
-            for i in range(TRIPS):
-                sent = ping.async_send_nowait("echo", request(i))
-                reply = await ping.receive(timeout=20)
-                assert reply.activity.summary == f"q{i}"
-                # Settled already by the ack the reply carried: awaiting it does not
-                # yield, so the next request is queued before the flush that would send
-                # the ack of this reply alone (the test's timeout bounds a hang).
-                await sent
-            # The last reply has no request after it to ride on: its ack goes alone.
-            await asyncio.wait_for(asyncio.gather(*replies), 20)
-            assert len(replies) == TRIPS
-            return ping.stats(), echo.stats()
+    async with echo, seeded_by(echo, "ping") as ping:
+        for i in range(TRIPS):
+            sent = ping.async_send_nowait("echo", request(i))
+            reply = await ping.receive(timeout=20)
+            assert reply.activity.summary == f"q{i}"
+            # Settled already by the ack the reply carried: awaiting it does not
+            # yield, so the next request is queued before the flush that would send
+            # the ack of this reply alone (the test's timeout bounds a hang).
+            await sent
+        # The last reply has no request after it to ride on: its ack goes alone.
+        await asyncio.wait_for(asyncio.gather(*replies), 20)
+        assert len(replies) == TRIPS
+        return ping.stats(), echo.stats()
 
 
 def test_a_reply_carries_the_ack_of_its_request_and_the_next_request_that_of_the_reply(

@@ -42,25 +42,21 @@ __all__ = ["PendingAcks"]
 _MAX_OWNERS = 4096
 
 
-class PendingAcks:
-    """The acknowledgements owed until the next flush, by the sender's ROUTER identity.
+class PendingAcks(dict[bytes, list[int]]):
+    """The acknowledgements owed until the next flush: the sequence numbers owed, by the
+    sender's ROUTER identity (read it as a mapping; change it through the methods).
 
-    ``bool(pending)`` says whether any is owed.
+    A ``dict`` itself, so that ``bool(pending)`` (asked at every flush and after every
+    read) costs no Python call.
     """
 
-    __slots__ = ("_ident_of", "_owed", "_owner")
+    __slots__ = ("_ident_of", "_owner")
 
     def __init__(self) -> None:
-        self._owed: dict[bytes, list[int]] = {}
+        super().__init__()
         # ROUTER identity -> (sender, incarnation) it was last seen for, and back.
         self._owner: dict[bytes, tuple[str, int]] = {}
         self._ident_of: dict[tuple[str, int], bytes] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._owed)
-
-    def __len__(self) -> int:
-        return len(self._owed)
 
     def seen(self, ident: bytes, sender: str, incarnation: int) -> None:
         """A direct message from ``sender`` (``incarnation``) came in through ``ident``:
@@ -78,9 +74,9 @@ class PendingAcks:
 
     def add(self, ident: bytes, seq: int) -> None:
         """Owe the acknowledgement of direct message ``seq`` to ``ident``."""
-        seqs = self._owed.get(ident)
+        seqs = self.get(ident)
         if seqs is None:
-            self._owed[ident] = [seq]
+            self[ident] = [seq]
         else:
             seqs.append(seq)
 
@@ -94,7 +90,7 @@ class PendingAcks:
         ident = self._ident_of.get((recipient, incarnation))
         if ident is None:
             return None
-        seqs = self._owed.pop(ident, None)
+        seqs = self.pop(ident, None)
         if seqs is None:
             return None
         return ident, seqs
@@ -102,8 +98,8 @@ class PendingAcks:
     def alone(self) -> list[tuple[bytes, list[int]]]:
         """Take everything still owed, to go in ``ack`` messages of its own, one per
         identity."""
-        owed = list(self._owed.items())
-        self._owed.clear()
+        owed = list(self.items())
+        self.clear()
         if len(self._owner) > _MAX_OWNERS // 2:
             self._forget_owners()
         return owed

@@ -48,7 +48,7 @@ from typing import Final, NamedTuple
 
 from porter_mesh.core.constants import MAX_BATCH
 from porter_mesh.core.sequence import SeqResult, SequenceTracker, SeqVerdict
-from porter_mesh.core.session.keys import IdempotencyKeys, key_of
+from porter_mesh.core.session.keys import KEY_PREFIX, IdempotencyKeys, key_of
 
 __all__ = [
     "DECLINED", "DIRECT_STREAM", "LOST_BROADCAST", "MISADDRESSED", "TAKEN", "UNKNOWN_SENDER",
@@ -60,6 +60,7 @@ DIRECT_STREAM: Final = "direct"
 #: Sequence numbers a receiver remembers per sender (retries that overtake each other
 #: within this window are still told apart).
 SEQUENCE_WINDOW: Final = 1 << 16
+_KEY_PREFIX_LEN: Final = len(KEY_PREFIX)
 #: Most messages remembered as refused for a full disk.
 MAX_UNJOURNALED: Final = 100_000
 
@@ -132,9 +133,11 @@ class DirectReceiver:
             del self._unjournaled[ident]
             is_new = True
         if is_new:
-            key = key_of(msg_id)
-            if key is not None and self.keys.seen(sender, key, wall):
-                return Verdict.DUPLICATE_KEY
+            # A slice comparison first: no call for the usual message, which has no key.
+            if msg_id[:_KEY_PREFIX_LEN] == KEY_PREFIX:
+                key = key_of(msg_id)
+                if key is not None and self.keys.seen(sender, key, wall):
+                    return Verdict.DUPLICATE_KEY
             return Verdict.NEW
         if self._unacked and ident in self._unacked:
             return Verdict.HELD
@@ -172,7 +175,8 @@ class DirectReceiver:
 
     def taken(self, sender: str, incarnation: int, seq: int) -> None:
         """A held message was taken: it is acknowledged now, its retries as duplicates."""
-        self._unacked.discard((sender, incarnation, seq))
+        if self._unacked:  # (every message taken without a journal passes here)
+            self._unacked.discard((sender, incarnation, seq))
 
     def forget(self, sender: str) -> None:
         """``sender`` restarted: its new incarnation starts a new stream."""

@@ -43,8 +43,8 @@ Pure: no sockets, no event loop, no clock; ``now`` is monotonic seconds.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterator
-from typing import Generic, NamedTuple, TypeVar, cast
+from collections.abc import Callable, Container, Iterator, Mapping
+from typing import Final, Generic, NamedTuple, TypeVar, cast
 
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.constants import CHANNEL_CONTROL, DIRECT_PREFIX, MAX_BATCH, ROLE_SEAT
@@ -74,6 +74,9 @@ SendAction = SendFrame | Settle[T] | Fail[T] | Count
 # One queued direct activity: (activity, token, deadline, key, trace). A plain tuple:
 # this is the hot path of every send.
 _Queued = tuple[Activity, T, float, str | None, TraceContext | None]
+
+#: The count of one direct activity sent (a frozen value, shared).
+_SENT_ONE: Final = Count("sent.direct", 1)
 
 
 class Run(NamedTuple, Generic[T]):
@@ -155,6 +158,11 @@ class Sender(Generic[T]):
         self._alone: set[str] = set()
         self._broadcasts: dict[str, list[Activity]] = {}
         self._bseq: dict[str, int] = {}
+        #: Direct activities waiting for a flush, by recipient; broadcasts, by channel.
+        #: Read them as "whether any wait": the driver asks after every read and flush,
+        #: and a plain attribute's truth costs no call, where a property's would.
+        self.direct_queued: Mapping[str, object] = self._direct
+        self.broadcasts_queued: Mapping[str, object] = self._broadcasts
 
     # -- queues ---------------------------------------------------------------------
 
@@ -198,16 +206,6 @@ class Sender(Generic[T]):
         else:
             queue.append(activity)
 
-    @property
-    def direct_queued(self) -> bool:
-        """Whether direct activities wait for a flush."""
-        return bool(self._direct)
-
-    @property
-    def broadcasts_queued(self) -> bool:
-        """Whether broadcasts wait for a flush."""
-        return bool(self._broadcasts)
-
     def flush(self, now: float, reachable: Container[str]) -> list[SendAction[T]]:
         """Everything queued becomes messages: broadcasts first, then direct ones.
 
@@ -221,15 +219,22 @@ class Sender(Generic[T]):
         """
         actions: list[SendAction[T]] = []
         if self._broadcasts:
-            pending, self._broadcasts = self._broadcasts, {}
+            pending = self._broadcasts
+            self._broadcasts = {}
+            self.broadcasts_queued = self._broadcasts
             for channel, activities in pending.items():
                 actions += self._broadcast(channel, activities, None)
         if self._direct:
-            pending_d, self._direct = self._direct, {}
+            pending_d = self._direct
+            self._direct = {}
+            self.direct_queued = self._direct
             alone, self._alone = self._alone, set()
             for recipient, items in pending_d.items():
-                self._flush_direct(recipient, items, recipient in alone, now, reachable,
-                                   actions)
+                if recipient in alone:
+                    self._flush_alone(recipient, items, now, reachable, actions)
+                else:
+                    self._count_sent(self._runs(recipient, items, None, None, now,
+                                                reachable, actions), actions)
         return actions
 
     def publish_now(self, channel: str, activity: Activity,
@@ -275,27 +280,31 @@ class Sender(Generic[T]):
 
     # -- direct ---------------------------------------------------------------------
 
-    def _flush_direct(self, recipient: str, items: list[_Queued[T]], alone: bool,
-                      now: float, reachable: Container[str],
-                      actions: list[SendAction[T]]) -> None:
+    def _flush_alone(self, recipient: str, items: list[_Queued[T]], now: float,
+                     reachable: Container[str], actions: list[SendAction[T]]) -> None:
+        """A recipient's queue that holds activities travelling alone (keyed or traced):
+        each of those in its own message, the runs between them as usual."""
         sent = 0
-        if not alone:
-            sent = self._runs(recipient, items, None, None, now, reachable, actions)
-        else:
-            start = 0
-            for index, item in enumerate(items):
-                if item[3] is None and item[4] is None:
-                    continue
-                if index > start:
-                    sent += self._runs(recipient, items[start:index], None, None, now,
-                                       reachable, actions)
-                sent += self._runs(recipient, items[index:index + 1], item[3], item[4], now,
+        start = 0
+        for index, item in enumerate(items):
+            if item[3] is None and item[4] is None:
+                continue
+            if index > start:
+                sent += self._runs(recipient, items[start:index], None, None, now,
                                    reachable, actions)
-                start = index + 1
-            if start < len(items):
-                sent += self._runs(recipient, items[start:], None, None, now, reachable,
-                                   actions)
-        if sent:
+            sent += self._runs(recipient, items[index:index + 1], item[3], item[4], now,
+                               reachable, actions)
+            start = index + 1
+        if start < len(items):
+            sent += self._runs(recipient, items[start:], None, None, now, reachable,
+                               actions)
+        self._count_sent(sent, actions)
+
+    @staticmethod
+    def _count_sent(sent: int, actions: list[SendAction[T]]) -> None:
+        if sent == 1:
+            actions.append(_SENT_ONE)  # the usual request or reply: no Count built
+        elif sent:
             actions.append(Count("sent.direct", sent))
 
     def _runs(self, recipient: str, items: list[_Queued[T]], key: str | None,
