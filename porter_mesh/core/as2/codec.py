@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn, cast
 
+from porter_mesh.core import speedups as _speedups
 from porter_mesh.core.as2.model import (
     Activity,
     _Batch,
@@ -100,6 +101,9 @@ def _shaped_many(data: bytes) -> list[Activity] | None:
         if context is not _UNSET and context not in good and not _context_ok(context):
             return None
     batch = _Batch(data)
+    wrap = _speedups.wrap_shapes
+    if wrap is not None:  # the compiled path: the same slots, off the GC's list
+        return wrap(shapes, batch)
     out = []
     new = _new
     for index, shape in enumerate(shapes):  # inline wrapping: runs per activity received
