@@ -12,7 +12,7 @@ setup(
     ext_modules=[
         Extension(
             "porter_mesh.core._speedups",
-            sources=["porter_mesh.core._speedups.c"],
+            sources=["porter_mesh/core/_speedups.c"],
             optional=True,
         )
     ]
