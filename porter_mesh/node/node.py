@@ -210,7 +210,8 @@ class Node:
         self._sending: Sender[Completion] = Sender(
             self.name, self.incarnation, retry_initial=config.retry_initial,
             retry_max=config.retry_max, max_pending=config.max_pending,
-            batch_max=config.batch_max, broadcast_bytes=config.broadcast_message_bytes,
+            batch_max=config.batch_max, broadcast_batch_max=config.broadcast_batch_max,
+            broadcast_bytes=config.broadcast_message_bytes,
         )
         # The roster's rules (adverts vetted, what each change asks of the node): pure.
         self._roster: Roster[Completion] = Roster(
