@@ -203,10 +203,11 @@ def test_the_extension_is_built_where_a_compiler_is() -> None:
 
 
 def _installed_from() -> str | None:
-    """Where the installed porter-mesh comes from (a ``file:`` URL), if pip says."""
-    try:
-        raw = metadata.distribution("porter-mesh").read_text("direct_url.json")
-    except metadata.PackageNotFoundError:
-        return None
-    url = json.loads(raw).get("url") if raw else None
-    return url if isinstance(url, str) else None
+    """Where the installed porter-mesh comes from (a ``file:`` URL), if pip says (the
+    build's ``porter_mesh.egg-info`` in the checkout, also on the path, does not)."""
+    for dist in metadata.distributions(name="porter-mesh"):
+        raw = dist.read_text("direct_url.json")
+        url = json.loads(raw).get("url") if raw else None
+        if isinstance(url, str):
+            return url
+    return None
