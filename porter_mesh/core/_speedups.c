@@ -149,6 +149,42 @@ with_shape(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     return obj;
 }
 
+/* One message tuple of messages() (below): its items, the activity number i of the
+ * list, its sequence number and journal position given (borrowed). */
+static PyObject *
+new_message(PyTypeObject *type, PyObject *const *args, PyObject *activities, Py_ssize_t i,
+            PyObject *number, PyObject *position)
+{
+#if PY_VERSION_HEX >= 0x030E0000
+    /* From 3.14 a tuple caches its hash in a field that the tuple constructor sets, so
+     * the instance is made by it, from a plain tuple of the items. */
+    PyObject *items = PyTuple_Pack(8, args[1], args[2], PyList_GET_ITEM(activities, i),
+                                   args[4], number, args[6], position, args[8]);
+    if (items == NULL)
+        return NULL;
+    PyObject *call = PyTuple_Pack(1, items);
+    Py_DECREF(items);
+    if (call == NULL)
+        return NULL;
+    PyObject *msg = PyTuple_Type.tp_new(type, call, NULL);
+    Py_DECREF(call);
+    return msg;
+#else
+    PyObject *msg = type->tp_alloc(type, 8);
+    if (msg == NULL)
+        return NULL;
+    PyTuple_SET_ITEM(msg, 0, Py_NewRef(args[1]));
+    PyTuple_SET_ITEM(msg, 1, Py_NewRef(args[2]));
+    PyTuple_SET_ITEM(msg, 2, Py_NewRef(PyList_GET_ITEM(activities, i)));
+    PyTuple_SET_ITEM(msg, 3, Py_NewRef(args[4]));
+    PyTuple_SET_ITEM(msg, 4, Py_NewRef(number));
+    PyTuple_SET_ITEM(msg, 5, Py_NewRef(args[6]));
+    PyTuple_SET_ITEM(msg, 6, Py_NewRef(position));
+    PyTuple_SET_ITEM(msg, 7, Py_NewRef(args[8]));
+    return msg;
+#endif
+}
+
 /* messages(cls, channel, sender, activities, env, seq, direct, offset, redelivered):
  * one cls tuple per activity, as Inbox.deliver's comprehension makes them:
  * (channel, sender, activity, env, seq + i, direct, offset + i or -1, redelivered). */
@@ -181,22 +217,15 @@ messages(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         PyObject *number = PyLong_FromSsize_t(seq + i);
         PyObject *position = number == NULL ? NULL
                              : PyLong_FromSsize_t(offset < 0 ? -1 : offset + i);
-        PyObject *msg = position == NULL ? NULL : type->tp_alloc(type, 8);
+        PyObject *msg = position == NULL ? NULL : new_message(type, args, activities, i,
+                                                               number, position);
+        Py_XDECREF(number);
+        Py_XDECREF(position);
         if (msg == NULL) {
-            Py_XDECREF(number);
-            Py_XDECREF(position);
             Py_DECREF(out);
             return NULL;
         }
         PyObject_GC_UnTrack(msg);
-        PyTuple_SET_ITEM(msg, 0, Py_NewRef(args[1]));
-        PyTuple_SET_ITEM(msg, 1, Py_NewRef(args[2]));
-        PyTuple_SET_ITEM(msg, 2, Py_NewRef(PyList_GET_ITEM(activities, i)));
-        PyTuple_SET_ITEM(msg, 3, Py_NewRef(args[4]));
-        PyTuple_SET_ITEM(msg, 4, number);
-        PyTuple_SET_ITEM(msg, 5, Py_NewRef(args[6]));
-        PyTuple_SET_ITEM(msg, 6, position);
-        PyTuple_SET_ITEM(msg, 7, Py_NewRef(args[8]));
         PyList_SET_ITEM(out, i, msg);
     }
     return out;

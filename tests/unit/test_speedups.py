@@ -126,6 +126,7 @@ def test_messages_are_the_tuples_the_inbox_builds() -> None:
                         offset + i if offset >= 0 else -1, redelivered)
                 for i, a in enumerate(acts)]
         assert got == want and all(type(m) is Message for m in got)
+        assert [hash(m) for m in got] == [hash(m) for m in want]
         assert got[0].activity is acts[0] and got[-1].seq == 40 + len(acts) - 1
     assert compiled.messages(Message, "log", "pub", [], env, 1, False, -1, False) == []
     for bad in ((dict, "log", "pub", acts, env, 1, False, -1, False),    # not a tuple class
