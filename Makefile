@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-slow lint bench clean
 
-$(RUNTIME): pyproject.toml
+$(RUNTIME): pyproject.toml setup.py porter_mesh/core/_speedups.c
 	@test -x $(PY) || { echo "== creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
 	@echo "== installing porter-mesh and its runtime dependencies into $(VENV)"
 	$(PY) -m pip install --disable-pip-version-check --progress-bar on -e .

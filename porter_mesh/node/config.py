@@ -156,7 +156,12 @@ class NodeConfig:
             retries later (backpressure, no loss). 0 disables the inbox: messages go
             only to handlers.
         max_pending: most unacknowledged direct messages per recipient.
-        batch_max: most activities packed into one ZeroMQ message under load.
+        batch_max: most activities packed into one direct ZeroMQ message under load.
+        broadcast_batch_max: most activities packed into one broadcast ZeroMQ message
+            under load (default ``MAX_BATCH``, 256; ``broadcast_message_bytes`` bounds
+            its size too). Broadcasts pack more than direct messages: a broadcast's cost
+            on both sides is mostly per ZeroMQ message, and it is never resent, where a
+            direct message is acknowledged and resent whole.
         data_dir: where durable state lives (the direct-delivery journal; the knowledge
             shard, in ``knowledge/``, when one is attached); ``None`` keeps it in memory
             only. The node locks it while it runs: a second process is refused, with
@@ -215,6 +220,7 @@ class NodeConfig:
     inbox_size: int = 100_000
     max_pending: int = 100_000
     batch_max: int = 64
+    broadcast_batch_max: int = C.MAX_BATCH
     data_dir: pathlib.Path | None = None
     idempotency_window: float = 600.0
     redeliver_initial: float = 0.05
@@ -269,8 +275,9 @@ class NodeConfig:
             raise ConfigError(
                 f"max_clock_skew must be 0..{366 * 86_400} seconds (a year), got "
                 f"{self.max_clock_skew}; the default is 86400 (a day)")
-        if not 1 <= self.batch_max <= C.MAX_BATCH:
-            raise ConfigError(f"batch_max must be 1..{C.MAX_BATCH}")
+        for batch_name in ("batch_max", "broadcast_batch_max"):
+            if not 1 <= getattr(self, batch_name) <= C.MAX_BATCH:
+                raise ConfigError(f"{batch_name} must be 1..{C.MAX_BATCH}")
         for value_name in ("send_timeout", "retry_initial", "retry_max", "idempotency_window",
                            "redeliver_initial", "redeliver_max"):
             if getattr(self, value_name) <= 0:

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, TypeVar, cast
 
 from porter_mesh.adapters.journal import DeliveryJournal, JournalRecord
+from porter_mesh.core import speedups as _speedups
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.envelope import Envelope, decode_direct, decode_payload
 from porter_mesh.core.session.keys import KEY_PREFIX
@@ -394,8 +395,13 @@ class Inbox:
         """
         channel, sender, seq = env.channel, env.sender, env.seq + first
         # Message's own constructor is a Python function; building the tuples directly
-        # skips a frame per activity.
-        if offset < 0:
+        # skips a frame per activity. The compiled path builds them in C, untracked by
+        # the garbage collector (porter_mesh.core.speedups says why).
+        made = _speedups.messages
+        if made is not None and activities.__class__ is list:
+            msgs = made(Message, channel, sender, activities, env, seq, direct, offset,
+                        offset >= 0 and redelivered)
+        elif offset < 0:
             msgs = [_tuple_new(Message, (channel, sender, activity, env, seq + i, direct,
                                          -1, False))
                     for i, activity in enumerate(activities)]

@@ -28,9 +28,10 @@ lifecycle and the clock:
 
 Sending is batched under load: a publish or a send only queues; one flush per loop turn
 (:meth:`Node._flush`) packs what accumulated into messages of up to ``batch_max``
-activities, so a lone message goes out on the next turn and a burst in a few large
-messages. A read's after-batch work flushes at once when a handler queued a direct
-message (a request's reply does not wait a turn), so its acknowledgement rides on it.
+direct activities or ``broadcast_batch_max`` broadcast ones, so a lone message goes out
+on the next turn and a burst in a few large messages. A read's after-batch work flushes
+at once when a handler queued a direct message (a request's reply does not wait a turn),
+so its acknowledgement rides on it.
 
 Timers. Nothing polls: the node has one timer (:class:`~porter_mesh.node.timer.DeadlineTimer`)
 armed at the earliest deadline of all that waits on the clock (the next heartbeat, which
@@ -147,7 +148,8 @@ class Node(NodeAPI):
         self._sending = Sender(
             self.name, self.incarnation, retry_initial=config.retry_initial,
             retry_max=config.retry_max, max_pending=config.max_pending,
-            batch_max=config.batch_max, broadcast_bytes=config.broadcast_message_bytes,
+            batch_max=config.batch_max, broadcast_batch_max=config.broadcast_batch_max,
+            broadcast_bytes=config.broadcast_message_bytes,
         )
         # The roster's rules (adverts vetted, what each change asks of the node): pure.
         self._roster: Roster[Completion] = Roster(

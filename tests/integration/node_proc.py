@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 
 from porter_mesh.adapters.shard import Shard
+from porter_mesh.core import speedups
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.control import KIND_STATS, KIND_UNSUPPORTED
 from porter_mesh.core.envelope import Envelope, encode_control
@@ -161,7 +162,7 @@ async def main() -> None:
         knowledge.start()
     await node.astart()
     emit(ev="up", name=node.name, pub=node.pub_port, router=node.router_port,
-         inc=node.incarnation, wall=time.time())
+         inc=node.incarnation, wall=time.time(), compiled=speedups.in_use())
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)

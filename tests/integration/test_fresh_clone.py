@@ -92,6 +92,12 @@ def test_make_demo_from_a_fresh_clone(clone: Clone) -> None:
     installed = {p["name"].lower().replace("_", "-") for p in json.loads(listed.stdout)}
     assert {"porter-mesh", *RUNTIME} <= installed, sorted(set(RUNTIME) - installed)
     assert not installed & set(NOT_FOR_THE_DEMO), sorted(installed & set(NOT_FOR_THE_DEMO))
+    if shutil.which("gcc") is not None:  # the compiled hot path is built by the install
+        built = subprocess.run(
+            [clone.bin("python"), "-c",
+             "from porter_mesh.core import speedups; print(speedups.available())"],
+            capture_output=True, text=True, timeout=60, env=clone.env, check=True)
+        assert built.stdout.strip() == "True", made.stdout[-3000:]
 
 
 def readme_example(readme: str) -> tuple[str, str]:

@@ -13,6 +13,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from porter_mesh.core import constants as C
+from porter_mesh.core import speedups
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.envelope import Envelope, encode_envelope
 from porter_mesh.node.sync import SyncNode
@@ -90,6 +91,45 @@ def test_garbage_frames_are_dropped_and_counted(pair: tuple[SyncNode, SyncNode],
     victim.wait_for_stats(lambda st: dropped(st) >= len(bad_messages), 10)
     still_serves(victim, good)
     dealer.close(0)
+
+
+@pytest.mark.parametrize("path", ["compiled", "pure"])
+def test_bad_broadcast_batches_are_dropped_and_counted(path: str,
+                                                       pair: tuple[SyncNode, SyncNode]) -> None:
+    """A real peer's broadcasts whose batch is bad are dropped for the same counted
+    reasons on the compiled hot path and the pure one (the nodes run in this process,
+    so the switch reaches them); the good broadcasts around them arrive."""
+    if path == "compiled" and not speedups.available():
+        print("skipped: the compiled extension is not built here")
+        pytest.skip("the compiled extension is not built here")
+    was = speedups.in_use()
+    speedups.use_compiled(path == "compiled")
+    try:
+        victim, good = pair
+        good._call(good.node.wait_for_subscribers(C.CHANNEL_LOG, 1, 10), 20)
+        one = ANNOUNCE.to_json()
+        payloads = [
+            (b"[" + one + b"," + one[:-3] + b"]", 2),                 # malformed batch
+            (b"[" + one + b',{"type": "Announce"}]', 2),             # an invalid activity
+            (b"[" + b",".join([one] * 3) + b"]", 2),                 # count and array differ
+            (b"[" + one + b"," + one + b"]", 2),                      # a good batch last
+        ]
+        node = good.node
+
+        def publish_raw() -> None:  # as the node sends any batch: sequenced, enveloped
+            node._carry_out([node._sending.broadcast(C.CHANNEL_LOG, payload, count=n)
+                             for payload, n in payloads])
+
+        good.call_in_loop(publish_raw)
+        got = [victim.receive(10), victim.receive(10)]
+        assert [m.activity for m in got] == [ANNOUNCE, ANNOUNCE]
+        reasons = {"dropped.bad-json": 1, "dropped.missing-field": 1, "dropped.bad-count": 1}
+        victim.wait_for_stats(lambda st: dropped(st) >= 3, 10)
+        stats = victim.stats()
+        assert {k: stats.get(k, 0) for k in reasons} == reasons, stats
+        still_serves(victim, good)
+    finally:
+        speedups.use_compiled(was)
 
 
 def test_oversized_message_disconnects_only_that_peer(

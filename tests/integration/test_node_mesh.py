@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from porter_mesh.adapters.journal import read_journal
+from porter_mesh.core import speedups
 from tests.integration.harness import NodeProcess, peers_seen
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
@@ -26,9 +27,19 @@ def start(procs: list[NodeProcess], name: str, *extra: str, mesh: str) -> NodePr
     return p
 
 
-def test_discovery_and_ordered_broadcast(procs: list[NodeProcess], mesh: str) -> None:
+@pytest.mark.parametrize("path", ["default", "pure"])
+def test_discovery_and_ordered_broadcast(procs: list[NodeProcess], mesh: str, path: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also on the pure Python path (``PORTER_MESH_PURE=1``), which an install without a
+    C compiler runs; the default is the compiled one where it is built."""
+    if path == "pure":
+        monkeypatch.setenv(speedups.PURE_ENV, "1")
     names = [f"n{i}" for i in range(4)]
     nodes = [start(procs, n, mesh=mesh) for n in names]
+    if path == "pure" or not speedups.available():
+        assert not any(node.up["compiled"] for node in nodes)
+    else:
+        assert all(node.up["compiled"] for node in nodes)
     for node in nodes:
         others = set(names) - {node.name}
         node.wait_until(lambda ev, o=others: peers_seen(ev) >= o, 20,

@@ -165,6 +165,20 @@ def test_broadcasts_are_numbered_per_channel_and_cut_by_bytes() -> None:
     assert s.broadcast_positions() == {"log": 6, "review": 1}  # control is not counted
 
 
+def test_broadcasts_pack_up_to_their_own_batch_max_direct_messages_up_to_batch_max() -> None:
+    s = sender(batch_max=4, broadcast_batch_max=8)
+    for i in range(20):
+        s.publish("log", note(i))
+        s.queue("b", note(i), i, 10.0)
+    actions = s.flush(0.0, {"b"})
+    frames = [a.frame for a in actions if isinstance(a, SendFrame)]
+    log = [f for f in frames if isinstance(f, BroadcastFrame)]
+    assert [(f.seq, f.count) for f in log] == [(1, 8), (9, 8), (17, 4)]
+    assert [x for f in log for x in summaries(f)] == [str(i) for i in range(20)]
+    assert [f.count for f in direct(actions)] == [4] * 5
+    assert sender(batch_max=4).broadcast_batch_max == 4  # by default the same bound
+
+
 def test_a_traced_broadcast_goes_at_once_after_what_waits_on_its_channel() -> None:
     s = sender()
     assert not s.publish_more("log", note(0))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn, cast
 
+from porter_mesh.core import speedups as _speedups
 from porter_mesh.core.as2.model import (
     Activity,
     _Batch,
@@ -83,8 +84,9 @@ def _shaped_many(data: bytes) -> list[Activity] | None:
     about 0.27 us, and the wrapper about 0.17 us, of which about 0.12 us is allocating
     the :class:`Activity` itself and the rest its slot stores. Folding the context loop
     into the wrapping loop (one pass instead of two) was measured and made no difference
-    beyond noise. What is left to save here is the allocation, which only goes away if
-    the decoded struct is itself the activity.
+    beyond noise. The compiled path (:mod:`porter_mesh.core.speedups`) wraps in C, about
+    0.03 us per element, and leaves the activities off the garbage collector's list,
+    which saved more than the wrapping itself once an application holds them a while.
     """
     if len(data) > MAX_ACTIVITY_BYTES:
         return None
@@ -100,6 +102,9 @@ def _shaped_many(data: bytes) -> list[Activity] | None:
         if context is not _UNSET and context not in good and not _context_ok(context):
             return None
     batch = _Batch(data)
+    wrap = _speedups.wrap_shapes
+    if wrap is not None:  # the compiled path: the same slots, off the GC's list
+        return wrap(shapes, batch)
     out = []
     new = _new
     for index, shape in enumerate(shapes):  # inline wrapping: runs per activity received

@@ -16,6 +16,7 @@ from typing import Any, Final, cast
 
 import msgspec
 
+from porter_mesh.core import speedups as _speedups
 from porter_mesh.core.as2.rules import (
     _ACTIVITY_KNOWN,
     _EMPTY,
@@ -636,6 +637,9 @@ class Activity:
         else:
             context = shape.context
             if context is _UNSET or context in _GOOD_CONTEXTS or _context_ok(context):
+                made = _speedups.with_shape
+                if made is not None:  # the compiled path: the same slots, off the GC's list
+                    return made(shape, raw)  # type: ignore[no-any-return]
                 activity = _new(Activity)
                 activity._d = activity._src = None
                 activity._s = shape
@@ -883,6 +887,9 @@ class Activity:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_activity_from_state, (self.to_json(),))
+
+
+_speedups.bind(Activity)
 
 
 def _set_or_none(value: str | msgspec.UnsetType) -> str | None:

@@ -140,16 +140,19 @@ class Sender(Generic[T]):
         retry_initial, retry_max, max_pending: the :class:`~porter_mesh.core.outbox.Outbox`
             settings.
         batch_max: most activities in one message.
+        broadcast_batch_max: most activities in one broadcast message (None: ``batch_max``).
         broadcast_bytes: most payload bytes in one broadcast message (None: no bound
             besides the frame's).
     """
 
     def __init__(self, name: str, incarnation: int, *, retry_initial: float,
                  retry_max: float, max_pending: int, batch_max: int = MAX_BATCH,
+                 broadcast_batch_max: int | None = None,
                  broadcast_bytes: int | None = None) -> None:
         self.name = name
         self.incarnation = incarnation
         self.batch_max = batch_max
+        self.broadcast_batch_max = batch_max if broadcast_batch_max is None else broadcast_batch_max
         self.broadcast_bytes = broadcast_bytes
         self.outbox: Outbox[Run[T]] = Outbox(retry_initial=retry_initial,
                                               retry_max=retry_max, max_pending=max_pending)
@@ -254,7 +257,7 @@ class Sender(Generic[T]):
                    trace: TraceContext | None) -> list[SendAction[T]]:
         actions: list[SendAction[T]] = []
         last = self._bseq.get(channel, 0)
-        for chunk, payload in runs(activities, None, batch_max=self.batch_max,
+        for chunk, payload in runs(activities, None, batch_max=self.broadcast_batch_max,
                                    max_bytes=self.broadcast_bytes):
             actions.append(SendFrame(BroadcastFrame(self.name, self.incarnation, channel,
                                                     last + 1, payload, len(chunk), None,

@@ -1,0 +1,256 @@
+/* The compiled hot path: the objects made once per activity sent or received.
+ *
+ * Three functions replace Python loops that run once per activity (see
+ * porter_mesh/core/speedups.py, which binds them; the callers keep the pure Python
+ * equivalents inline). They do what the Python code does (allocate, fill) and one thing
+ * Python cannot: they take each new object off the cyclic garbage collector's list.
+ *
+ * That is safe because none of these objects can be part of a reference cycle. An
+ * activity refers only to JSON values (a dict decoded from JSON, bytes, a msgspec struct
+ * without GC, the batch it arrived in), never to another activity or to anything that
+ * could point back at it; a delivered message is a tuple (immutable) of strings, numbers,
+ * its activity and its envelope (a tuple of strings and numbers). Reference counting
+ * frees them. Left tracked, the tens of thousands an application holds between two reads
+ * of its inbox are walked by every collection and promoted to the older generations,
+ * which then trigger full collections of the whole heap: measured on the node benchmark,
+ * that collector work was the largest single share of receiving a broadcast. (CPython
+ * untracks a plain tuple of untracked items by itself, at its next collection, but not a
+ * NamedTuple such as a message.)
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+typedef struct {
+    PyTypeObject *cls;
+    Py_ssize_t off_d, off_i, off_json, off_s, off_src;
+} speedups_state;
+
+static speedups_state state = {NULL, 0, 0, 0, 0, 0};
+
+#define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+static int
+slot_offset(PyTypeObject *cls, const char *name, Py_ssize_t *out)
+{
+    PyObject *descr = PyDict_GetItemString(cls->tp_dict, name); /* borrowed */
+    if (descr == NULL || !PyObject_TypeCheck(descr, &PyMemberDescr_Type)) {
+        PyErr_Format(PyExc_TypeError, "%s has no slot %s", cls->tp_name, name);
+        return -1;
+    }
+    PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+    if (member->type != T_OBJECT_EX || (member->flags & READONLY)) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a writable object slot",
+                     cls->tp_name, name);
+        return -1;
+    }
+    *out = member->offset;
+    return 0;
+}
+
+static PyObject *
+bind(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    if (!PyType_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "bind() takes the Activity class");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)arg;
+    speedups_state next = {cls, 0, 0, 0, 0, 0};
+    if (slot_offset(cls, "_d", &next.off_d) < 0 || slot_offset(cls, "_i", &next.off_i) < 0 ||
+        slot_offset(cls, "_json", &next.off_json) < 0 ||
+        slot_offset(cls, "_s", &next.off_s) < 0 || slot_offset(cls, "_src", &next.off_src) < 0)
+        return NULL;
+    Py_INCREF(cls);
+    Py_XDECREF(state.cls);
+    state = next;
+    Py_RETURN_NONE;
+}
+
+/* A new, untracked instance with every slot empty (NULL). */
+static PyObject *
+new_activity(void)
+{
+    PyTypeObject *cls = state.cls;
+    PyObject *obj = cls->tp_alloc(cls, 0);
+    if (obj != NULL && PyObject_IS_GC(obj))
+        PyObject_GC_UnTrack(obj);
+    return obj;
+}
+
+static int
+bound(void)
+{
+    if (state.cls == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "bind() the Activity class first");
+        return 0;
+    }
+    return 1;
+}
+
+/* wrap_shapes(shapes, src): one activity per checked shape of a batch, as
+ * codec._shaped_many's Python loop makes them: _d and _json None, _s the shape, _src
+ * the batch, _i the index. */
+static PyObject *
+wrap_shapes(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "wrap_shapes(shapes, src) takes two arguments");
+        return NULL;
+    }
+    if (!bound())
+        return NULL;
+    PyObject *shapes = args[0], *src = args[1];
+    if (!PyList_CheckExact(shapes)) {
+        PyErr_SetString(PyExc_TypeError, "wrap_shapes() takes a list of shapes");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(shapes);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *index = PyLong_FromSsize_t(i);
+        PyObject *obj = index == NULL ? NULL : new_activity();
+        if (obj == NULL) {
+            Py_XDECREF(index);
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *shape = PyList_GET_ITEM(shapes, i);
+        SLOT(obj, state.off_d) = Py_NewRef(Py_None);
+        SLOT(obj, state.off_json) = Py_NewRef(Py_None);
+        SLOT(obj, state.off_s) = Py_NewRef(shape);
+        SLOT(obj, state.off_src) = Py_NewRef(src);
+        SLOT(obj, state.off_i) = index;
+        PyList_SET_ITEM(out, i, obj);
+    }
+    return out;
+}
+
+/* with_shape(shape, raw): the activity Activity.from_dict makes of checked JSON: _s the
+ * shape, _json the bytes, _d and _src None (_i is left unset, as there). */
+static PyObject *
+with_shape(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "with_shape(shape, raw) takes two arguments");
+        return NULL;
+    }
+    if (!bound())
+        return NULL;
+    PyObject *obj = new_activity();
+    if (obj == NULL)
+        return NULL;
+    SLOT(obj, state.off_d) = Py_NewRef(Py_None);
+    SLOT(obj, state.off_src) = Py_NewRef(Py_None);
+    SLOT(obj, state.off_s) = Py_NewRef(args[0]);
+    SLOT(obj, state.off_json) = Py_NewRef(args[1]);
+    return obj;
+}
+
+/* One message tuple of messages() (below): its items, the activity number i of the
+ * list, its sequence number and journal position given (borrowed). */
+static PyObject *
+new_message(PyTypeObject *type, PyObject *const *args, PyObject *activities, Py_ssize_t i,
+            PyObject *number, PyObject *position)
+{
+#if PY_VERSION_HEX >= 0x030E0000
+    /* From 3.14 a tuple caches its hash in a field that the tuple constructor sets, so
+     * the instance is made by it, from a plain tuple of the items. */
+    PyObject *items = PyTuple_Pack(8, args[1], args[2], PyList_GET_ITEM(activities, i),
+                                   args[4], number, args[6], position, args[8]);
+    if (items == NULL)
+        return NULL;
+    PyObject *call = PyTuple_Pack(1, items);
+    Py_DECREF(items);
+    if (call == NULL)
+        return NULL;
+    PyObject *msg = PyTuple_Type.tp_new(type, call, NULL);
+    Py_DECREF(call);
+    return msg;
+#else
+    PyObject *msg = type->tp_alloc(type, 8);
+    if (msg == NULL)
+        return NULL;
+    PyTuple_SET_ITEM(msg, 0, Py_NewRef(args[1]));
+    PyTuple_SET_ITEM(msg, 1, Py_NewRef(args[2]));
+    PyTuple_SET_ITEM(msg, 2, Py_NewRef(PyList_GET_ITEM(activities, i)));
+    PyTuple_SET_ITEM(msg, 3, Py_NewRef(args[4]));
+    PyTuple_SET_ITEM(msg, 4, Py_NewRef(number));
+    PyTuple_SET_ITEM(msg, 5, Py_NewRef(args[6]));
+    PyTuple_SET_ITEM(msg, 6, Py_NewRef(position));
+    PyTuple_SET_ITEM(msg, 7, Py_NewRef(args[8]));
+    return msg;
+#endif
+}
+
+/* messages(cls, channel, sender, activities, env, seq, direct, offset, redelivered):
+ * one cls tuple per activity, as Inbox.deliver's comprehension makes them:
+ * (channel, sender, activity, env, seq + i, direct, offset + i or -1, redelivered). */
+static PyObject *
+messages(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "messages() takes nine arguments");
+        return NULL;
+    }
+    PyObject *cls = args[0], *activities = args[3];
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "messages() makes instances of a tuple class");
+        return NULL;
+    }
+    if (!PyList_CheckExact(activities)) {
+        PyErr_SetString(PyExc_TypeError, "messages() takes a list of activities");
+        return NULL;
+    }
+    Py_ssize_t seq = PyLong_AsSsize_t(args[5]);
+    Py_ssize_t offset = PyLong_AsSsize_t(args[7]);
+    if ((seq == -1 || offset == -1) && PyErr_Occurred())
+        return NULL;
+    PyTypeObject *type = (PyTypeObject *)cls;
+    Py_ssize_t n = PyList_GET_SIZE(activities);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *number = PyLong_FromSsize_t(seq + i);
+        PyObject *position = number == NULL ? NULL
+                             : PyLong_FromSsize_t(offset < 0 ? -1 : offset + i);
+        PyObject *msg = position == NULL ? NULL : new_message(type, args, activities, i,
+                                                               number, position);
+        Py_XDECREF(number);
+        Py_XDECREF(position);
+        if (msg == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject_GC_UnTrack(msg);
+        PyList_SET_ITEM(out, i, msg);
+    }
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"messages", (PyCFunction)(void (*)(void))messages, METH_FASTCALL,
+     "messages(cls, channel, sender, activities, env, seq, direct, offset, redelivered)"
+     " -> list: one delivered-message tuple per activity."},
+    {"bind", bind, METH_O, "bind(cls): the class whose instances the functions make."},
+    {"wrap_shapes", (PyCFunction)(void (*)(void))wrap_shapes, METH_FASTCALL,
+     "wrap_shapes(shapes, src) -> list: one activity per shape of a batch."},
+    {"with_shape", (PyCFunction)(void (*)(void))with_shape, METH_FASTCALL,
+     "with_shape(shape, raw) -> activity: an activity of checked JSON bytes."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_speedups",
+    "The compiled hot path of porter_mesh (optional; see porter_mesh/core/speedups.py).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    return PyModule_Create(&module_def);
+}
