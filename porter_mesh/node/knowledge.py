@@ -664,7 +664,11 @@ class Knowledge:
             while self._next_sync is not None:
                 done, self._next_sync = self._next_sync, None
                 writes, self._next_writes = self._next_writes, []
-                await self._run_sync(done, writes)
+                try:
+                    await self._run_sync(done, writes)
+                except Exception:  # settled already; the syncs asked for go on
+                    log.exception("a group of Remembers was stored but not broadcast "
+                                  "(anti-entropy brings it to the peers)")
                 # The callers just answered often remember again at once (a worker with
                 # several findings). A few turns of the loop let them join the next
                 # group instead of the one after it: without them, a steady stream of
@@ -680,34 +684,35 @@ class Knowledge:
     async def _run_sync(self, done: asyncio.Future[list[Record]],
                         writes: list[Observation]) -> None:
         """Write ``writes``, sync the journal, broadcast what it made durable, settle
-        ``done``."""
+        ``done``: whatever happens, ``done`` is settled (its callers never hang)."""
         records: list[Record] = []
-        error: PorterError | None = None
+        error: BaseException | None = None
         try:
             # On the loop thread, as every other write: the journal keeps the order of
             # the loop's events.
             records = self.shard.write_observations(writes)
-        except (StorageError, KnowledgeError) as exc:  # a full disk, a closed shard
+        except Exception as exc:  # a full disk, a closed shard: the whole group fails
             if isinstance(exc, StorageError):
                 self.counters["storage.write-failed"] += 1
             error = exc
         try:  # also what was merged from peers since the last sync
             await asyncio.to_thread(self.shard.flush)
-        except (StorageError, KnowledgeError) as exc:  # a failed sync, a closed shard
+        except Exception as exc:  # a failed sync, a closed shard
             if isinstance(exc, StorageError):
                 self.counters["storage.sync-failed"] += 1
             error = exc
-        if error is not None:
+        try:
+            if error is None and records:
+                self.counters["remember.groups"] += 1
+                self.counters["remember.grouped"] += len(records)
+                if self._loop is not None:  # not once replication has stopped
+                    self._carry(self.session.local_records(records))
+        finally:
             if not done.done():
-                done.set_exception(error)
-            return
-        if records:
-            self.counters["remember.groups"] += 1
-            self.counters["remember.grouped"] += len(records)
-            if self._loop is not None:  # not once replication has stopped
-                self._carry(self.session.local_records(records))
-        if not done.done():
-            done.set_result(records)
+                if error is not None:
+                    done.set_exception(error)
+                else:
+                    done.set_result(records)
 
     def _flush_soon(self) -> None:
         """Have merged records synced behind, without waiting (nobody is answered)."""
