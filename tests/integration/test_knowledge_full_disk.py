@@ -196,6 +196,7 @@ def test_a_replica_on_a_full_disk_holds_nothing_it_could_not_write_and_catches_u
             p.stop()
 
 
+@pytest.mark.network
 def test_a_group_of_remembers_on_a_full_disk_fails_whole_and_the_next_one_is_kept(
         tiny_fs: pathlib.Path, tmp_path: pathlib.Path) -> None:
     import asyncio
