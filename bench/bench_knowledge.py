@@ -535,8 +535,9 @@ def _read_messages(path: pathlib.Path) -> Iterator[bytes]:
 def memory_child(kind: str, data_file: str, work_dir: str) -> None:
     """Run in a fresh process: merge the messages in ``data_file``; print RSS figures."""
     count = 0
-    if kind == "shard":
-        shard = Shard(work_dir, agent="worker-0", durability=Durability.OS)
+    if kind in ("shard", "shard_disk"):
+        shard = Shard(work_dir, agent="worker-0", durability=Durability.OS,
+                      index=Index.DISK if kind == "shard_disk" else Index.MEMORY)
         before = _rss()
         for data in _read_messages(pathlib.Path(data_file)):
             message = decode_sync(data)
@@ -580,7 +581,7 @@ def memory_per_observation(root: pathlib.Path, n: int, kind: str,
               "rss_before_mb": figures["rss_before"] / 2**20,
               "rss_after_mb": figures["rss_after"] / 2**20,
               "growth_mb": (figures["rss_after"] - figures["rss_before"]) / 2**20}
-    if kind == "shard":
+    if kind.startswith("shard"):
         result["disk_bytes_per_obs"] = dir_bytes(work) / figures["count"]
     shutil.rmtree(work, ignore_errors=True)
     progress(f"memory {kind} {n}: {result['bytes_per_obs']:.0f} B/observation")

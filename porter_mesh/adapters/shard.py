@@ -141,6 +141,7 @@ from porter_mesh.core.knowledge import (
     P_SEVERITY,
     RDF_TYPE,
     XSD_DATETIME,
+    Body,
     BucketEntries,
     CatchupChunk,
     CatchupRequest,
@@ -1284,15 +1285,22 @@ class Shard:
         """Journal writes that failed since the shard was opened (a full disk...)."""
         return self._journal.failures
 
-    def _write_own(self, record: Record) -> Record:
-        """Sign (when there is a signer) and write this agent's new record (not synced:
-        the caller syncs outside the lock, see :meth:`flush`)."""
+    def _write_own(self, agent: str, bodies: Sequence[Body]) -> list[Record]:
+        """Place this agent's new bodies at its next sequence numbers, sign them (when
+        there is a signer, each chained to the one before) and write them with one
+        journal write (not synced: the caller syncs outside the lock, see :meth:`flush`).
+        Called under the shard's lock."""
+        first = self._state.next_seq(agent)
+        records = [Record(agent, first + i, body) for i, body in enumerate(bodies)]
         if self._sign is not None:
-            record = sign_record(record, self._link_below(record.origin, record.seq),
-                                 self._sign)
-        self._commit([record], sync=False)
-        self._last_link = (record.seq, record_link(record))  # only once it is stored
-        return record
+            link = self._link_below(agent, first)
+            for i, record in enumerate(records):
+                records[i] = record = sign_record(record, link, self._sign)
+                link = record_link(record)
+        self._commit(records, sync=False)
+        # Only once they are stored.
+        self._last_link = (records[-1].seq, record_link(records[-1]))
+        return records
 
     def _link_below(self, origin: str, seq: int) -> bytes | None:
         """The link of ``origin``'s record ``seq - 1``, which record ``seq`` chains to.
@@ -1440,13 +1448,43 @@ class Shard:
         agent = self._own()
         obs = Observation(about, finding, agent, generated_at or format_timestamp(time.time()),
                           context, severity)
+        record, = self.write_observations((obs,))
+        if durable:
+            # Covers this record, and whatever other threads wrote meanwhile.
+            self._journal.sync_to(self._journal.end)
+        return record
+
+    def write_observations(self, observations: Sequence[Observation]) -> list[Record]:
+        """Write new observations by this shard's agent as one batch, not yet synced.
+
+        One journal write, one merge plan and one batch for the index however many
+        there are: what a group of concurrent Remembers costs once their sync is shared.
+        Nothing written here may be reported as stored or sent anywhere before a
+        :meth:`flush` that started after this returned has returned (pulls and catch-ups
+        serve none of it before that).
+
+        Args:
+            observations: each discovered by this shard's agent, in the order their
+                sequence numbers are to follow.
+
+        Returns:
+            Their records, in order (signed when the shard has a signer).
+
+        Raises:
+            KnowledgeError: an observation names another agent, or the shard has no agent.
+            StorageError: the journal could not be written (a full disk): none of them
+                was kept and their sequence numbers stay free.
+        """
+        agent = self._own()
+        for obs in observations:
+            if obs.discovered_by != agent:
+                raise KnowledgeError(f"this shard writes observations by {agent} only, not "
+                                     f"by {obs.discovered_by}")
+        if not observations:
+            return []
         with self._lock:
             self._check_open()
-            record = self._write_own(Record(agent, self._state.next_seq(agent), obs))
-            end = self._journal.end
-        if durable:
-            self._journal.sync_to(end)
-        return record
+            return self._write_own(agent, observations)
 
     def flush(self) -> None:
         """Make every record written so far durable (under ``Durability.FSYNC``).
@@ -1493,9 +1531,8 @@ class Shard:
                     f"no observation {observation_iri(target)} in this shard; find its id "
                     "with a query such as SELECT ?obs WHERE {{ ?obs porter:about ?a }}"
                 )
-            record = self._write_own(Record(agent, self._state.next_seq(agent),
-                                            Retraction(target, agent,
-                                                       format_timestamp(time.time()))))
+            record, = self._write_own(
+                agent, (Retraction(target, agent, format_timestamp(time.time())),))
             end = self._journal.end
         self._journal.sync_to(end)
         return record

@@ -783,7 +783,8 @@ def record_from_journal(data: bytes) -> Record:
 
 @dataclass(frozen=True, slots=True)
 class Records:
-    """Records pushed to a peer (a fresh Remember, or what a digest showed it lacks)."""
+    """Records pushed to a peer: fresh Remembers (a group that shared its sync goes in
+    one message), or what a digest showed it lacks."""
 
     records: tuple[Record, ...]
 

@@ -63,7 +63,13 @@ from porter_mesh.adapters.shard import MergeReport, Shard
 from porter_mesh.core import constants as C
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.envelope import KIND_SYNC, Envelope
-from porter_mesh.core.knowledge import PullRequest, Record, encode_sync
+from porter_mesh.core.knowledge import (
+    Observation,
+    PullRequest,
+    Record,
+    encode_sync,
+    format_timestamp,
+)
 from porter_mesh.core.peers import PeerEvent, PeerEventKind
 from porter_mesh.core.session.sync import (
     Abandoned,
@@ -100,6 +106,9 @@ log = logging.getLogger("porter_mesh.knowledge")
 MAX_REFUSED_ORIGINS: Final = 1000
 #: Seconds an agent's first write waits for a first catch-up (see SyncKnowledge.remember).
 FIRST_WRITE_WAIT: Final = 10.0
+#: Turns of the event loop a group commit waits, after answering its Remembers, for
+#: their callers to come back with the next ones (see Knowledge._run_syncs).
+REFILL_TURNS: Final = 8
 #: Seconds a synchronous Remember may take (a write and one shared fdatasync).
 REMEMBER_TIMEOUT: Final = 60.0
 
@@ -121,7 +130,7 @@ def _remembered(activity: Activity) -> tuple[str, str, str | None]:
     return about, finding, severity if isinstance(severity, str) else None
 
 
-def _retrieved(future: asyncio.Future[None]) -> None:
+def _retrieved(future: asyncio.Future[Any]) -> None:
     """Mark a shared sync's outcome as seen (its failure is counted where it happens)."""
     if not future.cancelled():
         future.exception()
@@ -180,7 +189,10 @@ class Knowledge:
         self.refused_by_origin: collections.Counter[str] = collections.Counter()
         self._keys_in_use = False
         self._signer_error: SecurityError | None = None
-        self._next_sync: asyncio.Future[None] | None = None
+        #: Done with the records it wrote once the next sync has ended.
+        self._next_sync: asyncio.Future[list[Record]] | None = None
+        #: Remembers waiting for the next sync, which writes them first as one batch.
+        self._next_writes: list[Observation] = []
         self._syncing: asyncio.Future[None] | None = None
 
     @property
@@ -259,9 +271,12 @@ class Knowledge:
     async def aremember(self, activity: Activity) -> Record:
         """Like :meth:`async_remember`, but concurrent calls share their ``fdatasync``.
 
-        The record is written on the loop thread; the sync runs on a worker thread, where
-        every Remember written before it started is covered by the same one (group
-        commit). The record is broadcast, and this returns, only once it is durable.
+        Group commit: one sync runs at a time, on a worker thread. The Remembers that
+        arrive meanwhile wait for the next one, which first writes them all on the loop
+        thread (one journal write, one batch for the index), then syncs them with one
+        ``fdatasync``. Their records are broadcast once durable, together, in one
+        message as far as the size limits allow (the peers merge them as one batch),
+        and only then does this return.
 
         Args:
             activity: a ``Remember`` (see :meth:`async_remember`).
@@ -275,15 +290,17 @@ class Knowledge:
         """
         about, finding, severity = _remembered(activity)
         self._ready_to_write()
-        try:
-            record = self.shard.remember(about, finding, context=activity.context,
-                                         severity=severity, durable=False)
-            # Shielded: a caller that gives up must not cancel the sync others share.
-            await asyncio.shield(self._sync_journal())
-        except StorageError:
-            self.counters["storage.write-failed"] += 1
-            raise
-        self.async_broadcast(record)
+        agent = self.shard.agent
+        if agent is None:
+            raise KnowledgeError("this node's shard was opened without an agent name, so "
+                                 "it cannot write records")
+        # Checked now: a bad field fails this Remember alone, never its group.
+        obs = Observation(about, finding, agent, format_timestamp(time.time()),
+                          activity.context, severity)
+        place = len(self._next_writes)
+        self._next_writes.append(obs)
+        # Shielded: a caller that gives up must not cancel the sync others share.
+        record = (await asyncio.shield(self._sync_journal()))[place]
         with contextlib.suppress(KnowledgeError, ActivityError):
             self.node.async_publish(C.CHANNEL_LOG, activity)
         return record
@@ -623,40 +640,79 @@ class Knowledge:
         self._merged(report, inbound[-1].peer, broadcast=True)
         self._carry(self.session.merged(inbound[-1], report.accepted, now=now))
 
-    def _sync_journal(self) -> asyncio.Future[None]:
+    def _sync_journal(self) -> asyncio.Future[list[Record]]:
         """A future done once a journal sync that starts after this call has ended.
 
         Group commit on the loop: one sync runs at a time on a worker thread; whoever
         asks while it runs waits for the next one, which covers them all, so a burst of
-        Remembers costs one thread hop and one ``fdatasync`` per group, not per record.
+        Remembers costs one journal write, one thread hop, one ``fdatasync`` and one
+        broadcast per group, not per record. The future's result is the records that
+        sync wrote (the Remembers queued in ``_next_writes`` when it started, in order);
+        it fails with the write's or the sync's error, and then none of them is
+        broadcast or counts as stored.
         """
         waiting = self._next_sync
         if waiting is None:
             waiting = self._next_sync = asyncio.get_running_loop().create_future()
             if self._syncing is None:
-                self._start_sync()
+                self._syncing = asyncio.ensure_future(self._run_syncs())
         return waiting
 
-    def _start_sync(self) -> None:
-        waiting, self._next_sync = self._next_sync, None
-        assert waiting is not None
-        self._syncing = asyncio.ensure_future(self._run_sync(waiting))
-
-    async def _run_sync(self, done: asyncio.Future[None]) -> None:
+    async def _run_syncs(self) -> None:
+        """Run the syncs asked for, one at a time, until none is."""
         try:
-            await asyncio.to_thread(self.shard.flush)
-        except (StorageError, KnowledgeError) as exc:  # a failed sync, or a closed shard
-            if isinstance(exc, StorageError):
-                self.counters["storage.sync-failed"] += 1
-            if not done.done():
-                done.set_exception(exc)
-        else:
-            if not done.done():
-                done.set_result(None)
+            while self._next_sync is not None:
+                done, self._next_sync = self._next_sync, None
+                writes, self._next_writes = self._next_writes, []
+                try:
+                    await self._run_sync(done, writes)
+                except Exception:  # settled already; the syncs asked for go on
+                    log.exception("a group of Remembers was stored but not broadcast "
+                                  "(anti-entropy brings it to the peers)")
+                # The callers just answered often remember again at once (a worker with
+                # several findings). A few turns of the loop let them join the next
+                # group instead of the one after it: without them, a steady stream of
+                # N Remembers in flight settles into two groups of N/2 taking turns, one
+                # syncing while the other waits, and each waits for two syncs.
+                for _ in range(REFILL_TURNS if writes else 0):
+                    if len(self._next_writes) >= len(writes):
+                        break
+                    await asyncio.sleep(0)
         finally:
             self._syncing = None
-            if self._next_sync is not None:
-                self._start_sync()
+
+    async def _run_sync(self, done: asyncio.Future[list[Record]],
+                        writes: list[Observation]) -> None:
+        """Write ``writes``, sync the journal, broadcast what it made durable, settle
+        ``done``: whatever happens, ``done`` is settled (its callers never hang)."""
+        records: list[Record] = []
+        error: BaseException | None = None
+        try:
+            # On the loop thread, as every other write: the journal keeps the order of
+            # the loop's events.
+            records = self.shard.write_observations(writes)
+        except Exception as exc:  # a full disk, a closed shard: the whole group fails
+            if isinstance(exc, StorageError):
+                self.counters["storage.write-failed"] += 1
+            error = exc
+        try:  # also what was merged from peers since the last sync
+            await asyncio.to_thread(self.shard.flush)
+        except Exception as exc:  # a failed sync, a closed shard
+            if isinstance(exc, StorageError):
+                self.counters["storage.sync-failed"] += 1
+            error = exc
+        try:
+            if error is None and records:
+                self.counters["remember.groups"] += 1
+                self.counters["remember.grouped"] += len(records)
+                if self._loop is not None:  # not once replication has stopped
+                    self._carry(self.session.local_records(records))
+        finally:
+            if not done.done():
+                if error is not None:
+                    done.set_exception(error)
+                else:
+                    done.set_result(records)
 
     def _flush_soon(self) -> None:
         """Have merged records synced behind, without waiting (nobody is answered)."""

@@ -93,13 +93,61 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--expire-after", type=float, default=2.0)
     parser.add_argument("--durability", choices=("fsync", "os"), default="fsync")
     parser.add_argument("--log", default="WARNING")
+    parser.add_argument("--record-syncs", action="store_true",
+                        help="keep, in knowledge.journal.synced, the journal's size before "
+                        "the start of its last completed fdatasync: what a power cut "
+                        "would leave of it (see power_cut)")
     parser.add_argument("--node-dir", type=pathlib.Path,
                         help="the node's own data directory (its audit log, when secured)")
     return parser.parse_args()
 
 
+def record_syncs(journal: pathlib.Path) -> None:
+    """Keep the journal's durable length in ``<journal>.synced`` as its syncs complete.
+
+    What a power cut leaves of a file is what its last completed ``fdatasync`` covered:
+    at least the size the file had when that call started. That size is written (8
+    bytes, no sync of its own: the process dying leaves the page cache, only a power
+    cut would not) after each ``fdatasync`` of the journal returns, so that a test can
+    kill the process and cut the journal back to it (:func:`power_cut`) before a
+    restart. The real ``fdatasync`` still runs; nothing else changes.
+    """
+    real = os.fdatasync
+    target = os.path.realpath(journal)
+    out = os.open(f"{journal}.synced", os.O_CREAT | os.O_WRONLY, 0o644)
+
+    def fdatasync(fd: int) -> None:
+        if os.path.realpath(f"/proc/self/fd/{fd}") != target:
+            real(fd)
+            return
+        size = os.fstat(fd).st_size
+        real(fd)
+        os.pwrite(out, size.to_bytes(8, "little"), 0)
+
+    os.fdatasync = fdatasync
+
+
+def power_cut(data_dir: pathlib.Path) -> int:
+    """Cut a dead node's journal back to what its last completed sync covered.
+
+    Args:
+        data_dir: the shard's directory of a node run with ``--record-syncs``, killed.
+
+    Returns:
+        The bytes cut off (written, never synced: lost in a power cut).
+    """
+    journal = data_dir / "knowledge.journal"
+    synced = int.from_bytes((data_dir / "knowledge.journal.synced").read_bytes(), "little")
+    size = journal.stat().st_size
+    os.truncate(journal, synced)
+    return size - synced
+
+
 async def main() -> None:
     args = parse_args()
+    if args.record_syncs:
+        args.data_dir.mkdir(parents=True, exist_ok=True)
+        record_syncs(args.data_dir / "knowledge.journal")
     logging.basicConfig(level=getattr(logging, args.log),
                         format="%(relativeCreated)d %(name)s %(message)s")
     logging.getLogger("zeroconf").setLevel(logging.WARNING)

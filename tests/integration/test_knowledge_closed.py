@@ -29,16 +29,18 @@ RECORDS = 50
 
 
 @contextlib.asynccontextmanager
-async def _pair(tmp_path: Path) -> AsyncIterator[tuple[Node, Knowledge, Knowledge]]:
+async def replica_pair(tmp_path: Path, writer_kg: Path | None = None
+                       ) -> AsyncIterator[tuple[Node, Knowledge, Knowledge]]:
     """Two linked nodes with a replica each; yields the first node, its replica (to be
-    closed) and the second's (the writer)."""
+    closed by the caller) and the second's (the writer, whose shard is in ``writer_kg``
+    when given)."""
     mesh = f"kgclosed{os.getpid()}-{next(_meshes)}"
     first = Node(name="first", mesh=mesh, discovery=False, data_dir=tmp_path / "first")
     async with first:
         second = Node(name="second", mesh=mesh, discovery=False, data_dir=tmp_path / "second",
                       seeds=(f"127.0.0.1:{first.router_port}",))
         closed = Knowledge(first, Shard(tmp_path / "first-kg", agent="first"))
-        writer = Knowledge(second, Shard(tmp_path / "second-kg", agent="second"))
+        writer = Knowledge(second, Shard(writer_kg or tmp_path / "second-kg", agent="second"))
         closed.start()
         writer.start()
         try:
@@ -50,7 +52,7 @@ async def _pair(tmp_path: Path) -> AsyncIterator[tuple[Node, Knowledge, Knowledg
 
 
 async def _broadcasts(tmp_path: Path) -> None:
-    async with _pair(tmp_path) as (first, closed, writer):
+    async with replica_pair(tmp_path) as (first, closed, writer):
         seen: list[str] = []
         first.add_control_listener(lambda kind, sender, body: seen.append(kind))
         await closed.aclose()  # the replica goes; its node stays on the mesh
@@ -65,7 +67,7 @@ async def _broadcasts(tmp_path: Path) -> None:
 
 
 async def _requests(tmp_path: Path) -> None:
-    async with _pair(tmp_path) as (_, closed, writer):
+    async with replica_pair(tmp_path) as (_, closed, writer):
         await closed.aclose()
         assert "first" not in writer.without_replica()
         record = writer.async_observe("closed replica", "asked of a closed replica")

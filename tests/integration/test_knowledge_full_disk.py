@@ -194,3 +194,44 @@ def test_a_replica_on_a_full_disk_holds_nothing_it_could_not_write_and_catches_u
     finally:
         for p in procs:
             p.stop()
+
+
+@pytest.mark.network
+def test_a_group_of_remembers_on_a_full_disk_fails_whole_and_the_next_one_is_kept(
+        tiny_fs: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    import asyncio
+
+    from porter_mesh.core.as2 import Activity
+    from tests.integration.test_knowledge_closed import replica_pair
+
+    def remember(finding: str) -> Activity:
+        return Activity.from_dict({"type": "Remember", "actor": "second", "summary": "a finding",
+                                   "object": {"type": "Note", "about": "urn:porter:file:a",
+                                              "content": finding}})
+
+    async def run() -> None:
+        async with replica_pair(tmp_path, tiny_fs / "kg") as (_, theirs, mine):
+            try:
+                first = await mine.aremember(remember("small one"))
+                assert first.seq == 1
+                filler = fill(tiny_fs)
+                # Sixteen at once make groups; every one of them fails, none is
+                # acknowledged, kept or broadcast, and the node goes on.
+                outcomes = await asyncio.gather(
+                    *(mine.aremember(remember(f"{BIG} {i}")) for i in range(16)),
+                    return_exceptions=True)
+                assert all(isinstance(o, StorageError) for o in outcomes), outcomes
+                assert mine.counters["storage.write-failed"] >= 1
+                assert mine.shard.state.top_seq("second") == 1
+                filler.unlink()
+                kept = await asyncio.gather(
+                    *(mine.aremember(remember(f"{BIG} again {i}")) for i in range(8)))
+                # The failed groups left no hole: the sequence numbers go on from 2.
+                assert sorted(r.seq for r in kept) == list(range(2, 10))
+                assert mine.counters["remember.groups"] >= 2
+                # Broadcast once durable: the peer gets them all.
+                await theirs._wait(lambda: theirs.shard.state.top_seq("second") == 9, 20)
+            finally:
+                await theirs.aclose()
+
+    asyncio.run(run())

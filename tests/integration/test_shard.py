@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import pathlib
@@ -41,6 +42,7 @@ from porter_mesh.core.knowledge import (
     decode_sync,
     encode_record,
     encode_sync,
+    record_link,
 )
 from porter_mesh.errors import ConfigError, KnowledgeError, SyncError
 
@@ -715,6 +717,30 @@ def test_concurrent_remembers_share_one_fdatasync(tmp_path: pathlib.Path) -> Non
         assert s.state.top_seq("worker-1") == 400
         # Without group commit every Remember pays its own fdatasync (400).
         assert s.journal_syncs < 400, f"{s.journal_syncs} fdatasyncs for 400 Remembers"
+
+
+def test_a_group_of_observations_is_chained_and_signed_in_order(
+        tmp_path: pathlib.Path) -> None:
+    store, signer = signing_keys(tmp_path, ["alice", "bob"])
+    with Shard(tmp_path / "alice", agent="alice") as alice, \
+            Shard(tmp_path / "bob", agent="bob") as bob:
+        alice.use_signatures(sign=signer["alice"], verify=RecordVerifier(store))
+        bob.use_signatures(sign=None, verify=RecordVerifier(store))
+        first = alice.remember("urn:porter:file:g", "alone")
+        group = alice.write_observations(
+            [Observation("urn:porter:file:g", f"g{i}", "alice", T0) for i in range(50)])
+        assert [r.seq for r in group] == list(range(2, 52))
+        # Each record chains to the one before it, the first to what was held before.
+        assert group[0].prev == record_link(first)
+        assert all(b.prev == record_link(a) for a, b in itertools.pairwise(group))
+        # Nothing of the group is served before a sync covers it.
+        assert alice.answer_pull(PullRequest("alice", 2, 51)).records == ()
+        alice.flush()
+        report = bob.merge([first, *group])
+        assert (report.accepted, report.refused) == (51, ())
+        with pytest.raises(KnowledgeError, match="writes observations by alice only"):
+            alice.write_observations([Observation("urn:porter:file:g", "x", "bob", T0)])
+        assert alice.write_observations([]) == []
 
 
 def test_a_record_not_yet_synced_is_served_to_nobody(tmp_path: pathlib.Path) -> None:

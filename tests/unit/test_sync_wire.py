@@ -589,3 +589,34 @@ def test_a_peer_given_up_on_is_not_caught_up_from_again_until_it_joins_again(
     wire.leave("victim", "evil")
     wire.join("victim", "evil")
     assert victim.session.catchup_peer == "evil"  # joining again gives its attempts back
+
+
+def test_a_group_of_own_records_is_broadcast_in_as_few_messages_as_the_limits_allow() -> None:
+    from porter_mesh.core.constants import MAX_MESSAGE_BYTES
+    from porter_mesh.core.knowledge import MAX_FINDING_CHARS, ReplicaState, decode_sync
+    from porter_mesh.core.session.sync import Broadcast
+
+    session = SyncSession(ReplicaState(), anti_entropy_interval=1, request_timeout=1,
+                          catchup_timeout=1, now=0.0)
+    small = [Record("a", s, Observation("urn:porter:file:x", f"f{s}", "a", T0))
+             for s in range(1, 101)]
+    one = session.local_records(small)
+    assert len(one) == 1 and isinstance(one[0], Broadcast)
+    assert isinstance(one[0].message, Records) and one[0].message.records == tuple(small)
+    assert session.local_records([]) == []
+    # Findings of the largest size, in characters of four UTF-8 bytes each: no message
+    # may exceed the limit, and the records keep their order across messages.
+    big = [Record("a", s, Observation("urn:porter:file:x", "\U0001F600" * MAX_FINDING_CHARS,
+                                      "a", T0))
+           for s in range(1, 81)]
+    actions = session.local_records(big)
+    assert len(actions) > 1
+    carried: list[Record] = []
+    for action in actions:
+        assert isinstance(action, Broadcast) and isinstance(action.message, Records)
+        data = encode_sync(action.message)
+        assert len(data) <= MAX_MESSAGE_BYTES
+        decoded = decode_sync(data)
+        assert isinstance(decoded, Records)
+        carried.extend(decoded.records)
+    assert [r.seq for r in carried] == list(range(1, 81))

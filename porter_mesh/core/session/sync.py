@@ -74,17 +74,20 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from porter_mesh.core.advert import key_name
+from porter_mesh.core.constants import MAX_MESSAGE_BYTES
 from porter_mesh.core.knowledge import (
     MAX_CATCHUP_RECORDS,
+    MAX_RECORDS_PER_MESSAGE,
     BucketEntries,
     CatchupChunk,
     CatchupRequest,
     Digest,
+    Observation,
     PullReply,
     PullRequest,
     Record,
@@ -96,9 +99,9 @@ from porter_mesh.core.knowledge import (
 from porter_mesh.errors import SyncError
 
 __all__ = [
-    "CATCHUP_AFTER_PULLS", "CATCHUP_ATTEMPTS", "CATCHUP_CHUNK", "NO_SYNC_BACKOFF", "Abandoned",
-    "Answer", "Broadcast", "CaughtUp", "Count", "Merge", "Progress", "PullAnswered",
-    "Refuse", "Send", "SyncAction", "SyncSession", "reply_refusal",
+    "BROADCAST_BUDGET", "CATCHUP_AFTER_PULLS", "CATCHUP_ATTEMPTS", "CATCHUP_CHUNK",
+    "NO_SYNC_BACKOFF", "Abandoned", "Answer", "Broadcast", "CaughtUp", "Count", "Merge",
+    "Progress", "PullAnswered", "Refuse", "Send", "SyncAction", "SyncSession", "reply_refusal",
 ]
 
 #: A bucket listing that asks for more pull requests than this starts a catch-up instead.
@@ -112,6 +115,9 @@ CATCHUP_ATTEMPTS: Final = 3
 CATCHUP_CHUNK: Final = 4096
 #: Seconds a peer that answered "no replica here" is left out of catch-ups and digests.
 NO_SYNC_BACKOFF: Final = 5.0
+#: Bytes of records one broadcast of this node's own records carries at most, by the
+#: upper bound :func:`_broadcast_cost` puts on each (room is left for the envelope).
+BROADCAST_BUDGET: Final = MAX_MESSAGE_BYTES - 64 * 1024
 
 _CATCHUP_KEY: Final = ("catchup",)
 _DIGEST_KEY: Final = ("digest",)
@@ -403,7 +409,36 @@ class SyncSession:
 
     def local_record(self, record: Record) -> list[SyncAction]:
         """This node stored a record of its own (durably): broadcast it."""
-        return [Broadcast(Records((record,)))]
+        return self.local_records((record,))
+
+    def local_records(self, records: Sequence[Record]) -> list[SyncAction]:
+        """This node stored records of its own (durably, in this order): broadcast them.
+
+        Records made durable by one journal sync (a group commit) travel in as few
+        ``Records`` messages as the size limits allow, so the peers decode, check and
+        merge them as one batch: a burst of concurrent Remembers costs one broadcast per
+        group instead of one per record.
+
+        Args:
+            records: this node's records, in the order they were written.
+
+        Returns:
+            One :class:`Broadcast` per message, in order (none for no records).
+        """
+        actions: list[SyncAction] = []
+        batch: list[Record] = []
+        size = 0
+        for record in records:
+            cost = _broadcast_cost(record)
+            if batch and (size + cost > BROADCAST_BUDGET
+                          or len(batch) == MAX_RECORDS_PER_MESSAGE):
+                actions.append(Broadcast(Records(tuple(batch))))
+                batch, size = [], 0
+            batch.append(record)
+            size += cost
+        if batch:
+            actions.append(Broadcast(Records(tuple(batch))))
+        return actions
 
     def probe(self, peer: str, origin: str, seq: int, *, now: float) -> list[SyncAction]:
         """Ask ``peer`` for record ``(origin, seq)`` (a one-record pull whose
@@ -691,3 +726,20 @@ class SyncSession:
         else:
             self._catchup_queue.appendleft(peer)
         return actions + self._next_catchup(now)
+
+
+def _broadcast_cost(record: Record) -> int:
+    """An upper bound on the bytes ``record`` takes in a ``Records`` message.
+
+    Its encoding when known; otherwise four bytes per character of its text (UTF-8's
+    most) plus room for the fixed fields (ids, timestamps, signature and link).
+    """
+    if record.wire is not None:
+        return len(record.wire) + 16
+    body = record.body
+    if isinstance(body, Observation):
+        chars = (len(body.about) + len(body.finding) + len(body.discovered_by)
+                 + len(body.context or "") + len(body.severity or ""))
+    else:
+        chars = len(body.retracted_by)
+    return 4 * chars + 512
