@@ -87,17 +87,19 @@ class Endpoints:
         subs: the channels and the subscriptions read off the PUB.
         revalidate: called when the trusted directory changed (the peers are checked
             against it again).
+        closed: whether the node has closed (nothing is bound again then).
     """
 
     def __init__(self, config: NodeConfig, counters: collections.Counter[str], *,
                  sockets: Sockets, net: Links, subs: Subscriptions,
-                 revalidate: Callable[[], None]) -> None:
+                 revalidate: Callable[[], None], closed: Callable[[], bool]) -> None:
         self._config = config
         self._counters = counters
         self._sockets = sockets
         self._net = net
         self._subs = subs
         self._revalidate = revalidate
+        self._closed = closed
         self.pub: zmq.Socket[bytes] | None = None
         self.router: zmq.Socket[bytes] | None = None
         #: The SUB shared by every link of an unsecured node (None when secured).
@@ -220,7 +222,7 @@ class Endpoints:
         anti-entropy, as for any loss), while the revoked key is refused.
         """
         old = self.pub
-        if old is None:
+        if old is None or self._closed():
             return
         self._sockets.unwatch(old)
         self._net.end_handshake_watch(old)

@@ -109,6 +109,10 @@ FIRST_WRITE_WAIT: Final = 10.0
 #: Turns of the event loop a group commit waits, after answering its Remembers, for
 #: their callers to come back with the next ones (see Knowledge._run_syncs).
 REFILL_TURNS: Final = 8
+#: Remembers written, signed and indexed by one group commit at most: the group's work
+#: runs on the loop thread, so a burst larger than this goes in several groups and the
+#: loop (heartbeats, reads) runs between them.
+MAX_GROUP: Final = 256
 #: Seconds a synchronous Remember may take (a write and one shared fdatasync).
 REMEMBER_TIMEOUT: Final = 60.0
 
@@ -128,6 +132,12 @@ def _remembered(activity: Activity) -> tuple[str, str, str | None]:
         raise KnowledgeError("the Remember's object needs both 'about' and 'content'")
     severity = obj.extra.get("severity")
     return about, finding, severity if isinstance(severity, str) else None
+
+
+def _sync_cancelled() -> KnowledgeError:
+    return KnowledgeError("the journal's sync was cancelled (the replica is closing), so "
+                          "this Remember is not known to be durable; remember it again "
+                          "once the node runs")
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
@@ -233,7 +243,8 @@ class Knowledge:
         self._merge_inbound()
         while self._syncing is not None:  # what was merged is durable before the shard closes
             with contextlib.suppress(BaseException):
-                await self._syncing
+                # Shielded: a close that is given up on must not cancel a sync others wait on.
+                await asyncio.shield(self._syncing)
         self.node.view_sections.pop("knowledge", None)
         self._closed = True
         for _, fut in self._waiters:
@@ -285,7 +296,8 @@ class Knowledge:
             The stored record.
 
         Raises:
-            KnowledgeError: the activity is not such a Remember.
+            KnowledgeError: the activity is not such a Remember; or the replica closed
+                before its sync ended (it is not known to be durable).
             StorageError: the shard could not write or sync it; nothing was broadcast.
         """
         about, finding, severity = _remembered(activity)
@@ -297,6 +309,10 @@ class Knowledge:
         # Checked now: a bad field fails this Remember alone, never its group.
         obs = Observation(about, finding, agent, format_timestamp(time.time()),
                           activity.context, severity)
+        while len(self._next_writes) >= MAX_GROUP:
+            # The next group is full: wait for it to be synced, then join the one after.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._sync_journal())
         place = len(self._next_writes)
         self._next_writes.append(obs)
         # Shielded: a caller that gives up must not cancel the sync others share.
@@ -654,8 +670,8 @@ class Knowledge:
         waiting = self._next_sync
         if waiting is None:
             waiting = self._next_sync = asyncio.get_running_loop().create_future()
-            if self._syncing is None:
-                self._syncing = asyncio.ensure_future(self._run_syncs())
+        if self._syncing is None:
+            self._syncing = asyncio.ensure_future(self._run_syncs())
         return waiting
 
     async def _run_syncs(self) -> None:
@@ -680,11 +696,26 @@ class Knowledge:
                     await asyncio.sleep(0)
         finally:
             self._syncing = None
+            waiting = self._next_sync
+            if waiting is not None and not waiting.done():
+                # Cancelled (the loop is closing): the Remembers queued for the next
+                # group were never written; their callers are told so, never left waiting.
+                self._next_sync, self._next_writes = None, []
+                waiting.set_exception(_sync_cancelled())
 
     async def _run_sync(self, done: asyncio.Future[list[Record]],
                         writes: list[Observation]) -> None:
         """Write ``writes``, sync the journal, broadcast what it made durable, settle
-        ``done``: whatever happens, ``done`` is settled (its callers never hang)."""
+        ``done``: whatever happens, cancellation included, ``done`` is settled (its
+        callers never hang)."""
+        try:
+            await self._write_and_sync(done, writes)
+        finally:
+            if not done.done():  # cancelled before the sync ended: not known durable
+                done.set_exception(_sync_cancelled())
+
+    async def _write_and_sync(self, done: asyncio.Future[list[Record]],
+                              writes: list[Observation]) -> None:
         records: list[Record] = []
         error: BaseException | None = None
         try:

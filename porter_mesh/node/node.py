@@ -176,7 +176,8 @@ class Node(NodeAPI):
         # This node's PUB, ROUTER and shared SUB, and the keys that guard them.
         self._ends = Endpoints(config, self.counters, sockets=self._sockets, net=self._net,
                                subs=self._subs,
-                               revalidate=lambda: self._peering.revalidate())
+                               revalidate=lambda: self._peering.revalidate(),
+                               closed=lambda: self._closed)
         # Every action of the rules carried out onto the sockets, in order.
         self._out = Outgoing(
             self.name, self.incarnation, max_pending=config.max_pending,
