@@ -43,7 +43,7 @@ Pure: no sockets, no event loop, no clock; ``now`` is monotonic seconds.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterator, Mapping
+from collections.abc import Callable, Container, Iterator
 from typing import Final, Generic, NamedTuple, TypeVar, cast
 
 from porter_mesh.core.as2 import Activity
@@ -156,16 +156,14 @@ class Sender(Generic[T]):
         self.broadcast_bytes = broadcast_bytes
         self.outbox: Outbox[Run[T]] = Outbox(retry_initial=retry_initial,
                                               retry_max=retry_max, max_pending=max_pending)
-        self._direct: dict[str, list[_Queued[T]]] = {}
+        #: Direct activities waiting for a flush, by recipient; broadcasts, by channel.
+        #: The queues themselves, public so that the driver can ask whether any wait
+        #: (after every read and flush) without a call: read them, never change them.
+        self.direct_queued: dict[str, list[_Queued[T]]] = {}
+        self.broadcasts_queued: dict[str, list[Activity]] = {}
         # Recipients whose queue holds an activity that travels alone (keyed or traced).
         self._alone: set[str] = set()
-        self._broadcasts: dict[str, list[Activity]] = {}
         self._bseq: dict[str, int] = {}
-        #: Direct activities waiting for a flush, by recipient; broadcasts, by channel.
-        #: Read them as "whether any wait": the driver asks after every read and flush,
-        #: and a plain attribute's truth costs no call, where a property's would.
-        self.direct_queued: Mapping[str, object] = self._direct
-        self.broadcasts_queued: Mapping[str, object] = self._broadcasts
 
     # -- queues ---------------------------------------------------------------------
 
@@ -182,9 +180,9 @@ class Sender(Generic[T]):
                 ``k:`` and the key, so that the receiver recognises a retry.
             trace: W3C trace context; a traced activity travels alone with it.
         """
-        queue = self._direct.get(recipient)
+        queue = self.direct_queued.get(recipient)
         if queue is None:
-            queue = self._direct[recipient] = []
+            queue = self.direct_queued[recipient] = []
         queue.append((activity, token, deadline, key, trace))
         if key is not None or trace is not None:
             self._alone.add(recipient)
@@ -195,7 +193,7 @@ class Sender(Generic[T]):
         Returns:
             Whether any waited (else nothing was queued: see :meth:`publish`).
         """
-        queue = self._broadcasts.get(channel)
+        queue = self.broadcasts_queued.get(channel)
         if queue is None:
             return False
         queue.append(activity)
@@ -203,9 +201,9 @@ class Sender(Generic[T]):
 
     def publish(self, channel: str, activity: Activity) -> None:
         """Queue one broadcast for the next :meth:`flush` (the driver asks for one)."""
-        queue = self._broadcasts.get(channel)
+        queue = self.broadcasts_queued.get(channel)
         if queue is None:
-            self._broadcasts[channel] = [activity]
+            self.broadcasts_queued[channel] = [activity]
         else:
             queue.append(activity)
 
@@ -221,16 +219,12 @@ class Sender(Generic[T]):
             The frames to send, failures (``overflow``) and counts, in order.
         """
         actions: list[SendAction[T]] = []
-        if self._broadcasts:
-            pending = self._broadcasts
-            self._broadcasts = {}
-            self.broadcasts_queued = self._broadcasts
+        if self.broadcasts_queued:
+            pending, self.broadcasts_queued = self.broadcasts_queued, {}
             for channel, activities in pending.items():
                 actions += self._broadcast(channel, activities, None)
-        if self._direct:
-            pending_d = self._direct
-            self._direct = {}
-            self.direct_queued = self._direct
+        if self.direct_queued:
+            pending_d, self.direct_queued = self.direct_queued, {}
             alone, self._alone = self._alone, set()
             for recipient, items in pending_d.items():
                 if recipient in alone:
@@ -245,7 +239,7 @@ class Sender(Generic[T]):
         """A traced broadcast, in its own message, after what is queued before it on
         ``channel`` (so that the channel's order holds)."""
         actions: list[SendAction[T]] = []
-        queued = self._broadcasts.pop(channel, None)
+        queued = self.broadcasts_queued.pop(channel, None)
         if queued:
             actions += self._broadcast(channel, queued, None)
         actions += self._broadcast(channel, [activity], trace)
@@ -431,9 +425,9 @@ class Sender(Generic[T]):
         still queued."""
         actions: list[SendAction[T]] = [self._fail(entry, "closed")
                                         for entry in self.outbox.fail_all()]
-        for recipient, items in self._direct.items():
+        for recipient, items in self.direct_queued.items():
             actions += [Fail((item[1],), recipient, "closed") for item in items]
-        self._direct.clear()
+        self.direct_queued.clear()
         self._alone.clear()
-        self._broadcasts.clear()
+        self.broadcasts_queued.clear()
         return actions
