@@ -92,6 +92,7 @@ from porter_mesh.core.session.roster import Roster, RosterAction
 from porter_mesh.core.session.sending import SendAction, Sender
 from porter_mesh.errors import PorterError, ProtocolError
 from porter_mesh.node.config import NodeConfig
+from porter_mesh.node.endpoints import Endpoints
 from porter_mesh.node.inbox import Accepted, Inbox, wall_ms
 from porter_mesh.node.links import PeerLink, Sockets, Target
 from porter_mesh.node.peering import Peering
@@ -176,7 +177,8 @@ class Arrivals(Generic[_Token]):
         send_frames: sends frames on a socket, counting backpressure; False if refused.
         send_control: sends a control message on a socket: ``send_control(sock, kind,
             payload, ident=...)``.
-        pub: this node's PUB socket now (the observer copies go there).
+        ends: this node's own sockets (its SUB, ROUTER and PUB, the observer copies
+            going to the PUB).
         drop: counts and logs (once) a dropped message.
         refuse: counts and audits something a secured node must not accept.
         app_control: told every other control message addressed to this node:
@@ -194,7 +196,7 @@ class Arrivals(Generic[_Token]):
                  envelope: Callable[..., Envelope],
                  send_frames: Callable[[zmq.Socket[bytes], list[bytes]], bool],
                  send_control: Callable[..., None],
-                 pub: Callable[[], zmq.Socket[bytes] | None],
+                 ends: Endpoints,
                  drop: Callable[..., None], refuse: Callable[..., None],
                  app_control: Callable[[str, str, dict[str, Any]], None],
                  incarnation: int) -> None:
@@ -215,13 +217,11 @@ class Arrivals(Generic[_Token]):
         self._envelope = envelope
         self._send_frames = send_frames
         self._send_control = send_control
-        self._pub = pub
+        self._ends = ends
         self._drop = drop
         self._refuse = refuse
         self._app_control = app_control
-        #: The shared SUB (unsecured), the ROUTER and the keys: set when the node starts.
-        self.sub: zmq.Socket[bytes] | None = None
-        self.router: zmq.Socket[bytes] | None = None
+        #: The keys: set when a secured node starts.
         self.security: MeshSecurity | None = None
         #: Registered kinds and the handlers of ``unsupported`` answers, by kind.
         self.kind_handlers: dict[str, KindHandler] = {KIND_UNSUPPORTED: self._on_unsupported}
@@ -237,7 +237,7 @@ class Arrivals(Generic[_Token]):
                   peer: str | None = None) -> None:
         """Read the shared SUB, or (secured) the SUB of ``peer``."""
         if sock is None:
-            sock = self.sub
+            sock = self._ends.sub
         if sock is not None:
             # partial, not a lambda: no Python frame of its own per message
             more = self._sockets.read(sock, recv_frames,
@@ -253,7 +253,7 @@ class Arrivals(Generic[_Token]):
                                                 probe))
 
     def read_router(self) -> None:
-        sock = self.router
+        sock = self._ends.router
         if sock is None:
             return
         accepted: list[Accepted] = []
@@ -341,7 +341,7 @@ class Arrivals(Generic[_Token]):
         :meth:`Inbox.accept`), then copy them to observers."""
         if not self._inbox.accept(accepted):
             return
-        pub = self._pub()
+        pub = self._ends.pub
         watched = self._subs.direct_watched
         if pub is None or not watched:
             return
@@ -436,7 +436,7 @@ class Arrivals(Generic[_Token]):
     def flush_acks(self) -> None:
         """Send the acknowledgements still owed at the end of a flush (no direct message
         carried them), one message per sender."""
-        router = self.router
+        router = self._ends.router
         pending = self._acks.alone()
         if router is None:
             return
@@ -491,9 +491,10 @@ class Arrivals(Generic[_Token]):
 
     def _reply_to(self, env: Envelope, *, ident: bytes | None = None) -> Reply:
         def reply(kind: str, payload: bytes) -> None:
-            if ident is not None and self.router is not None:
+            router = self._ends.router
+            if ident is not None and router is not None:
                 out = self._envelope(C.CHANNEL_CONTROL, 0, 1, kind=kind, recipient=env.sender)
-                self._send_frames(self.router, [ident, *encode_direct(out, payload)])
+                self._send_frames(router, [ident, *encode_direct(out, payload)])
             elif env.sender in self._links:
                 self.send_kind(env.sender, kind, payload)
 
@@ -551,8 +552,9 @@ class Arrivals(Generic[_Token]):
             hello = self._decode_body(env, decode_hello, payload)
             if isinstance(hello, Introduction):
                 self._peering.introduced(env, hello, None)
-            if self.router is not None:
-                self._send_control(self.router, KIND_WELCOME,
+            router = self._ends.router
+            if router is not None:
+                self._send_control(router, KIND_WELCOME,
                                    encode_welcome(self._peering.introduction()), ident=ident)
         elif kind == KIND_BYE:
             if self._decode_body(env, decode_bye, payload) is not None:

@@ -183,7 +183,7 @@ class Node(NodeAPI):
             self.name, self.incarnation, max_pending=config.max_pending,
             counters=self.counters, clock=self._clock, sending=self._sending,
             receiving=self._receiving, peers=self._peers, sockets=self._sockets,
-            links=self._links, acks=self._acks, pub=lambda: self._ends.pub,
+            links=self._links, acks=self._acks, ends=self._ends,
             peering=lambda: self._peering, drop=self._drop, refuse=self._refuse)
         self._carry_out = self._out.carry_out
         # What the application is owed: handlers, the inbox, declined messages, the
@@ -199,7 +199,8 @@ class Node(NodeAPI):
         # Reaching peers: adverts, hellos, re-contact, refusals, revoked keys.
         self._peering = Peering(
             config, self.counters, roster=self._roster, sending=self._sending,
-            net=self._net, carry_out=self._carry_out, send_control=self._out.send_control,
+            net=self._net, ends=self._ends, carry_out=self._carry_out,
+            send_control=self._out.send_control,
             advert=self.advert, topics=self._subs.topics, drop=self._drop, refuse=self._refuse,
             closed=lambda: self._closed)
         # Reading the mesh: every arrival checked and handed to the rule it is for.
@@ -209,7 +210,7 @@ class Node(NodeAPI):
             receiving=self._receiving, sending=self._sending, inbox=self._inbox,
             peering=self._peering, subs=self._subs, carry_out=self._carry_out,
             envelope=self._out.envelope, send_frames=self._out.send_frames,
-            send_control=self._out.send_control, pub=lambda: self._ends.pub,
+            send_control=self._out.send_control, ends=self._ends,
             drop=self._drop, refuse=self._refuse, app_control=self._on_app_control,
             incarnation=self.incarnation)
         self._arrivals.kind_handlers[KIND_STATS] = self._on_stats_request
@@ -267,15 +268,13 @@ class Node(NodeAPI):
         if security is not None:
             self._inbox.bind_actors = True
             self._peering.security = self._arrivals.security = security
-        self._peering.shared_sub = self._arrivals.sub = self._ends.sub
-        self._arrivals.router = self._ends.router
         for channel in (C.CHANNEL_CONTROL, *cfg.channels):
             self.subscribe(channel)
         if cfg.data_dir is not None:
             try:
                 self._inbox.open_journal(cfg.data_dir / "inbox.journal")
             except StorageError:
-                self._close_sockets()
+                self._ends.close()
                 self._release_data_dir()
                 raise
         self._ends.watch(self._arrivals.read_sub, self._arrivals.read_router)
@@ -332,15 +331,11 @@ class Node(NodeAPI):
             with contextlib.suppress(Exception):
                 await self._discovery.aclose()
         self._carry_out(self._sending.close())
-        self._close_sockets()
+        self._ends.close()
         self._inbox.close()
         self._release_data_dir()
         if self._halt_event is not None:
             self._halt_event.set()
-
-    def _close_sockets(self) -> None:
-        self._ends.close()
-        self._peering.shared_sub = self._arrivals.sub = self._arrivals.router = None
 
     def _release_data_dir(self) -> None:
         if self._dir_lock is not None:

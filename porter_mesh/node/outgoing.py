@@ -57,6 +57,7 @@ from porter_mesh.core.session.roster import (
 from porter_mesh.core.session.sending import SendAction, Sender
 from porter_mesh.core.tracecontext import TraceContext
 from porter_mesh.node.completions import Completion, fail_all, send_error, settle
+from porter_mesh.node.endpoints import Endpoints
 from porter_mesh.node.inbox import wall_ms
 from porter_mesh.node.links import PeerLink, Sockets
 from porter_mesh.node.peering import Peering
@@ -78,7 +79,8 @@ class Outgoing:
         sockets: the node's sockets (after a send, the read loop looks again).
         links: the links to peers, by name.
         acks: the acknowledgements owed until the next flush.
-        pub: this node's PUB socket now (None before start and after close).
+        ends: this node's own sockets (broadcasts leave by its PUB, None before start
+            and after close).
         peering: how the node reaches peers (links opened and closed, refusals).
         drop: counts and logs (once) a dropped message.
         refuse: counts and audits something a secured node must not accept.
@@ -88,7 +90,7 @@ class Outgoing:
                  counters: collections.Counter[str], clock: HybridClock,
                  sending: Sender[Completion], receiving: Receiving, peers: PeerTable,
                  sockets: Sockets, links: dict[str, PeerLink], acks: PendingAcks,
-                 pub: Callable[[], zmq.Socket[bytes] | None],
+                 ends: Endpoints,
                  peering: Callable[[], Peering[Completion]],
                  drop: Callable[..., None], refuse: Callable[..., None]) -> None:
         self._name = name
@@ -102,7 +104,7 @@ class Outgoing:
         self._sockets = sockets
         self._links = links
         self._acks = acks
-        self._pub = pub
+        self._ends = ends
         self._peering = peering
         self._drop = drop
         self._refuse = refuse
@@ -142,7 +144,7 @@ class Outgoing:
                             for seq in carried[1]:  # they go alone, with the flush
                                 self._acks.add(carried[0], seq)
                 elif isinstance(frame, BroadcastFrame):
-                    pub = self._pub()
+                    pub = self._ends.pub
                     if pub is None:
                         continue
                     env = self.envelope(frame.channel, frame.seq, frame.count,
@@ -215,6 +217,6 @@ class Outgoing:
 
     def publish_control(self, kind: str, payload: bytes) -> None:
         """Broadcast one control message on ``control``, next in its sequence."""
-        if self._pub() is None:
+        if self._ends.pub is None:
             return
         self.carry_out([self._sending.broadcast(C.CHANNEL_CONTROL, payload, kind=kind)])

@@ -57,6 +57,7 @@ from porter_mesh.core.session.roster import Roster, RosterAction
 from porter_mesh.core.session.sending import SendAction, Sender
 from porter_mesh.errors import PeerRefusedError
 from porter_mesh.node.config import NodeConfig, split_seed
+from porter_mesh.node.endpoints import Endpoints
 from porter_mesh.node.links import Links, Target
 
 __all__ = ["Peering"]
@@ -85,6 +86,8 @@ class Peering(Generic[_Token]):
         roster: the roster's rules.
         sending: the sending rules (told when a peer refused us).
         net: the node's links, probes and handshake watches.
+        ends: this node's own sockets (a new link of an unsecured node subscribes
+            through its shared SUB).
         carry_out: carries out the actions the roster returns.
         send_control: sends a control message on a DEALER: ``send_control(sock, kind,
             payload)``.
@@ -97,6 +100,7 @@ class Peering(Generic[_Token]):
 
     def __init__(self, config: NodeConfig, counters: collections.Counter[str], *,
                  roster: Roster[_Token], sending: Sender[_Token], net: Links,
+                 ends: Endpoints,
                  carry_out: Callable[[Iterable[RosterAction | SendAction[_Token]]], None],
                  send_control: Callable[[zmq.Socket[bytes], str, bytes], None],
                  advert: Callable[[], PeerAdvert], topics: Callable[[], list[bytes]],
@@ -108,6 +112,7 @@ class Peering(Generic[_Token]):
         self._roster = roster
         self._sending = sending
         self._net = net
+        self._ends = ends
         self._links = net.links
         self._carry_out = carry_out
         self._send_control = send_control
@@ -118,8 +123,6 @@ class Peering(Generic[_Token]):
         self._closed = closed
         #: The node's keys and trusted directory (set when a secured node starts).
         self.security: MeshSecurity | None = None
-        #: The shared SUB of an unsecured node (a secured one has one per link).
-        self.shared_sub: zmq.Socket[bytes] | None = None
         self.listeners: list[Callable[[PeerEvent], None]] = []
         # Re-contact: the schedule, the agent behind each seed (from its name or its
         # first welcome), when each lost peer was lost.
@@ -178,13 +181,13 @@ class Peering(Generic[_Token]):
     def connect(self, advert: PeerAdvert) -> None:
         """Open a link to ``advert``'s peer and say hello."""
         self._refusals.pop(advert.name, None)  # a new connection: ask again
-        link = self._net.open(advert, shared_sub=self.shared_sub, topics=self._topics())
+        link = self._net.open(advert, shared_sub=self._ends.sub, topics=self._topics())
         self.send_hello(link.dealer)
 
     def disconnect(self, name: str) -> None:
         """Close the link to ``name``."""
         self._roster.unlinked(name)
-        self._net.close(name, shared_sub=self.shared_sub)
+        self._net.close(name, shared_sub=self._ends.sub)
 
     def revalidate(self) -> None:
         """The trusted keys changed: cut off peers whose key is no longer trusted."""
