@@ -15,6 +15,7 @@ import pytest
 
 from porter_mesh.adapters.shard import Shard
 from porter_mesh.core import constants as C
+from porter_mesh.core.as2 import Activity
 from porter_mesh.core.control import KIND_HELLO
 from porter_mesh.core.envelope import KIND_SYNC
 from porter_mesh.errors import ConfigError
@@ -49,6 +50,12 @@ async def replica_pair(tmp_path: Path, writer_kg: Path | None = None
                 yield first, closed, writer
         finally:
             await writer.aclose()
+
+
+def remember_activity(finding: str, about: str = "urn:porter:file:a") -> Activity:
+    """A ``Remember`` by the writer of :func:`replica_pair` (``second``)."""
+    return Activity.from_dict({"type": "Remember", "actor": "second", "summary": "a finding",
+                               "object": {"type": "Note", "about": about, "content": finding}})
 
 
 async def _broadcasts(tmp_path: Path) -> None:

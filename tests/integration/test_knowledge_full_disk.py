@@ -201,13 +201,8 @@ def test_a_group_of_remembers_on_a_full_disk_fails_whole_and_the_next_one_is_kep
         tiny_fs: pathlib.Path, tmp_path: pathlib.Path) -> None:
     import asyncio
 
-    from porter_mesh.core.as2 import Activity
+    from tests.integration.test_knowledge_closed import remember_activity as remember
     from tests.integration.test_knowledge_closed import replica_pair
-
-    def remember(finding: str) -> Activity:
-        return Activity.from_dict({"type": "Remember", "actor": "second", "summary": "a finding",
-                                   "object": {"type": "Note", "about": "urn:porter:file:a",
-                                              "content": finding}})
 
     async def run() -> None:
         async with replica_pair(tmp_path, tiny_fs / "kg") as (_, theirs, mine):

@@ -11,19 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from porter_mesh.core.as2 import Activity
 from porter_mesh.core.knowledge import Record
 from porter_mesh.errors import KnowledgeError
 from porter_mesh.node.knowledge import MAX_GROUP
+from tests.integration.test_knowledge_closed import remember_activity as remember
 from tests.integration.test_knowledge_closed import replica_pair
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def remember(finding: str) -> Activity:
-    return Activity.from_dict({"type": "Remember", "actor": "second", "summary": "a finding",
-                               "object": {"type": "Note", "about": "urn:porter:file:g",
-                                          "content": finding}})
 
 
 def test_a_burst_larger_than_a_group_goes_in_several_groups_every_one_kept(
