@@ -162,7 +162,7 @@ class Peering(Generic[_Token]):
         peer = event.peer
         note = f" ({event.reason})" if event.reason else ""
         if event.kind is PeerEventKind.JOINED:
-            note = self._reached(peer.name)
+            note = self._reached(peer.advert)
         elif event.kind is PeerEventKind.LEFT:
             note += self._lost(peer, event.reason)
         self._counters["peer." + event.kind.value] += 1
@@ -370,9 +370,12 @@ class Peering(Generic[_Token]):
         """The linked peers whose hello or welcome has arrived on their current link."""
         return frozenset(name for name, link in self._links.items() if link.introduced)
 
-    def _reached(self, name: str) -> str:
-        """``name`` joined: stop trying to reach it. Returns a note for the log line."""
+    def _reached(self, advert: PeerAdvert) -> str:
+        """The peer of ``advert`` joined: stop trying to reach it. Returns a note for the
+        log line."""
+        name = advert.name
         self._end_probe((_PEER, name))
+        self._name_seeds(advert)
         for seed, seed_name in self._seed_names.items():
             if seed_name == name:
                 self._end_probe((_SEED, seed))
@@ -380,6 +383,21 @@ class Peering(Generic[_Token]):
         if lost_at is None:
             return ""
         return f" (back after {time.monotonic() - lost_at:.1f}s)"
+
+    def _name_seeds(self, advert: PeerAdvert) -> None:
+        """Name the unnamed seeds at the address ``advert`` gives for its ROUTER.
+
+        A seed is usually named by the welcome that comes back on its probe, but the
+        peer's own hello can make it join first, and that welcome is lost when the probe
+        is replaced before it arrives: without a name, the seed would not be tried
+        again when its agent leaves.
+        """
+        for seed in self._config.seeds:
+            if seed in self._seed_names:
+                continue
+            _, host, port = split_seed(seed)
+            if port == advert.router_port and host.strip("[]") in advert.addresses:
+                self._seed_names[seed] = advert.name
 
     def _lost(self, peer: PeerInfo, reason: str) -> str:
         """``peer`` left for ``reason``: try its seeds again, or its last advert if it
