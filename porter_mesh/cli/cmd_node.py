@@ -73,13 +73,20 @@ def main(args: argparse.Namespace) -> int:
 
         # Before starting: peers found while the node starts are news too.
         node.add_peer_listener(on_peer)
+        if not args.no_knowledge:
+            # Imported before the node joins: on a machine busy starting many processes,
+            # a second of imports once it is on the mesh is a second its heartbeats wait,
+            # and its peers would see it go silent.
+            from porter_mesh.adapters.shard import Shard
+            from porter_mesh.node.knowledge import Knowledge
         try:
             await node.astart()  # takes the data directory's lock first
             if not args.no_knowledge:
-                from porter_mesh.adapters.shard import Shard
-                from porter_mesh.node.knowledge import Knowledge
-
-                knowledge = Knowledge(node, Shard(knowledge_dir(data_dir), agent=node.name))
+                # Opened off the loop: the node is on the mesh now, and a shard's files are
+                # created with fsyncs, or its index rebuilt from the journal at restart,
+                # while the loop must go on beating.
+                shard = await asyncio.to_thread(Shard, knowledge_dir(data_dir), agent=node.name)
+                knowledge = Knowledge(node, shard)
                 knowledge.start()
             kept = "no knowledge shard" if knowledge is None else f"data {data_dir}"
             print(f"node {node.name} up: pub {node.pub_port} router {node.router_port} "

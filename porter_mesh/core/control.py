@@ -56,6 +56,7 @@ version bump.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -420,10 +421,29 @@ def encode_welcome(welcome: Introduction) -> bytes:
     return encode_hello(welcome)
 
 
+@functools.lru_cache(maxsize=4096)
+def _known_advert(txt: tuple[tuple[Any, Any], ...], addresses: tuple[Any, ...]) -> PeerAdvert:
+    return decode_txt(dict(txt), addresses=addresses)
+
+
+def _advert(txt: Any, addresses: Any) -> PeerAdvert:
+    """One advert of an introduction. Every hello and welcome lists the peers its sender
+    knows, so a node of an N-node mesh is told the same N adverts some 2N times as it
+    joins: an entry seen before is the advert decoded then (adverts are immutable), and
+    only a new one is checked again. A malformed entry (not hashable) is decoded, and
+    refused, as it is."""
+    try:
+        key = (tuple(txt.items()), tuple(addresses))
+        hash(key)
+    except (AttributeError, TypeError):
+        return decode_txt(txt, addresses=addresses)
+    return _known_advert(*key)
+
+
 def _introduction(body: dict[str, Any]) -> Introduction:
     try:
-        advert = decode_txt(body["a"], addresses=body["x"])
-        peers = tuple(decode_txt(txt, addresses=addresses)
+        advert = _advert(body["a"], body["x"])
+        peers = tuple(_advert(txt, addresses)
                       for txt, addresses in body.get("p", [])[:MAX_INTRODUCED_PEERS])
     except (ProtocolError, KeyError, TypeError, ValueError) as exc:
         raise _bad("bad-hello", f"bad introduction: {exc}") from None

@@ -38,7 +38,13 @@ armed at the earliest deadline of all that waits on the clock (the next heartbea
 also checks peer silence, the trusted directory and unread messages; the outbox's next
 resend or send deadline; the next re-contact attempt; the next offer of a declined
 message), and moved earlier whenever a read, a flush or a discovery adds an earlier one.
-An idle node wakes once a heartbeat. A wake-up far later than asked means this process
+Heartbeats go out on the wall clock's grid of ``heartbeat_interval``
+(:func:`~porter_mesh.node.timer.next_on_grid`), shared by every node whose clock is set:
+a node's peers beat at about the same moment, so it reads their heartbeats in a few
+wake-ups instead of one per peer, which is most of what an idle mesh costs. Silence is
+judged half an interval after each beat, when this round's heartbeats have had time to
+arrive (judged at the beat itself, a peer's heartbeat of the same moment would not yet
+be read). An idle node wakes twice a heartbeat. A wake-up far later than asked means this process
 was stopped (SIGSTOP, a suspended VM): the peers' silence over that time is forgiven and
 the node says hello to everyone again.
 
@@ -54,6 +60,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable, Iterable
@@ -93,7 +100,7 @@ from porter_mesh.node.links import Links, Sockets
 from porter_mesh.node.outgoing import Outgoing
 from porter_mesh.node.peering import Peering
 from porter_mesh.node.subscriptions import Subscriptions
-from porter_mesh.node.timer import DeadlineTimer
+from porter_mesh.node.timer import DeadlineTimer, next_on_grid
 
 __all__ = ["KindHandler", "Message", "Node", "Reply"]
 
@@ -219,6 +226,7 @@ class Node(NodeAPI):
         # waits on time (see _rearm), and when it is due (monotonic; inf: not armed).
         self._timer: DeadlineTimer | None = None
         self._beat_due = 0.0
+        self._check_due = math.inf  # the silence check, half a beat after each beat
         self._halt_event = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -249,6 +257,10 @@ class Node(NodeAPI):
         if cfg.data_dir is not None:
             # Refused here, before any socket is bound, when another node runs on it.
             self._dir_lock = DirLock(cfg.data_dir, filename=DATA_DIR_LOCK)
+        if cfg.discovery:
+            # zeroconf's import is CPU work: done before the first heartbeat's timer is
+            # armed, or on a busy machine its lateness would look like a pause.
+            from porter_mesh.adapters.discovery import Discovery
         self._started = True
         self._started_at = time.monotonic()
         # The first heartbeat goes at once. Set before anything can arm the timer (a
@@ -282,8 +294,6 @@ class Node(NodeAPI):
         # with mDNS takes a second or more), or its lateness would look like a pause.
         self._wake_by(self._next_deadline())
         if cfg.discovery:
-            from porter_mesh.adapters.discovery import Discovery
-
             self._discovery = Discovery(
                 mesh=cfg.mesh, interfaces=cfg.interfaces,
                 on_found=self._on_discovered, on_lost=self._on_discovery_lost,
@@ -419,7 +429,8 @@ class Node(NodeAPI):
         heartbeat (which also checks peer silence, the trusted directory and unread
         messages), a resend or a send's deadline, a re-contact attempt, the next offer
         of a declined message."""
-        due = min(self._beat_due, self._sending.next_due, self._peering.next_due)
+        due = min(self._beat_due, self._check_due, self._sending.next_due,
+                  self._peering.next_due)
         return min(due, self._inbox.next_due)
 
     def _rearm(self) -> None:
@@ -470,14 +481,17 @@ class Node(NodeAPI):
         self._wake_by(self._next_deadline())
 
     def _tick(self, now: float) -> None:
-        force_beat = now >= self._beat_due
-        if force_beat:
-            self._beat_due = now + self.config.heartbeat_interval
+        interval = self.config.heartbeat_interval
+        beat = now >= self._beat_due
+        if beat:
+            self._beat_due = next_on_grid(now, interval, time.time())
+            self._check_due = min(self._check_due, now + interval / 2)
         self._carry_out(self._sending.timer(now, self._links))
-        if force_beat:
-            if not self.config.observer:
-                self._out.publish_control(KIND_HEARTBEAT, encode_heartbeat(Heartbeat(
-                    self._sending.broadcast_positions(), self.draining)))
+        if beat and not self.config.observer:
+            self._out.publish_control(KIND_HEARTBEAT, encode_heartbeat(Heartbeat(
+                self._sending.broadcast_positions(), self.draining)))
+        if now >= self._check_due:
+            self._check_due = math.inf  # set again by the next beat
             self._ends.check_trust(now)
             self._carry_out(self._roster.tick(now))
             if self.config.unread_warning:

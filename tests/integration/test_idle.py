@@ -3,8 +3,8 @@
 A real ``porter-mesh node`` process alone on a mesh (in a network namespace of its own
 when root, so other processes' mDNS on this machine's loopback cannot wake it), measured
 by :mod:`bench.bench_idle` from ``/proc``: the context switches of its main thread over a
-few seconds. With a 1 s heartbeat it wakes about once a second; a 50 ms poll would make
-that twenty.
+few seconds. With a 1 s heartbeat it wakes about twice a second (the beat, and the
+check of its peers' silence half a beat later); a 50 ms poll would make that twenty.
 """
 
 from __future__ import annotations
@@ -22,5 +22,6 @@ def test_idle_node_wakes_about_once_a_heartbeat() -> None:
     if not isolated:
         print("not root: the node shares the machine's loopback (others' mDNS may wake it)")
     result = measure(4.0, discovery=True, isolated=isolated, settle=1.0)
-    # One heartbeat a second plus the odd mDNS answer; a poll would be 20/s and more.
+    # A beat and a silence check a second, plus the odd mDNS answer; a poll would be
+    # 20/s and more.
     assert result["main_per_s"] <= 3.0, result

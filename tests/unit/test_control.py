@@ -162,6 +162,31 @@ def test_an_introduction_reads_at_most_the_peer_limit() -> None:
     assert len(intro.peers) == K.MAX_INTRODUCED_PEERS
 
 
+def test_an_advert_told_again_is_the_one_decoded_before_and_a_bad_one_is_still_refused() -> None:
+    data = msgpack.packb(node_hello_body(ME, [PEER]))
+    first, again = K.decode_welcome(data), K.decode_welcome(data)
+    assert first == again == K.Introduction(ME, (PEER,))
+    assert again.peers[0] is first.peers[0]  # not checked a second time
+    # The same peer at another address is another advert.
+    moved = K.decode_welcome(msgpack.packb(node_hello_body(
+        ME, [PeerAdvert(**{**_fields(PEER), "addresses": ("127.0.0.9",)})])))
+    assert moved.peers[0].addresses == ("127.0.0.9",)
+    # Entries that cannot be keys are decoded as they are, and refused as before: a
+    # value that is a list, a TXT that is a list, a bad port told twice.
+    bad_port = {**encode_txt(PEER), "rp": "0"}
+    for entry in ([{**encode_txt(PEER), "n": ["worker-1"]}, ["127.0.0.2"]],
+                  [list(encode_txt(PEER).items()), ["127.0.0.2"]],
+                  [bad_port, ["127.0.0.2"]], [bad_port, ["127.0.0.2"]]):
+        body = {**node_hello_body(ME, []), "p": [entry]}
+        with pytest.raises(FrameError) as caught:
+            K.decode_welcome(msgpack.packb(body))
+        assert caught.value.reason == "bad-hello"
+
+
+def _fields(advert: PeerAdvert) -> dict[str, Any]:
+    return {name: getattr(advert, name) for name in advert.__dataclass_fields__}
+
+
 # -- the table --------------------------------------------------------------------------
 
 

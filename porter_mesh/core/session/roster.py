@@ -226,7 +226,7 @@ class Roster(Generic[T]):
         return self.apply(self.peers.left(name, incarnation, reason), now)
 
     def tick(self, now: float) -> list[RosterAction | SendAction[T]]:
-        """The peers' silence checked at ``now`` (once a heartbeat)."""
+        """The peers' silence checked at ``now`` (once a heartbeat, half a beat after it)."""
         return self.apply(self.peers.tick(now), now)
 
     def unlinked(self, name: str) -> None:
