@@ -52,7 +52,9 @@ What is measured, and how
   shard opened with ``Index.DISK`` (the RocksDB store the shard used before its index
   moved into memory), so "no slower than before" is a ratio from one run.
 * **Group commit**: ``remember`` from 1 thread and from 16 threads at once (fsync): the
-  rate, and how many ``fdatasync`` calls they made.
+  rate, and how many ``fdatasync`` calls they made (reported: the target on concurrent
+  Remembers is the node's replicated rate, :mod:`bench.bench_knowledge_mesh`; a shard
+  alone with 16 threads on two cores is bound by signing, not by its fsyncs).
 * **One million** (``--million``, once; bounded by ``--million-budget`` seconds, phases
   past the budget are skipped and said so): merge rate, profile p50, catch-up, restart,
   and memory per observation (fresh process; marginal between 100k and 1M).
@@ -780,8 +782,13 @@ def verdicts(results: dict[str, Any]) -> None:
             TARGETS["restart_vs_disk_index"], False)
     group = results.get("group_commit")
     if group is not None:
-        row("remember/s, 16 threads (fsync)", group["16"]["per_s"], "1 thread",
-            group["1"]["per_s"], 5.0, True)
+        # Reported, not graded: the target (replicated Remember per node >= 5x one at a
+        # time) is the node's, measured by bench.bench_knowledge_mesh. In one process on
+        # two cores, 16 threads are bound by signing (CPU), not by the shared fsyncs.
+        ratio = group["16"]["per_s"] / group["1"]["per_s"]
+        rows.append(["remember/s, 16 threads (fsync), shard alone", group["16"]["per_s"],
+                     f"1 thread {group['1']['per_s']:.4g}", f"{ratio:.2f}x",
+                     "(report; node: bench_knowledge_mesh)", ""])
         rows.append([f"  fdatasyncs for {group['16']['remembers']} (16 threads)",
                      group["16"]["fdatasyncs"], f"1 thread {group['1']['fdatasyncs']}", "",
                      "", ""])
