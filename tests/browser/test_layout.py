@@ -88,9 +88,28 @@ def announce(page: Any, mesh: str, text: str) -> Any:
     return row
 
 
+#: The viewport boxes of the card of an agent and of its button with the test id given,
+#: found and read in one evaluation (a locator's evaluate finds the element first, and
+#: the card can be drawn again before the function runs on it).
+_CARD_AND_BUTTON = """([name, id]) => {
+    const card = document.querySelector(`[data-testid="peer-card"][data-name="${name}"]`);
+    const button = card === null ? null : card.querySelector(`[data-testid="${id}"]`);
+    if (button === null) return null;
+    const box = (el) => {
+        const r = el.getBoundingClientRect();
+        return {x: r.x, y: r.y, width: r.width, height: r.height};
+    };
+    return {card: box(card), button: box(button)};
+}"""
+
+
 def _inside(inner: Any, outer: dict[str, float], what: str) -> None:
     box = inner.bounding_box()
     assert box is not None, f"{what} is not shown"
+    _box_inside(box, outer, what)
+
+
+def _box_inside(box: dict[str, float], outer: dict[str, float], what: str) -> None:
     assert box["width"] > 0 and box["height"] > 0, (what, box)
     assert box["x"] >= outer["x"] - 0.5 and box["y"] >= outer["y"] - 0.5, (what, box, outer)
     assert box["x"] + box["width"] <= outer["x"] + outer["width"] + 0.5, (what, box, outer)
@@ -125,12 +144,15 @@ def test_usable_at_1024_by_700(browser: Any, team: tuple[str, Dashboard],
             _inside(page.get_by_test_id("roster").locator(button), roster, button)
         for name in ("worker-1", "reviewer-2"):
             for button in (f"drain-{name}", f"halt-{name}"):
-                # A card is drawn again when the agent's view arrives: wait for the button.
+                # A card is drawn again when the agent's view arrives: wait for the button,
+                # then read the card's box and the button's in one evaluation (separate
+                # reads could fall on either side of a redraw, the card gone in between).
                 shown_button = card(page, name).get_by_test_id(button)
                 expect(shown_button).to_be_visible(timeout=WAIT_MS)
-                box = card(page, name).bounding_box()
-                if shown_button.bounding_box()["y"] < 700:
-                    _inside(shown_button, box, button)
+                boxes = page.evaluate(_CARD_AND_BUTTON, [name, button])
+                assert boxes is not None, f"{button} is not in the card of {name}"
+                if boxes["button"]["y"] < 700:
+                    _box_inside(boxes["button"], boxes["card"], button)
             shown = card(page, name).locator(".name")
             # The whole name is shown, not cut with an ellipsis.
             assert shown.evaluate("n => n.scrollWidth <= n.clientWidth"), name
