@@ -917,11 +917,18 @@ def attach_knowledge(sync_node: Any, data_dir: pathlib.Path, **options: Any) -> 
         KnowledgeError: the shard cannot be opened (in use, damaged).
     """
     node: Node = sync_node.node
+    # Opened on the caller's thread, not the loop's: a new shard's files are created with
+    # fsyncs, and a restart rebuilds its index from the journal, while the node's loop
+    # must go on beating (its peers would see a silent node).
+    shard = Shard(data_dir, agent=node.name)
 
     def make() -> Knowledge:
-        shard = Shard(data_dir, agent=node.name)
-        knowledge = Knowledge(node, shard, **options)
-        knowledge.start()
+        try:
+            knowledge = Knowledge(node, shard, **options)
+            knowledge.start()
+        except BaseException:
+            shard.close()
+            raise
         return knowledge
 
     knowledge: Knowledge = sync_node.call_in_loop(make, 60.0)
