@@ -221,6 +221,41 @@ class Index(enum.Enum):
     #: RocksDB under ``oxigraph/`` (for shards larger than memory; slower to write and
     #: to query).
     DISK = "disk"
+    #: In memory while the shard is small; moved to disk, while the shard serves, once
+    #: it holds more than ``disk_after`` observations, and on disk from then on (the
+    #: default; see :meth:`Shard._move_to_disk`).
+    AUTO = "auto"
+
+
+def _disk_after_default() -> int:
+    """``PORTER_MESH_INDEX_DISK_AFTER`` (observations), else :data:`DISK_AFTER`."""
+    raw = os.environ.get("PORTER_MESH_INDEX_DISK_AFTER", "")
+    if not raw:
+        return DISK_AFTER
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"PORTER_MESH_INDEX_DISK_AFTER={raw!r} is not a whole number of "
+                          "observations; set it to one (or unset it for "
+                          f"{DISK_AFTER})") from None
+    if value < 1:
+        raise ConfigError(f"PORTER_MESH_INDEX_DISK_AFTER={value} must be at least 1")
+    return value
+
+
+#: Observations (held, not retracted) past which an ``Index.AUTO`` shard moves its index
+#: from memory to disk. Up to here the in-memory index costs some 2.2 KB per observation
+#: (about 550 MB at this size) and answers the profile query 4 to 6 times faster; past
+#: it memory would grow without bound, while the on-disk index costs under 100 B per
+#: observation at 1M (docs/knowledge.md, "Memory at 1M").
+DISK_AFTER: Final = 250_000
+#: The on-disk index is compacted (``Store.optimize``) once this many observations were
+#: written to it since the last compaction and writes have paused for
+#: :data:`_COMPACT_QUIET` seconds, or once as many were written as it held before:
+#: RocksDB's files as bulk loads leave them make the profile query 3 to 4 times slower
+#: at 1M.
+COMPACT_AFTER: Final = 50_000
+_COMPACT_QUIET: Final = 1.0
 
 
 #: Observations per store write while the in-memory index is rebuilt at start: bounds
@@ -233,6 +268,13 @@ _COPY_CHUNK: Final = 32768
 #: before it is renamed into place (see :class:`_IndexCopy`).
 _COPY_DIR: Final = "index-copy"
 _COPY_TMP: Final = "index-copy.tmp"
+#: Where the on-disk index lives, and where an index moving to disk is built first.
+_DISK_DIR: Final = "oxigraph"
+_DISK_TMP: Final = "oxigraph.tmp"
+#: Rounds of catching up with the journal, without the shard's lock, that an index
+#: moving to disk makes before it takes over (what is still left then is applied by
+#: the store thread, with reads waiting for it).
+_MOVE_ROUNDS: Final = 3
 #: The copy's mark: ``"<journal offset> <hash of the journal's bytes before it>"``.
 _META_COPY_OF: Final = ox.NamedNode("urn:porter:shard:copy-of-journal")
 #: Journal bytes hashed into the mark: enough to take in the length and CRC-32 of some
@@ -313,6 +355,8 @@ class ShardStats:
         journal_bytes: size of the journal file.
         data_dir: where the shard lives.
         write_failures: journal writes that failed (a full disk...) since it was opened.
+        index: where the index is: ``"memory"`` or ``"disk"``.
+        compactions: compactions of the on-disk index since the shard was opened.
     """
 
     observations: int
@@ -323,6 +367,8 @@ class ShardStats:
     journal_bytes: int
     data_dir: str
     write_failures: int = 0
+    index: str = "memory"
+    compactions: int = 0
 
 
 # --- journal ----------------------------------------------------------------------------
@@ -624,8 +670,7 @@ class _Applier:
                 # Join what else is waiting: Oxigraph's bulk load costs about 25 ms per
                 # call on top of its per-triple cost, so fewer, larger writes keep up
                 # better when batches arrive faster than the store takes them.
-                while (self._queue and not task.rebuild_until
-                       and not self._queue[0].rebuild_until
+                while (self._queue and task.joinable and self._queue[0].joinable
                        and task.weight + self._queue[0].weight <= self._max_join):
                     more = self._queue.popleft()
                     self._pending -= more.weight
@@ -713,6 +758,14 @@ class _StoreTask:
     rebuild_until: int = 0
     #: ... starting at this frame (a copy of the index brought up to date; 0: the first).
     rebuild_from: int = 0
+    #: On disk: apply the journal's frames from this offset up to ``new_mark`` (what the
+    #: index moved to disk still lacks when it starts to answer; see _move_to_disk).
+    catch_up_from: int = 0
+
+    @property
+    def joinable(self) -> bool:
+        """Whether the applier may join it with the batches around it."""
+        return not (self.rebuild_until or self.catch_up_from)
 
     @property
     def weight(self) -> int:
@@ -766,6 +819,98 @@ def _mark_copy(store: ox.Store, end: int, tail: str) -> None:
     for old_end, old_tail, quad in old:
         if (old_end, old_tail) != (end, tail):
             store.remove(quad)
+
+
+class _Compactor:
+    """Compacts the on-disk index after large loads, on a thread of its own.
+
+    Bulk loads leave RocksDB with many overlapping files, which every lookup has to
+    visit: at 1M observations the profile query's p50 is 2.3 to 3.7 ms as merged and
+    0.8 ms once compacted. A compaction runs once :data:`COMPACT_AFTER` observations
+    were written since the last one and writes have paused for :data:`_COMPACT_QUIET`
+    seconds (the end of a catch-up, a bulk merge), or at once when as many were written
+    as the store held before (so a store written without pause is still compacted). The
+    store takes writes and answers queries meanwhile (RocksDB compacts in the
+    background of its own writes; pyoxigraph lets go of the GIL).
+    """
+
+    def __init__(self, store: Callable[[], ox.Store], held: int, label: str) -> None:
+        self._store = store
+        self._label = label
+        self._cond = threading.Condition()
+        self._held = held  # observations in the store at the last compaction
+        self._written = 0  # ... written since
+        self._last_write = 0.0
+        self._running = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        #: Compactions finished.
+        self.compactions = 0
+
+    def wrote(self, n: int) -> None:
+        """Count observations just written to the store (on the store's thread)."""
+        with self._cond:
+            self._written += n
+            self._last_write = time.monotonic()
+            if self._written >= COMPACT_AFTER:
+                if self._thread is None and not self._stopping:
+                    self._thread = threading.Thread(target=self._run, daemon=True,
+                                                    name="porter-shard-compact")
+                    self._thread.start()
+                self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping:
+                    if self._written >= COMPACT_AFTER:
+                        quiet = self._last_write + _COMPACT_QUIET - time.monotonic()
+                        if quiet <= 0 or self._written >= self._held:
+                            break
+                        self._cond.wait(quiet)
+                    else:
+                        self._cond.wait()
+                if self._stopping:
+                    return
+                written, self._written = self._written, 0
+                self._running = True
+            started = time.monotonic()
+            try:
+                self._store().optimize()
+            except (OSError, RuntimeError) as exc:
+                log.warning("shard %s: compacting the index on disk failed (%s); queries "
+                            "stay slower until the next compaction", self._label, str(exc))
+            else:
+                log.info("shard %s: compacted the index on disk after %d observations "
+                         "were written to it (%.1f s)", self._label, written,
+                         time.monotonic() - started)
+            with self._cond:
+                self._running = False
+                self._held += written
+                self.compactions += 1
+                self._cond.notify_all()
+
+    @property
+    def busy(self) -> bool:
+        """A compaction is due or running."""
+        with self._cond:
+            return self._running or self._written >= COMPACT_AFTER
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Wait until no compaction is due or running; whether that happened in time."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self._stopping or not (self._running
+                                               or self._written >= COMPACT_AFTER), timeout)
+
+    def close(self) -> None:
+        """Stop: a compaction under way is finished first (RocksDB cannot cut one short)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
 
 
 class _IndexCopy:
@@ -832,6 +977,9 @@ class Shard:
         durability: when a write counts as stored (see the module docstring).
         create: create the shard if the directory holds none (else raise).
         index: where the Oxigraph store lives (see the module docstring).
+        disk_after: with ``Index.AUTO``, the observations held past which the index
+            moves to disk (default: ``PORTER_MESH_INDEX_DISK_AFTER``, else
+            :data:`DISK_AFTER`).
 
     Raises:
         ConfigError: the agent name is invalid, or the directory belongs to another agent.
@@ -845,10 +993,21 @@ class Shard:
         agent: str | None = None,
         durability: Durability = Durability.FSYNC,
         create: bool = True,
-        index: Index = Index.MEMORY,
+        index: Index = Index.AUTO,
+        disk_after: int | None = None,
     ) -> None:
         self.data_dir = pathlib.Path(data_dir)
-        self.index = index
+        #: Where the index is now: ``Index.MEMORY`` or ``Index.DISK`` (an ``Index.AUTO``
+        #: shard starts with one of them and may move from memory to disk).
+        self.index: Index = Index.MEMORY if index is Index.AUTO else index
+        self.auto_index = index is Index.AUTO
+        self._disk_after = _disk_after_default() if disk_after is None else disk_after
+        #: The index moves to disk once this many observations are held (raised after a
+        #: move that failed, so that it is tried again later rather than at every write).
+        self._move_at = self._disk_after
+        self._mover: threading.Thread | None = None
+        self._mover_lock = threading.Lock()
+        self._compactor: _Compactor | None = None
         if agent is not None:
             check_agent_name(agent)
         self._lock = threading.RLock()
@@ -869,7 +1028,7 @@ class Shard:
             self._journal = journal = _Journal(self.data_dir / "knowledge.journal",
                                                fsync=durability is Durability.FSYNC)
             self._state = ReplicaState()
-            self._store = self._open_store()
+            self._store = ox.Store()  # the index's store, opened once the journal is read
             self._generation = 0
             self._checkpoint_gen: tuple[bool, int] = (False, -1)
             self._checkpoint_dir: pathlib.Path | None = None
@@ -887,8 +1046,13 @@ class Shard:
             try:
                 for _ in self._load_journal(rebuild=False):
                     pass  # the replica state only: the shard can serve the mesh now
+                if self.auto_index:
+                    self.index = self._choose_index()
+                self._store = self._open_store()
                 if self.index is Index.DISK:
                     self._discard_copy("the shard uses the on-disk index")
+                    self._compactor = _Compactor(lambda: self._store, self._held(),
+                                                 str(self.data_dir))
                     self._replay()
                 elif self._journal.end > len(_MAGIC):
                     # The index is rebuilt by the store thread, reading the journal up
@@ -904,6 +1068,8 @@ class Shard:
             except BaseException:
                 self._closing = True
                 self._applier.close()
+                if self._compactor is not None:
+                    self._compactor.close()
                 if self._copy is not None:
                     assert self._copy.applier is not None
                     self._copy.applier.close()
@@ -1001,10 +1167,10 @@ class Shard:
         if self.index is Index.MEMORY:
             return ox.Store()
         try:
-            return ox.Store(str(self.data_dir / "oxigraph"))
+            return ox.Store(str(self.data_dir / _DISK_DIR))
         except OSError as exc:
             raise KnowledgeError(
-                f"cannot open the Oxigraph store in {self.data_dir / 'oxigraph'}: {exc}; "
+                f"cannot open the Oxigraph store in {self.data_dir / _DISK_DIR}: {exc}; "
                 "it is rebuilt from the journal if you move it aside"
             ) from None
 
@@ -1136,6 +1302,7 @@ class Shard:
         from now on, and the copy of it on disk is closed (on the store thread)."""
         copy, self._reading_copy = self._reading_copy, None
         self._loaded.set()
+        self._maybe_move()  # what the journal held, or what was written during the load
         if copy is not None:
             assert copy.applier is not None
             copy.applier.retire()  # what it holds queued is applied; then it lets go
@@ -1210,20 +1377,190 @@ class Shard:
             mark = len(_MAGIC)
         if mark == self._journal.end:
             return
-        adds: dict[bytes, Observation] = {}
-        removes: list[bytes] = []
-        for offset, payload in self._journal.scan():
-            if offset < mark:
-                continue
-            body = record_from_journal(payload).body
-            if isinstance(body, Observation):
-                if not self._state.is_retracted(body.id):
-                    adds[body.id] = body
-            else:
-                removes.append(body.target)
-        log.info("shard %s: replaying %d records past the store's watermark",
-                 self.data_dir, len(adds) + len(removes))
-        self._write_store(_StoreTask(list(adds.values()), removes, self._journal.end, marks))
+        log.info("shard %s: applying the %d bytes of journal past the on-disk index's "
+                 "watermark", self.data_dir, self._journal.end - mark)
+        written = self._apply_journal(self._store, mark, self._journal.end)
+        self._generation += 1
+        if self._compactor is not None:
+            self._compactor.wrote(written)
+
+    def _apply_journal(self, store: ox.Store, start: int, until: int) -> int:
+        """Apply the journal's frames from ``start`` up to ``until`` to an on-disk store,
+        in bulk, then move its watermark to ``until`` (last: a crash midway only means
+        the work is redone). Returns the observations written.
+
+        Raises:
+            KnowledgeError: the store failed (a full disk...).
+        """
+        written = 0
+        try:
+            if start < until:
+                for part in self._load_journal(rebuild=True, load_state=False, start=start,
+                                               until=until, chunk=_COPY_CHUNK):
+                    if self._closing:
+                        raise KnowledgeError("the shard is closing")
+                    _write_rdf(store, part)
+                    written += part.weight
+            old = list(store.quads_for_pattern(_META_SUBJECT, _META_WATERMARK, None,
+                                               _META_GRAPH))
+            mark = _watermark_quad(until)
+            store.add(mark)
+            for quad in old:
+                if quad != mark:
+                    store.remove(quad)
+        except (OSError, RuntimeError, SyntaxError) as exc:
+            raise KnowledgeError(f"the Oxigraph store failed ({exc})") from None
+        return written
+
+    def _held(self) -> int:
+        """Observations held and not retracted (from the replica state: no query)."""
+        return self._state.observation_records - self._state.retraction_records
+
+    # -- moving the index to disk (Index.AUTO) --
+
+    def _choose_index(self) -> Index:
+        """Where an ``Index.AUTO`` shard's index is at opening: on disk once it moved
+        there (or when the journal already holds more than ``disk_after``
+        observations: it is then built on disk from the journal before the shard
+        serves), else in memory."""
+        tmp = self.data_dir / _DISK_TMP
+        if tmp.exists():
+            log.warning("shard %s: removing an unfinished on-disk index (the process "
+                        "stopped while moving the index to disk)", self.data_dir)
+            shutil.rmtree(tmp, ignore_errors=True)
+        if (self.data_dir / _DISK_DIR).is_dir():
+            return Index.DISK
+        held = self._held()
+        if held > self._disk_after:
+            log.info("shard %s: %d observations held, more than %d: the index is built on "
+                     "disk from the journal before the shard serves", self.data_dir, held,
+                     self._disk_after)
+            return Index.DISK
+        return Index.MEMORY
+
+    def _maybe_move(self) -> None:
+        """Start moving the index to disk if it has grown past ``disk_after`` (after a
+        commit, and once the in-memory index has loaded)."""
+        if not (self.auto_index and self.index is Index.MEMORY and self._mover is None
+                and self._held() > self._move_at):
+            return  # the common case, without a lock
+        with self._mover_lock:
+            if self._mover is None and not self._closing and self._loaded.is_set():
+                self._mover = threading.Thread(target=self._move_to_disk, daemon=True,
+                                               name="porter-shard-to-disk")
+                self._mover.start()
+
+    def _move_to_disk(self) -> None:
+        """Move the in-memory index to disk, while the shard serves (its own thread).
+
+        1. Build the on-disk index from the journal in ``oxigraph.tmp/`` (bulk loads),
+           compact it, give it its watermark, and rename it to ``oxigraph/``: from
+           then on the next start opens it (and applies what lies past its watermark).
+           A crash before the rename leaves the temporary directory, removed at the
+           next start, and the index in memory.
+        2. Apply what the shard wrote meanwhile, without its lock, a few rounds.
+        3. Under the lock: let the in-memory index's thread finish, make the on-disk
+           index the one that answers (what was written since the last round goes to
+           the store thread first, and reads wait for it), and let the in-memory index
+           go, with its memory.
+
+        A failure (a full disk) leaves the index in memory, said in the log; the move
+        is tried again once the shard holds a quarter more.
+        """
+        tmp, path = self.data_dir / _DISK_TMP, self.data_dir / _DISK_DIR
+        started, held = time.monotonic(), self._held()
+        log.info("shard %s: moving the index to disk (%d observations held, more than %d): "
+                 "building it from the journal while the index in memory answers",
+                 self.data_dir, held, self._disk_after)
+        store: ox.Store | None = None
+        old: ox.Store | None = None
+        renamed = False
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            store = ox.Store(str(tmp))
+            mark = self._journal.end
+            self._apply_journal(store, len(_MAGIC), mark)
+            store.optimize()
+            store.flush()
+            store = None
+            gc.collect()  # RocksDB's lock goes with the last reference
+            os.rename(tmp, path)
+            fsync_directory(self.data_dir)
+            renamed = True
+            log.info("shard %s: the on-disk index is built (%.1f s); catching up with "
+                     "the journal", self.data_dir, time.monotonic() - started)
+            store = ox.Store(str(path))
+            for _ in range(_MOVE_ROUNDS):
+                end = self._journal.end
+                if end == mark:
+                    break
+                self._apply_journal(store, mark, end)
+                mark = end
+            with self._lock:
+                if self._closing:
+                    raise KnowledgeError("the shard is closing")
+                self._applier.drain()
+                old, self._store = self._store, store
+                self.index = Index.DISK
+                self._generation += 1
+                self._engine.use_store(store)
+                self._compactor = _Compactor(lambda: self._store, held,
+                                             str(self.data_dir))
+                end = self._journal.end
+                if end > mark:
+                    self._applier.submit(_StoreTask((), (), end, (), catch_up_from=mark))
+            store = None
+        except (OSError, RuntimeError, SyntaxError, KnowledgeError) as exc:
+            store = None
+            gc.collect()
+            shutil.rmtree(tmp, ignore_errors=True)
+            if self._closing:
+                log.info("shard %s: moving the index to disk stopped: the shard closes%s",
+                         self.data_dir, " (the next start opens it and applies the rest)"
+                         if renamed else "")
+                return
+            if renamed:
+                shutil.rmtree(path, ignore_errors=True)
+            with self._mover_lock:
+                self._move_at = max(self._move_at, self._held() * 5 // 4)
+                self._mover = None
+            log.warning("shard %s: moving the index to disk failed (%s); it stays in memory "
+                        "and the move is tried again at %d observations (a full disk: free "
+                        "some space)", self.data_dir, str(exc), self._move_at)
+            return
+        del old
+        gc.collect()
+        if _MALLOC_TRIM is not None:
+            _MALLOC_TRIM(0)
+        self._discard_copy("the index is on disk now")
+        log.info("shard %s: the index is on disk now and answers queries; the in-memory "
+                 "index is let go (%.1f s in all)", self.data_dir, time.monotonic() - started)
+
+    @property
+    def index_moving(self) -> bool:
+        """Whether the index is being moved to disk now (the in-memory one answers)."""
+        mover = self._mover
+        return mover is not None and mover.is_alive() and self.index is Index.MEMORY
+
+    def wait_settled(self, timeout: float | None = None) -> bool:
+        """Wait until no move of the index to disk and no compaction of it is under way
+        or due (benchmarks and tests: queries are answered meanwhile).
+
+        Returns:
+            Whether that happened within ``timeout`` seconds (``None``: no limit).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        mover = self._mover
+        if mover is not None:
+            mover.join(timeout)
+            if mover.is_alive():
+                return False
+        self._applier.drain()
+        compactor = self._compactor
+        if compactor is None:
+            return True
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return compactor.wait_idle(left)
 
     def _reopen_store(self) -> None:
         """Open the store again and apply what the journal holds past its watermark.
@@ -1370,14 +1707,20 @@ class Shard:
                 _remove_observations(store, remove)
                 self._generation += 1
                 return
-            _write_rdf(store, task)
-            store.add(_watermark_quad(task.new_mark))
-            for old in task.old_marks:
-                if old != task.new_mark:
-                    store.remove(_watermark_quad(old))
+            if task.catch_up_from:
+                written = self._apply_journal(store, task.catch_up_from, task.new_mark)
+            else:
+                _write_rdf(store, task)
+                store.add(_watermark_quad(task.new_mark))
+                for old in task.old_marks:
+                    if old != task.new_mark:
+                        store.remove(_watermark_quad(old))
+                written = task.weight
         except (OSError, SyntaxError) as exc:
             raise KnowledgeError(f"the Oxigraph store failed ({exc})") from None
         self._generation += 1
+        if self._compactor is not None:
+            self._compactor.wrote(written)
 
     def _commit(
         self, records: Sequence[Record], *, after: Mapping[str, int] | None = None,
@@ -1402,6 +1745,7 @@ class Shard:
             assert copy.applier is not None
             copy.applier.submit(task)
         self._applier.submit(task)
+        self._maybe_move()
         return MergeReport(len(plan.accepted), plan.duplicates, len(plan.add), len(plan.remove),
                            refused)
 
@@ -1744,6 +2088,8 @@ class Shard:
             journal_bytes=self._journal.end,
             data_dir=str(self.data_dir),
             write_failures=self._journal.failures,
+            index=self.index.value,
+            compactions=self._compactor.compactions if self._compactor is not None else 0,
         )
 
     def optimize(self) -> None:
@@ -1767,17 +2113,28 @@ class Shard:
                     shutil.rmtree(old, ignore_errors=True)
             root.mkdir(exist_ok=True)
             target = root / f"{os.getpid()}-{int(from_copy)}-{generation}"
-            if self.index is Index.DISK or from_copy:
-                store.backup(str(target))  # hard links: cheap
-            else:
-                # An in-memory store has no files to link: write a copy (a bulk load,
-                # some seconds per 100k observations; kept until the next write).
-                copy = ox.Store(str(target))
-                copy.bulk_load(store.dump(format=ox.RdfFormat.N_QUADS),
-                               format=ox.RdfFormat.N_QUADS)
-                copy.flush()
-                del copy
-                gc.collect()  # RocksDB's lock goes with the last reference
+            copy: ox.Store | None = None
+            try:
+                if self.index is Index.DISK or from_copy:
+                    store.backup(str(target))  # hard links: cheap
+                else:
+                    # An in-memory store has no files to link: write a copy (a bulk load,
+                    # some seconds per 100k observations; kept until the next write).
+                    copy = ox.Store(str(target))
+                    copy.bulk_load(store.dump(format=ox.RdfFormat.N_QUADS),
+                                   format=ox.RdfFormat.N_QUADS)
+                    copy.flush()
+            except OSError as exc:
+                copy = None
+                gc.collect()
+                shutil.rmtree(target, ignore_errors=True)
+                raise KnowledgeError(
+                    f"this query runs in a worker process on a copy of the index on disk, "
+                    f"which could not be written in {root} ({exc}); free some space, or ask "
+                    "a query the guard bounds in process (no aggregate, no ORDER BY)"
+                ) from None
+            copy = None
+            gc.collect()  # RocksDB's lock goes with the last reference
             self._checkpoint_dir, self._checkpoint_gen = target, (from_copy, generation)
             return str(target)
 
@@ -1866,12 +2223,17 @@ class Shard:
 
     def close(self) -> None:
         """Stop the query worker, release the store and the directory lock."""
+        self._closing = True  # a load, or a move of the index to disk, still running stops
+        mover = self._mover
+        if mover is not None:
+            mover.join()  # outside the lock: the move takes it to finish
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._closing = True  # a load still running stops
             self._applier.close()
+            if self._compactor is not None:
+                self._compactor.close()
             if self._copy is not None:
                 assert self._copy.applier is not None
                 self._copy.applier.close()

@@ -798,6 +798,10 @@ class QueryEngine:
                 self._worker.stop()
                 self._worker = None
 
+    def use_store(self, store: ox.Store) -> None:
+        """Answer from ``store`` from now on (the shard's index moved to disk)."""
+        self._store = store
+
     def close(self) -> None:
         """Stop the worker process, if one is running, and let go of the store."""
         self.stop_worker()

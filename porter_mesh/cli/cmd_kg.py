@@ -100,7 +100,7 @@ def stats_main(args: argparse.Namespace) -> int:
                "observation_records": stats.observation_records,
                "retractions": stats.retractions, "version_vector": stats.version_vector,
                "digest": stats.digest, "journal_bytes": stats.journal_bytes,
-               "data_dir": stats.data_dir}
+               "data_dir": stats.data_dir, "index": stats.index}
         print(orjson.dumps(row).decode())
         return 0
     print(f"shard          {stats.data_dir} (agent {agent or '?'})")
@@ -108,6 +108,7 @@ def stats_main(args: argparse.Namespace) -> int:
           f"({stats.observation_records} recorded, {stats.retractions} retractions)")
     print(f"digest         {stats.digest}")
     print(f"journal        {stats.journal_bytes} bytes")
+    print(f"index          {stats.index}")
     print("version vector" + ("  (empty)" if not stats.version_vector else ""))
     for origin, seq in stats.version_vector.items():
         print(f"  {origin:24} {seq}")

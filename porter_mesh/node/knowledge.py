@@ -845,7 +845,7 @@ class Knowledge:
         return {"observations": st.observations, "observation_records": st.observation_records,
                 "retractions": st.retractions, "records": st.observation_records
                 + st.retractions, "version_vector": st.version_vector, "digest": st.digest,
-                "write_failures": st.write_failures,
+                "write_failures": st.write_failures, "index": st.index,
                 "checks_signatures": self.shard.checks_signatures,
                 "refused_by_origin": dict(self.refused_by_origin), **dict(self.counters)}
 

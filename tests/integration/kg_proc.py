@@ -241,7 +241,8 @@ async def run_command(cmd: dict[str, Any], node: Node, shard: Shard,
         reply(ev="vv", vv=state.version_vector(), records=state.record_count,
               digest=state.digest().top.hex(), caught_up=sorted(knowledge.caught_up_from()))
     elif op == "index":
-        reply(ev="index", loading=shard.index_loading, from_copy=shard.reading_from_copy)
+        reply(ev="index", loading=shard.index_loading, from_copy=shard.reading_from_copy,
+              kind=shard.index.value, moving=shard.index_moving)
     elif op == "stats":
         reply(ev="stats", kg=knowledge.stats(), node=node.stats())
     elif op == "dump":
@@ -287,6 +288,16 @@ async def remember_concurrently(cmd: dict[str, Any], node: Node, shard: Shard,
     reply(ev="stored-batch", n=cmd.get("n", 1), prefix=prefix,
           seconds=time.monotonic() - started, top=shard.state.top_seq(node.name),
           fsyncs=shard.journal_syncs - syncs)
+
+
+def wait_stderr(p: KgProcess, text: str, timeout: float) -> None:
+    """Wait until the process has logged ``text`` (its stderr is read by a thread)."""
+    deadline = time.monotonic() + timeout
+    while text not in p.stderr:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{p.name} did not log {text!r} within {timeout}s; "
+                                 f"stderr: {p.stderr[-2000:]}")
+        time.sleep(0.002)  # polling a pipe another thread reads, with a deadline
 
 
 def poll(cond: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -9,14 +9,13 @@ load into memory takes seconds, long enough to act during it), copied per test. 
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from porter_mesh.adapters.shard import Durability, Shard
 from porter_mesh.core.knowledge import Observation, Record, format_timestamp, observation_iri
-from tests.integration.kg_proc import KgProcess, poll
+from tests.integration.kg_proc import KgProcess, poll, wait_stderr
 
 pytestmark = pytest.mark.slow  # each test loads 100k observations several times
 
@@ -67,15 +66,6 @@ def findings(p: KgProcess, prefix: str) -> set[str]:
     rows = p.ask("query", "rows", sparql=FINDINGS.format(prefix), limit=100_000)["items"]
     return {r["f"] for r in rows}
 
-
-def wait_stderr(p: KgProcess, text: str, timeout: float) -> None:
-    """Wait until the process has logged ``text`` (its stderr is read by a thread)."""
-    deadline = time.monotonic() + timeout
-    while text not in p.stderr:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{p.name} did not log {text!r} within {timeout}s; "
-                                 f"stderr: {p.stderr[-2000:]}")
-        time.sleep(0.002)  # polling a pipe another thread reads, with a deadline
 
 
 def test_kill_9_while_the_copy_of_the_index_is_written_loses_nothing(
