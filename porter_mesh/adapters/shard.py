@@ -271,10 +271,14 @@ _COPY_TMP: Final = "index-copy.tmp"
 #: Where the on-disk index lives, and where an index moving to disk is built first.
 _DISK_DIR: Final = "oxigraph"
 _DISK_TMP: Final = "oxigraph.tmp"
-#: Rounds of catching up with the journal, without the shard's lock, that an index
-#: moving to disk makes before it takes over (what is still left then is applied by
-#: the store thread, with reads waiting for it).
+#: An index moving to disk catches up with what the shard wrote while it was built,
+#: without the shard's lock, in at most this many rounds of at most this many bytes of
+#: journal each (about a second of on-disk writes): writes keep going to the in-memory
+#: index meanwhile, so rounds that did not shrink would only let it grow. What is left
+#: then is applied by the store thread once the on-disk index answers, reads waiting
+#: for it and writers held to its pace (the store thread's bound), as with any batch.
 _MOVE_ROUNDS: Final = 3
+_MOVE_ROUND_BYTES: Final = 4 << 20
 #: The copy's mark: ``"<journal offset> <hash of the journal's bytes before it>"``.
 _META_COPY_OF: Final = ox.NamedNode("urn:porter:shard:copy-of-journal")
 #: Journal bytes hashed into the mark: enough to take in the length and CRC-32 of some
@@ -828,36 +832,43 @@ class _Compactor:
     visit: at 1M observations the profile query's p50 is 2.3 to 3.7 ms as merged and
     0.8 ms once compacted. A compaction runs once :data:`COMPACT_AFTER` observations
     were written since the last one and writes have paused for :data:`_COMPACT_QUIET`
-    seconds (the end of a catch-up, a bulk merge), or at once when as many were written
-    as the store held before (so a store written without pause is still compacted). The
+    seconds (the end of a catch-up, a bulk merge), or at once when twice as many were
+    written as it held then (so a store written without pause is still compacted). The
     store takes writes and answers queries meanwhile (RocksDB compacts in the
     background of its own writes; pyoxigraph lets go of the GIL).
     """
 
-    def __init__(self, store: Callable[[], ox.Store], held: int, label: str) -> None:
+    def __init__(self, store: Callable[[], ox.Store], held: int, label: str,
+                 written: int = 0) -> None:
         self._store = store
         self._label = label
         self._cond = threading.Condition()
         self._held = held  # observations in the store at the last compaction
-        self._written = 0  # ... written since
-        self._last_write = 0.0
+        self._written = written  # ... written since
+        self._last_write = time.monotonic()
         self._running = False
         self._stopping = False
         self._thread: threading.Thread | None = None
         #: Compactions finished.
         self.compactions = 0
+        with self._cond:
+            self._kick()
 
     def wrote(self, n: int) -> None:
         """Count observations just written to the store (on the store's thread)."""
         with self._cond:
             self._written += n
             self._last_write = time.monotonic()
-            if self._written >= COMPACT_AFTER:
-                if self._thread is None and not self._stopping:
-                    self._thread = threading.Thread(target=self._run, daemon=True,
-                                                    name="porter-shard-compact")
-                    self._thread.start()
-                self._cond.notify_all()
+            self._kick()
+
+    def _kick(self) -> None:
+        """Wake the thread (started the first time) when a compaction may be due."""
+        if self._written >= COMPACT_AFTER:
+            if self._thread is None and not self._stopping:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="porter-shard-compact")
+                self._thread.start()
+            self._cond.notify_all()
 
     def _run(self) -> None:
         while True:
@@ -865,7 +876,8 @@ class _Compactor:
                 while not self._stopping:
                     if self._written >= COMPACT_AFTER:
                         quiet = self._last_write + _COMPACT_QUIET - time.monotonic()
-                        if quiet <= 0 or self._written >= self._held:
+                        if quiet <= 0 or self._written >= max(2 * self._held,
+                                                              4 * COMPACT_AFTER):
                             break
                         self._cond.wait(quiet)
                     else:
@@ -1480,7 +1492,6 @@ class Shard:
             store = ox.Store(str(tmp))
             mark = self._journal.end
             self._apply_journal(store, len(_MAGIC), mark)
-            store.optimize()
             store.flush()
             store = None
             gc.collect()  # RocksDB's lock goes with the last reference
@@ -1492,7 +1503,7 @@ class Shard:
             store = ox.Store(str(path))
             for _ in range(_MOVE_ROUNDS):
                 end = self._journal.end
-                if end == mark:
+                if end == mark or end - mark > _MOVE_ROUND_BYTES:
                     break
                 self._apply_journal(store, mark, end)
                 mark = end
@@ -1504,8 +1515,9 @@ class Shard:
                 self.index = Index.DISK
                 self._generation += 1
                 self._engine.use_store(store)
+                # Compacted once writes pause (bulk loads left it as the build did).
                 self._compactor = _Compactor(lambda: self._store, held,
-                                             str(self.data_dir))
+                                             str(self.data_dir), written=held)
                 end = self._journal.end
                 if end > mark:
                     self._applier.submit(_StoreTask((), (), end, (), catch_up_from=mark))
