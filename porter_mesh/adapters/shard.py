@@ -7,20 +7,25 @@ A shard lives in a data directory::
     shard.json           format version and the agent that owns it
     shard.lock           held (flock) while a process has the shard open
     knowledge.journal    every record ever accepted, append-only: the truth
-    oxigraph/            with ``Index.DISK`` only: the Oxigraph store (RocksDB)
-    index-copy/          with ``Index.MEMORY``: a copy of the index (RocksDB), written at
+    oxigraph/            the on-disk index (RocksDB), once the index is on disk
+    oxigraph.tmp/        an on-disk index being built (the index moving to disk)
+    index-copy/          while the index is in memory: a copy of it (RocksDB), written at
                          close, which answers queries after a restart while it loads
     checkpoints/         on-disk copies of the store for isolated queries
 
 **The store is an index.** The Oxigraph store answers queries; it holds nothing the
-journal does not, so it can be chosen for speed. ``Index.MEMORY`` (the default) keeps it
-in memory and rebuilds it from the journal at every start: no RocksDB write path, about
-2.3 KB of memory per observation (the replica state included), a profile query several
-times faster than on disk, a rebuild of the index after each start (see docs/knowledge.md);
+journal does not, so it can be chosen for speed. ``Index.MEMORY`` keeps it in memory and
+rebuilds it from the journal at every start: no RocksDB write path, about 2.3 KB of
+memory per observation (the replica state included), a profile query several times
+faster than on disk, a rebuild of the index after each start (see docs/knowledge.md);
 meanwhile queries are answered from the copy of it that the last close left on disk, when
 that copy matches the journal (:class:`_IndexCopy`).
 ``Index.DISK`` keeps it in RocksDB under ``oxigraph/`` with a watermark, for a shard
 larger than memory; at start it applies only what the journal holds past the watermark.
+It is compacted after large loads (:class:`_Compactor`).
+``Index.AUTO`` (the default) is the first up to :data:`DISK_AFTER` observations and the
+second past them: the index moves to disk while the shard serves
+(:meth:`Shard._move_to_disk`), and stays there.
 
 **The journal is the source of truth.** Each accepted record is appended as a frame
 (4-byte length, 4-byte CRC-32, the record's msgpack encoding) of the framed log the
@@ -1486,7 +1491,7 @@ class Shard:
                  self.data_dir, held, self._disk_after)
         store: ox.Store | None = None
         old: ox.Store | None = None
-        renamed = False
+        renamed, left = False, 0
         try:
             shutil.rmtree(tmp, ignore_errors=True)
             store = ox.Store(str(tmp))
@@ -1519,7 +1524,8 @@ class Shard:
                 self._compactor = _Compactor(lambda: self._store, held,
                                              str(self.data_dir), written=held)
                 end = self._journal.end
-                if end > mark:
+                left = end - mark
+                if left:
                     self._applier.submit(_StoreTask((), (), end, (), catch_up_from=mark))
             store = None
         except (OSError, RuntimeError, SyntaxError, KnowledgeError) as exc:
@@ -1545,8 +1551,9 @@ class Shard:
         if _MALLOC_TRIM is not None:
             _MALLOC_TRIM(0)
         self._discard_copy("the index is on disk now")
-        log.info("shard %s: the index is on disk now and answers queries; the in-memory "
-                 "index is let go (%.1f s in all)", self.data_dir, time.monotonic() - started)
+        log.info("shard %s: the index is on disk now and answers queries (%d bytes of journal "
+                 "written meanwhile are applied to it first); the in-memory index is let go "
+                 "(%.1f s in all)", self.data_dir, left, time.monotonic() - started)
 
     @property
     def index_moving(self) -> bool:

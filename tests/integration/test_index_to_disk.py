@@ -243,3 +243,20 @@ def test_the_disk_index_is_compacted_once_a_large_load_pauses(
         shard.merge(make_records(100, first=len(records) + 1))
         assert shard.wait_settled(30)
         assert shard.stats().compactions == 1
+
+
+def test_a_move_under_a_stream_of_writes_hands_the_rest_to_the_store_thread(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="porter_mesh")
+    records = make_records(90_000)
+    with Shard(tmp_path / "s", agent="me", durability=Durability.OS,
+               disk_after=20_000) as shard:
+        shard.merge(records[:20_001])  # the move starts; the rest streams in meanwhile
+        for start in range(20_001, len(records), 2_000):
+            shard.merge(records[start:start + 2_000])
+        assert shard.wait_settled(120)
+        assert shard.index is Index.DISK
+        assert count(shard) == len(records)
+    line = next(x for x in caplog.text.splitlines() if "the index is on disk now" in x)
+    left = int(line.split("answers queries (")[1].split(" bytes")[0])
+    assert left > 0, f"nothing was left for the store thread: nothing tested ({line})"
