@@ -670,10 +670,17 @@ def plot(results: dict[str, Any]) -> pathlib.Path:
     marginal = results["memory_marginal_bytes_per_obs"]
     labels = [f"{k.split('-')[0]} {int(k.split('-')[1]) // 1000}k" for k in mem]
     labels += ["shard\nmarginal", "rdflib\nmarginal"]
-    ax.bar(labels, [v["bytes_per_obs"] for v in mem.values()]
-           + [marginal["shard"], marginal["rdflib"]],
-           color=["#2e86c1" if k.startswith("shard") else "#aaaaaa" for k in mem]
-           + ["#1b4f72", "#555555"])
+    values = [v["bytes_per_obs"] for v in mem.values()] + [marginal["shard"],
+                                                           marginal["rdflib"]]
+    colours = ["#2e86c1" if k.startswith("shard") else "#aaaaaa" for k in mem]
+    colours += ["#1b4f72", "#555555"]
+    huge_memory = (results.get("million") or {}).get("memory")
+    if huge_memory:
+        labels.append(f"shard {huge_memory['observations'] // 1000}k\n"
+                      f"(index {huge_memory.get('index', 'memory')})")
+        values.append(huge_memory["bytes_per_obs"])
+        colours.append("#e59866")
+    ax.bar(labels, values, color=colours)
     ax.tick_params(axis="x", labelsize=8)
     ax.axhline(TARGETS["memory_bytes_per_obs"], color="k", linestyle="--", linewidth=0.8)
     ax.set_yscale("log")
