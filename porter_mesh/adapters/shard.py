@@ -2189,8 +2189,13 @@ class Shard:
                 return store
             # Refused when opened, failed on a batch this read must see, or closed once
             # the index loaded: the in-memory index has every batch.
+        # The store is read before the drain: when the index moves to disk between the
+        # two, the in-memory store read here holds every batch committed before this
+        # read began, while the on-disk one may still lack some (the rest of the move is
+        # queued to the store thread, and this drain may have started before it).
+        store = self._store
         self._applier.drain()
-        return self._store
+        return store
 
     @property
     def index_loading(self) -> bool:

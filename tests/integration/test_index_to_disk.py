@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -249,12 +250,38 @@ def test_a_move_under_a_stream_of_writes_hands_the_rest_to_the_store_thread(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="porter_mesh")
     records = make_records(90_000)
+    acked = 0
+    done = threading.Event()
+    short: list[tuple[int, int]] = []  # (read, records acknowledged before it)
+    reads = 0
+
+    def reader(shard: Shard) -> None:
+        # Every query sees what was acknowledged before it began: here, the last record
+        # acknowledged (around the swap, the one the new index may still lack).
+        nonlocal reads
+        while not done.is_set():
+            last = acked
+            iri = observation_iri(records[last - 1].body.id)
+            if not shard.query(f"ASK {{ <{iri}> ?p ?o }}").boolean:
+                short.append((reads, last))
+            reads += 1
+
     with Shard(tmp_path / "s", agent="me", durability=Durability.OS,
                disk_after=20_000) as shard:
         shard.merge(records[:20_001])  # the move starts; the rest streams in meanwhile
-        for start in range(20_001, len(records), 2_000):
-            shard.merge(records[start:start + 2_000])
-        assert shard.wait_settled(120)
+        acked = 20_001
+        thread = threading.Thread(target=reader, args=(shard,))
+        thread.start()
+        try:
+            for start in range(20_001, len(records), 2_000):
+                shard.merge(records[start:start + 2_000])
+                acked = min(start + 2_000, len(records))
+            assert shard.wait_settled(120)
+        finally:
+            done.set()
+            thread.join()
+        assert not short, f"queries missed acknowledged records: {short[:5]}"
+        assert reads > 20
         assert shard.index is Index.DISK
         assert count(shard) == len(records)
     line = next(x for x in caplog.text.splitlines() if "the index is on disk now" in x)
