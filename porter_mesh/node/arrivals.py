@@ -227,6 +227,10 @@ class Arrivals(Generic[_Token]):
         self.kind_handlers: dict[str, KindHandler] = {KIND_UNSUPPORTED: self._on_unsupported}
         self.unsupported_handlers: dict[str, KindHandler] = {}
         self._acks = acks
+        # Acknowledgements carried by the direct messages of the current ROUTER read, and
+        # when each arrived: settled once the read's after-batch flush has sent what the
+        # handlers queued (a request's reply does not wait for them).
+        self._carried: list[tuple[Envelope, bytes, float]] = []
 
     def send_kind(self, peer: str, kind: str, payload: bytes) -> None:
         """Send a message of a registered ``kind`` to a linked ``peer``."""
@@ -266,6 +270,8 @@ class Arrivals(Generic[_Token]):
         if more is not None and accepted:
             self._accept(accepted)
         self._sockets.read_done(more, self.read_router)
+        if self._carried:
+            self._settle_carried()
 
     def _on_broadcast(self, frames: list[bytes], peer: str | None = None) -> None:
         """One message from a SUB; ``peer``: the authenticated publisher (secured)."""
@@ -377,7 +383,8 @@ class Arrivals(Generic[_Token]):
         known = self._heard(env, now)
         if carried is not None and known:
             # (From a sender off the roster nothing is taken, its acknowledgements neither.)
-            self._on_carried(env, carried, now)
+            # Settled after the read (see _settle_carried).
+            self._carried.append((env, carried, now))
         self._acks.seen(ident, env.sender, env.incarnation)
         room, consumer, held_full = self._inbox.admission(accepted)
         receipt = self._receiving.direct_message(
@@ -510,6 +517,16 @@ class Arrivals(Generic[_Token]):
                        env.sender, exc)
         except Exception:
             log.exception("handler for %r failed on a message from %s", env.kind, env.sender)
+
+    def _settle_carried(self) -> None:
+        """Settle the acknowledgements carried by the direct messages of the read just
+        done, in their order. They settle only this node's own earlier sends, which no
+        message of the read depends on, so they wait until the read's flush has sent
+        what its handlers queued: a request's reply leaves without waiting for the
+        acknowledgement the request carried to be decoded and settled."""
+        carried, self._carried = self._carried, []
+        for env, data, now in carried:
+            self._on_carried(env, data, now)
 
     def _on_carried(self, env: Envelope, data: bytes, now: float) -> None:
         """Acknowledgements carried by a direct message from ``env.sender``: settled as an
