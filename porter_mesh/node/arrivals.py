@@ -97,7 +97,13 @@ from porter_mesh.node.inbox import Accepted, Inbox, wall_ms
 from porter_mesh.node.links import PeerLink, Sockets, Target
 from porter_mesh.node.peering import Peering
 from porter_mesh.node.subscriptions import OBSERVE_PREFIX, Subscriptions
-from porter_mesh.node.zio import recv_frames, recv_frames_from, send_frames
+from porter_mesh.node.zio import (
+    recv_frames,
+    recv_frames_first,
+    recv_frames_from,
+    recv_frames_from_first,
+    send_frames,
+)
 
 __all__ = ["Arrivals", "KindHandler", "OnceLog", "Reply", "count_for"]
 
@@ -245,14 +251,16 @@ class Arrivals(Generic[_Token]):
         if sock is not None:
             # partial, not a lambda: no Python frame of its own per message
             more = self._sockets.read(sock, recv_frames,
-                                      functools.partial(self._on_broadcast, peer=peer))
+                                      functools.partial(self._on_broadcast, peer=peer),
+                                      recv_frames_first)
             self._sockets.read_done(more, functools.partial(self.read_sub, sock, peer))
 
     def read_dealer(self, sock: zmq.Socket[bytes], peer: str | None,
                      seed_name: str | None = None, probe: Target | None = None) -> None:
         more = self._sockets.read(sock, recv_frames,
                                   functools.partial(self._on_dealer, peer=peer,
-                                                    seed_name=seed_name, probe=probe))
+                                                    seed_name=seed_name, probe=probe),
+                                  recv_frames_first)
         self._sockets.read_done(more, functools.partial(self.read_dealer, sock, peer, seed_name,
                                                 probe))
 
@@ -263,10 +271,12 @@ class Arrivals(Generic[_Token]):
         accepted: list[Accepted] = []
         if self.security is None:
             more = self._sockets.read(sock, recv_frames,
-                                      functools.partial(self._on_direct, accepted=accepted))
+                                      functools.partial(self._on_direct, accepted=accepted),
+                                      recv_frames_first)
         else:
             more = self._sockets.read(sock, recv_frames_from,
-                              lambda got: self._on_direct(got[0], accepted, got[1]))
+                                      lambda got: self._on_direct(got[0], accepted, got[1]),
+                                      recv_frames_from_first)
         if more is not None and accepted:
             self._accept(accepted)
         self._sockets.read_done(more, self.read_router)
