@@ -29,9 +29,11 @@ lifecycle and the clock:
 Sending is batched under load: a publish or a send only queues; one flush per loop turn
 (:meth:`Node._flush`) packs what accumulated into messages of up to ``batch_max``
 direct activities or ``broadcast_batch_max`` broadcast ones, so a lone message goes out
-on the next turn and a burst in a few large messages. A read's after-batch work flushes
-at once when a handler queued a direct message (a request's reply does not wait a turn),
-so its acknowledgement rides on it.
+on the next turn and a burst in a few large messages. Two exceptions keep a round trip
+short: a direct send from a task with nothing queued and nothing in flight to its
+recipient is flushed at once (:meth:`Node._send_now`; a burst's later sends wait for the
+flush), and a read's after-batch work flushes at once when a handler queued a direct
+message (a request's reply does not wait a turn), so its acknowledgement rides on it.
 
 Timers. Nothing polls: the node has one timer (:class:`~porter_mesh.node.timer.DeadlineTimer`)
 armed at the earliest deadline of all that waits on the clock (the next heartbeat, which
