@@ -126,3 +126,50 @@ async def forged_carried_acks() -> None:
 
 def test_a_carried_ack_settles_only_sends_of_the_incarnation_it_names() -> None:
     asyncio.run(forged_carried_acks())
+
+
+async def sent_at_once() -> None:
+    mesh = f"ca{os.getpid()}-{next(_ids)}"
+    echo = Node(name="echo", mesh=mesh, discovery=False, channels=())
+    queued_in_handler: list[int] = []
+    replies: list[asyncio.Future[None]] = []
+
+    def answer(msg: Message) -> None:
+        if msg.direct:
+            replies.append(echo.async_send_nowait(msg.sender, msg.activity))
+            # A handler's reply waits for the read's flush (so that it carries the
+            # acknowledgement of its request): still queued here.
+            queued_in_handler.append(len(echo._sending.direct_queued.get(msg.sender, [])))
+
+    echo.add_handler(answer)
+    async with echo, seeded_by(echo, "ping") as ping:
+        sending = ping._sending
+        # A lone request from a task leaves in the call: numbered, in the outbox for
+        # its resends, nothing left queued.
+        first = ping.async_send_nowait("echo", request(0))
+        assert not sending.direct_queued
+        assert sending.outbox.pending_for("echo") == 1
+        reply = await ping.receive(timeout=20)
+        assert reply.activity.summary == "q0"
+        await first
+        assert sending.outbox.pending_for("echo") == 0
+        # A burst: the first message goes at once, the rest wait for the flush and
+        # share a message.
+        burst = [ping.async_send_nowait("echo", request(i)) for i in range(1, 4)]
+        assert sending.outbox.pending_for("echo") == 1
+        assert len(sending.direct_queued["echo"]) == 2
+        await asyncio.wait_for(asyncio.gather(*burst), 20)
+        for i in range(1, 4):
+            assert (await ping.receive(timeout=20)).activity.summary == f"q{i}"
+        assert ping.stats()["sent.direct"] == 4
+        assert ping.stats().get("retries", 0) == 0
+        await asyncio.wait_for(asyncio.gather(*replies), 20)
+    # Each reply still queued when its handler returned (those of requests read together
+    # queued together).
+    assert len(queued_in_handler) == 4
+    assert queued_in_handler[0] == 1
+    assert all(n >= 1 for n in queued_in_handler)
+
+
+def test_a_lone_request_leaves_at_once_and_a_burst_still_shares_messages() -> None:
+    asyncio.run(sent_at_once())
