@@ -256,7 +256,7 @@ def _disk_after_default() -> int:
 DISK_AFTER: Final = 250_000
 #: The on-disk index is compacted (``Store.optimize``) once this many observations were
 #: written to it since the last compaction and writes have paused for
-#: :data:`_COMPACT_QUIET` seconds, or once as many were written as it held before:
+#: :data:`_COMPACT_QUIET` seconds, or once twice as many were written as it held then:
 #: RocksDB's files as bulk loads leave them make the profile query 3 to 4 times slower
 #: at 1M.
 COMPACT_AFTER: Final = 50_000
@@ -906,12 +906,6 @@ class _Compactor:
                 self._held += written
                 self.compactions += 1
                 self._cond.notify_all()
-
-    @property
-    def busy(self) -> bool:
-        """A compaction is due or running."""
-        with self._cond:
-            return self._running or self._written >= COMPACT_AFTER
 
     def wait_idle(self, timeout: float | None) -> bool:
         """Wait until no compaction is due or running; whether that happened in time."""
