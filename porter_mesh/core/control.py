@@ -120,7 +120,6 @@ __all__ = [
     "decode_welcome",
     "encode_ack",
     "encode_bye",
-    "encode_carried_ack",
     "encode_command",
     "encode_control",
     "encode_heartbeat",
@@ -354,16 +353,6 @@ def encode_ack(ack: Ack) -> bytes:
     if ack.incarnation is None:
         return encode_control({"f": list(ack.firsts)})
     return encode_control({"f": list(ack.firsts), "e": ack.incarnation})
-
-
-def encode_carried_ack(firsts: list[int], incarnation: int) -> bytes:
-    """``encode_ack(Ack(tuple(firsts), incarnation))``, the same bytes, for the
-    acknowledgements a direct message carries (one per request or reply): the node's
-    own sequence numbers and its peer's incarnation, so nothing to check but the size."""
-    data: bytes = _packb({"f": firsts, "e": incarnation})
-    if len(data) > MAX_CONTROL_BYTES:
-        raise _too_large(len(data))
-    return data
 
 
 def decode_ack(data: bytes) -> Ack:

@@ -86,8 +86,6 @@ class NodeAPI:
     # The driver's: run what the rules return now; flush on the next loop turn.
     _carry_out: Callable[[Iterable[RosterAction | SendAction[Completion]]], None]
     _schedule_flush: Callable[[], None]
-    _flush: Callable[[], None]
-    _send_now: Callable[[str], bool]
 
     # ------------------------------------------------------------------ sending
 
@@ -138,10 +136,9 @@ class NodeAPI:
         self._carry_out(self._sending.publish_now(channel, activity, trace))
 
     def _direct_queue(
-        self, recipient: str, timeout: float | None, *, schedule: bool = True
+        self, recipient: str, timeout: float | None
     ) -> tuple[str, asyncio.Future[None], float]:
-        """The agent name of ``recipient``, a new future and the deadline of a send
-        (``schedule``: and the flush that sends it queued for the next loop turn)."""
+        """The agent name of ``recipient``, a new future and the deadline of a send."""
         self._check_open()
         if recipient.startswith(C.DIRECT_PREFIX):
             recipient = recipient[len(C.DIRECT_PREFIX):]
@@ -155,8 +152,7 @@ class NodeAPI:
                 "check the name, or wait for discovery with wait_for_peer()",
                 recipient=recipient,
             )
-        if schedule:
-            self._schedule_flush()
+        self._schedule_flush()
         assert self._loop is not None
         deadline = time.monotonic() + (timeout if timeout is not None
                                        else self.config.send_timeout)
@@ -178,19 +174,11 @@ class NodeAPI:
             UnknownPeerError: the recipient is not on the mesh.
             ConfigError: ``key`` is empty or longer than 256 characters.
         """
-        name, fut, deadline = self._direct_queue(recipient, timeout, schedule=False)
+        name, fut, deadline = self._direct_queue(recipient, timeout)
         if key is not None and not 0 < len(key) <= MAX_KEY_CHARS:
             raise ConfigError(f"an idempotency key must be 1-{MAX_KEY_CHARS} "
                               f"characters, got {len(key)}")
-        # A lone request (nothing queued, nothing in flight to its recipient) leaves now
-        # rather than on the next loop turn; anything else waits for the flush, so that
-        # a burst still travels in few messages (see Node._send_now).
-        now = self._send_now(name)
         self._sending.queue(name, activity, fut, deadline, key=key, trace=trace)
-        if now:
-            self._flush()
-        else:
-            self._schedule_flush()
         return fut
 
     def async_send_many(

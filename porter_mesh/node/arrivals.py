@@ -97,13 +97,7 @@ from porter_mesh.node.inbox import Accepted, Inbox, wall_ms
 from porter_mesh.node.links import PeerLink, Sockets, Target
 from porter_mesh.node.peering import Peering
 from porter_mesh.node.subscriptions import OBSERVE_PREFIX, Subscriptions
-from porter_mesh.node.zio import (
-    recv_frames,
-    recv_frames_first,
-    recv_frames_from,
-    recv_frames_from_first,
-    send_frames,
-)
+from porter_mesh.node.zio import recv_frames, recv_frames_from, send_frames
 
 __all__ = ["Arrivals", "KindHandler", "OnceLog", "Reply", "count_for"]
 
@@ -233,10 +227,6 @@ class Arrivals(Generic[_Token]):
         self.kind_handlers: dict[str, KindHandler] = {KIND_UNSUPPORTED: self._on_unsupported}
         self.unsupported_handlers: dict[str, KindHandler] = {}
         self._acks = acks
-        # Acknowledgements carried by the direct messages of the current ROUTER read, and
-        # when each arrived: settled once the read's after-batch flush has sent what the
-        # handlers queued (a request's reply does not wait for them).
-        self._carried: list[tuple[Envelope, bytes, float]] = []
 
     def send_kind(self, peer: str, kind: str, payload: bytes) -> None:
         """Send a message of a registered ``kind`` to a linked ``peer``."""
@@ -251,16 +241,14 @@ class Arrivals(Generic[_Token]):
         if sock is not None:
             # partial, not a lambda: no Python frame of its own per message
             more = self._sockets.read(sock, recv_frames,
-                                      functools.partial(self._on_broadcast, peer=peer),
-                                      recv_frames_first)
+                                      functools.partial(self._on_broadcast, peer=peer))
             self._sockets.read_done(more, functools.partial(self.read_sub, sock, peer))
 
     def read_dealer(self, sock: zmq.Socket[bytes], peer: str | None,
                      seed_name: str | None = None, probe: Target | None = None) -> None:
         more = self._sockets.read(sock, recv_frames,
                                   functools.partial(self._on_dealer, peer=peer,
-                                                    seed_name=seed_name, probe=probe),
-                                  recv_frames_first)
+                                                    seed_name=seed_name, probe=probe))
         self._sockets.read_done(more, functools.partial(self.read_dealer, sock, peer, seed_name,
                                                 probe))
 
@@ -271,17 +259,13 @@ class Arrivals(Generic[_Token]):
         accepted: list[Accepted] = []
         if self.security is None:
             more = self._sockets.read(sock, recv_frames,
-                                      functools.partial(self._on_direct, accepted=accepted),
-                                      recv_frames_first)
+                                      functools.partial(self._on_direct, accepted=accepted))
         else:
             more = self._sockets.read(sock, recv_frames_from,
-                                      lambda got: self._on_direct(got[0], accepted, got[1]),
-                                      recv_frames_from_first)
+                              lambda got: self._on_direct(got[0], accepted, got[1]))
         if more is not None and accepted:
             self._accept(accepted)
         self._sockets.read_done(more, self.read_router)
-        if self._carried:
-            self._settle_carried()
 
     def _on_broadcast(self, frames: list[bytes], peer: str | None = None) -> None:
         """One message from a SUB; ``peer``: the authenticated publisher (secured)."""
@@ -393,8 +377,7 @@ class Arrivals(Generic[_Token]):
         known = self._heard(env, now)
         if carried is not None and known:
             # (From a sender off the roster nothing is taken, its acknowledgements neither.)
-            # Settled after the read (see _settle_carried).
-            self._carried.append((env, carried, now))
+            self._on_carried(env, carried, now)
         self._acks.seen(ident, env.sender, env.incarnation)
         room, consumer, held_full = self._inbox.admission(accepted)
         receipt = self._receiving.direct_message(
@@ -527,16 +510,6 @@ class Arrivals(Generic[_Token]):
                        env.sender, exc)
         except Exception:
             log.exception("handler for %r failed on a message from %s", env.kind, env.sender)
-
-    def _settle_carried(self) -> None:
-        """Settle the acknowledgements carried by the direct messages of the read just
-        done, in their order. They settle only this node's own earlier sends, which no
-        message of the read depends on, so they wait until the read's flush has sent
-        what its handlers queued: a request's reply leaves without waiting for the
-        acknowledgement the request carried to be decoded and settled."""
-        carried, self._carried = self._carried, []
-        for env, data, now in carried:
-            self._on_carried(env, data, now)
 
     def _on_carried(self, env: Envelope, data: bytes, now: float) -> None:
         """Acknowledgements carried by a direct message from ``env.sender``: settled as an

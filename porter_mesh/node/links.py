@@ -248,8 +248,7 @@ class Sockets:
             self.loop.call_soon(read)
 
     def read(self, sock: zmq.Socket[bytes], recv: Callable[[zmq.Socket[bytes]], _T | None],
-             handle: Callable[[_T], None],
-             first: Callable[[zmq.Socket[bytes]], _T | None] | None = None) -> bool | None:
+             handle: Callable[[_T], None]) -> bool | None:
         """The one read loop: ``handle(recv(sock))`` per waiting message, without
         blocking, up to a fairness limit.
 
@@ -257,9 +256,6 @@ class Sockets:
             sock: the socket whose descriptor fired.
             recv: reads one message, None (or ``zmq.Again``) when none waits.
             handle: takes one message.
-            first: reads the first message instead of ``recv``: one that does not ask
-                first whether a message waits, since one almost always does when the
-                descriptor fired (:func:`~porter_mesh.node.zio.recv_frames_first`).
 
         Returns:
             True when the limit was reached (more may wait: the caller reads again on
@@ -270,12 +266,6 @@ class Sockets:
             return None
         n = 0
         try:
-            if first is not None:
-                item = first(sock)
-                if item is None:
-                    return False
-                n = 1
-                handle(item)
             while n < READ_LIMIT:
                 item = recv(sock)
                 if item is None:

@@ -29,11 +29,9 @@ lifecycle and the clock:
 Sending is batched under load: a publish or a send only queues; one flush per loop turn
 (:meth:`Node._flush`) packs what accumulated into messages of up to ``batch_max``
 direct activities or ``broadcast_batch_max`` broadcast ones, so a lone message goes out
-on the next turn and a burst in a few large messages. Two exceptions keep a round trip
-short: a direct send from a task with nothing queued and nothing in flight to its
-recipient is flushed at once (:meth:`Node._send_now`; a burst's later sends wait for the
-flush), and a read's after-batch work flushes at once when a handler queued a direct
-message (a request's reply does not wait a turn), so its acknowledgement rides on it.
+on the next turn and a burst in a few large messages. A read's after-batch work flushes
+at once when a handler queued a direct message (a request's reply does not wait a turn),
+so its acknowledgement rides on it.
 
 Timers. Nothing polls: the node has one timer (:class:`~porter_mesh.node.timer.DeadlineTimer`)
 armed at the earliest deadline of all that waits on the clock (the next heartbeat, which
@@ -204,9 +202,6 @@ class Node(NodeAPI):
                             batch_handlers=batch_handlers)
         # The flush queued for the next loop turn, if any (a flush run earlier cancels it).
         self._flush_handle: asyncio.Handle | None = None
-        # Whether a flush is running (a send it causes, say from a peer listener, waits
-        # for the next one).
-        self._flushing = False
         self._loop = None
         # Reaching peers: adverts, hellos, re-contact, refusals, revoked keys.
         self._peering = Peering(
@@ -397,25 +392,6 @@ class Node(NodeAPI):
             assert self._loop is not None
             self._flush_handle = self._loop.call_soon(self._flush)
 
-    def _send_now(self, recipient: str) -> bool:
-        """Whether a direct send to ``recipient`` may be flushed at once, in the caller's
-        turn, instead of on the next loop turn: the request/reply fast path.
-
-        Only from a task (an application awaiting its reply), never from a handler or
-        another callback of the node's own (a handler's reply leaves with the read's
-        after-batch flush, carrying the acknowledgement of its request, which is owed
-        only once the handlers have returned) nor from within a flush; and only when
-        nothing else is queued and nothing is in flight to the recipient, so that the
-        sends of a burst still share messages (the first goes alone, the rest wait for
-        the flush as before). The message takes the same way as any other: numbered,
-        kept in the outbox for its resends, acknowledged.
-        """
-        sending = self._sending
-        return (not self._flushing and not sending.direct_queued
-                and not sending.broadcasts_queued
-                and not sending.outbox.pending_for(recipient)
-                and asyncio.current_task() is not None)
-
     def _flush(self) -> None:
         handle = self._flush_handle
         if handle is not None:
@@ -426,14 +402,10 @@ class Node(NodeAPI):
         if self._closed and self._ends.pub is None:
             return
         sending = self._sending
-        self._flushing = True
-        try:
-            if sending.broadcasts_queued or sending.direct_queued:
-                self._carry_out(sending.flush(time.monotonic(), self._links))
-            if self._acks:
-                self._arrivals.flush_acks()
-        finally:
-            self._flushing = False
+        if sending.broadcasts_queued or sending.direct_queued:
+            self._carry_out(sending.flush(time.monotonic(), self._links))
+        if self._acks:
+            self._arrivals.flush_acks()
         self._rearm()
 
     # ------------------------------------------------------------------ receiving

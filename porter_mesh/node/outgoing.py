@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 import zmq
 
 from porter_mesh.core import constants as C
-from porter_mesh.core.control import encode_carried_ack
+from porter_mesh.core.control import Ack, encode_ack
 from porter_mesh.core.envelope import Envelope, encode_broadcast, encode_direct, make_msg_id
 from porter_mesh.core.hlc import HybridClock
 from porter_mesh.core.peers import PeerTable
@@ -192,7 +192,7 @@ class Outgoing:
             return None
         carried = self._acks.carry(recipient, advert.incarnation)
         if carried is not None:
-            frames.append(encode_carried_ack(carried[1], advert.incarnation))
+            frames.append(encode_ack(Ack(tuple(carried[1]), advert.incarnation)))
         return carried
 
     def send_frames(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> bool:

@@ -20,10 +20,7 @@ import zmq
 from zmq.backend import Socket as _BackendSocket
 from zmq.backend import zmq_poll as _zmq_poll
 
-__all__ = [
-    "readable", "recv_frames", "recv_frames_first", "recv_frames_from", "recv_frames_from_first",
-    "send_frames",
-]
+__all__ = ["readable", "recv_frames", "recv_frames_from", "send_frames"]
 
 # Unbound methods of the compiled class, typed for the integer options used here.
 _send = cast(Callable[..., None], _BackendSocket.send)
@@ -44,22 +41,7 @@ def _read(sock: zmq.Socket[Any]) -> tuple[list[bytes], zmq.Frame] | None:
     """The frames of the next message and its last frame object, or ``None``."""
     if not _zmq_poll([(sock, _POLLIN)], 0):
         return None
-    return _frames(sock, _recv(sock, NOBLOCK, copy=False))
-
-
-def _read_first(sock: zmq.Socket[Any]) -> tuple[list[bytes], zmq.Frame] | None:
-    """Like :func:`_read`, for the first read after the socket's descriptor fired: a
-    message is almost always waiting then, so it is read without polling first (an
-    empty socket costs a ``zmq.Again`` instead, rare there)."""
-    try:
-        frame = _recv(sock, NOBLOCK, copy=False)
-    except zmq.Again:
-        return None
-    return _frames(sock, frame)
-
-
-def _frames(sock: zmq.Socket[Any], frame: zmq.Frame) -> tuple[list[bytes], zmq.Frame]:
-    """The frames of the message whose first frame is ``frame``, and its last frame."""
+    frame = _recv(sock, NOBLOCK, copy=False)
     parts = [frame.bytes]
     while frame.more:
         frame = _recv(sock, NOBLOCK, copy=False)
@@ -73,26 +55,10 @@ def recv_frames(sock: zmq.Socket[Any]) -> list[bytes] | None:
     return None if got is None else got[0]
 
 
-def recv_frames_first(sock: zmq.Socket[Any]) -> list[bytes] | None:
-    """Like :func:`recv_frames`, without polling first: for the first read after the
-    socket's descriptor fired (see :meth:`~porter_mesh.node.links.Sockets.read`)."""
-    got = _read_first(sock)
-    return None if got is None else got[0]
-
-
 def recv_frames_from(sock: zmq.Socket[Any]) -> tuple[list[bytes], str] | None:
     """Like :func:`recv_frames`, with the ZAP ``User-Id`` of the connection the message
     came on (``""`` when there is none)."""
-    return _user(_read(sock))
-
-
-def recv_frames_from_first(sock: zmq.Socket[Any]) -> tuple[list[bytes], str] | None:
-    """Like :func:`recv_frames_from`, without polling first (see
-    :func:`recv_frames_first`)."""
-    return _user(_read_first(sock))
-
-
-def _user(got: tuple[list[bytes], zmq.Frame] | None) -> tuple[list[bytes], str] | None:
+    got = _read(sock)
     if got is None:
         return None
     parts, frame = got
