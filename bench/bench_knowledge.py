@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import pathlib
@@ -409,6 +410,30 @@ def profile_p50(shard: Shard) -> tuple[float, float]:
     return statistics.median(lat), pct(lat, 0.99)
 
 
+def profile_beside_raw(shard: Shard, rounds: int = 5) -> dict[str, Any]:
+    """The profile query as Recall runs it, and the same query straight on the shard's
+    own Oxigraph store (pyoxigraph alone, its first 101 rows, as the shard reads them),
+    in alternating rounds: an absolute figure on a shared machine needs its baseline
+    from the same moments. The p50s are over every round's calls."""
+    store = shard._reading_store()  # the bench looks under the shard: its baseline
+    ours: list[float] = []
+    raw: list[float] = []
+    per_round = []
+    for _ in range(rounds):
+        a = latencies(lambda: shard.query(PROFILE, deadline=600), runs=200, budget_s=2)
+        def alone() -> None:
+            solutions = store.query(PROFILE)
+            assert isinstance(solutions, ox.QuerySolutions)
+            list(itertools.islice(solutions, 101))
+
+        b = latencies(alone, runs=200, budget_s=2)
+        ours += a
+        raw += b
+        per_round.append(round(statistics.median(a) / statistics.median(b), 3))
+    return {"profile_p50_ms": statistics.median(ours), "profile_p99_ms": pct(ours, 0.99),
+            "raw_profile_p50_ms": statistics.median(raw), "profile_vs_raw_rounds": per_round}
+
+
 def reopen(path: pathlib.Path, agent: str, index: Index) -> tuple[float, float]:
     """Open a closed shard: (seconds until it serves, seconds until its index answers)."""
     started = time.perf_counter()
@@ -500,8 +525,9 @@ def million(root: pathlib.Path, n: int, budget_s: float, batch: int,
         out["compactions"] = shard.stats().compactions
         progress(f"1M: index {out['index']}, settled {out['settle_seconds']:.1f} s after the "
                  f"merge ({out['compactions']} compactions)")
-        out["profile_p50_ms"], out["profile_p99_ms"] = profile_p50(shard)
-        progress(f"1M: profile p50 {out['profile_p50_ms']:.3f} ms")
+        out.update(profile_beside_raw(shard))
+        progress(f"1M: profile p50 {out['profile_p50_ms']:.3f} ms (the same query on the "
+                 f"shard's own store, without the shard: {out['raw_profile_p50_ms']:.3f} ms)")
         if left() > 0:
             with Shard(root / "million-late", agent="late") as late:
                 out["catchup_seconds"], _ = catch_up(shard, late)
@@ -824,8 +850,11 @@ def verdicts(results: dict[str, Any]) -> None:
         rows.append([f"{n // 1000}k: merge obs/s (fsync)", huge.get("merge_obs_per_s", ""),
                      "", "", "", ""])
         p50m = huge.get("profile_p50_ms")
-        rows.append([f"{n // 1000}k: profile p50 ms", p50m if p50m is not None else "", "",
-                     "", f"<= {TARGETS['profile_p50_ms_1m']}",
+        raw1m = huge.get("raw_profile_p50_ms")
+        rows.append([f"{n // 1000}k: profile p50 ms", p50m if p50m is not None else "",
+                     f"its store alone {raw1m:.3g}" if raw1m else "",
+                     f"{p50m / raw1m:.2f}x" if raw1m and p50m else "",
+                     f"<= {TARGETS['profile_p50_ms_1m']}",
                      p50m is not None and p50m <= TARGETS["profile_p50_ms_1m"]])
         for key, label in (("catchup_seconds", "catch-up, s"),
                            ("restart_ready_seconds", "restart until queries answer, s"),
