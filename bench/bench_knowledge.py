@@ -419,13 +419,14 @@ def profile_beside_raw(shard: Shard, rounds: int = 5) -> dict[str, Any]:
     ours: list[float] = []
     raw: list[float] = []
     per_round = []
+
+    def alone() -> None:
+        solutions = store.query(PROFILE)
+        assert isinstance(solutions, ox.QuerySolutions)
+        list(itertools.islice(solutions, 101))
+
     for _ in range(rounds):
         a = latencies(lambda: shard.query(PROFILE, deadline=600), runs=200, budget_s=2)
-        def alone() -> None:
-            solutions = store.query(PROFILE)
-            assert isinstance(solutions, ox.QuerySolutions)
-            list(itertools.islice(solutions, 101))
-
         b = latencies(alone, runs=200, budget_s=2)
         ours += a
         raw += b

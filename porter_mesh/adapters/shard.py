@@ -1464,8 +1464,9 @@ class Shard:
     def _move_to_disk(self) -> None:
         """Move the in-memory index to disk, while the shard serves (its own thread).
 
-        1. Build the on-disk index from the journal in ``oxigraph.tmp/`` (bulk loads),
-           compact it, give it its watermark, and rename it to ``oxigraph/``: from
+        1. Build the on-disk index from the journal in ``oxigraph.tmp/`` (bulk loads;
+           compacted later, once writes pause: see _Compactor), give it its
+           watermark, and rename it to ``oxigraph/``: from
            then on the next start opens it (and applies what lies past its watermark).
            A crash before the rename leaves the temporary directory, removed at the
            next start, and the index in memory.
@@ -2138,16 +2139,18 @@ class Shard:
                                    format=ox.RdfFormat.N_QUADS)
                     copy.flush()
             except OSError as exc:
-                copy = None
-                gc.collect()
+                if copy is not None:
+                    copy = None
+                    gc.collect()
                 shutil.rmtree(target, ignore_errors=True)
                 raise KnowledgeError(
                     f"this query runs in a worker process on a copy of the index on disk, "
                     f"which could not be written in {root} ({exc}); free some space, or ask "
                     "a query the guard bounds in process (no aggregate, no ORDER BY)"
                 ) from None
-            copy = None
-            gc.collect()  # RocksDB's lock goes with the last reference
+            if copy is not None:
+                copy = None
+                gc.collect()  # RocksDB's lock goes with the last reference
             self._checkpoint_dir, self._checkpoint_gen = target, (from_copy, generation)
             return str(target)
 
