@@ -25,7 +25,8 @@ Measured:
 * direct sends acknowledged per second, with a bounded window of futures in flight;
 * direct round-trip latency (request and direct reply, one at a time) against raw pyzmq
   DEALER/ROUTER ping-pong of the same bytes, with three floors beside it: that
-  ping-pong driven from asyncio (no codec), the same carrying the mesh's own direct
+  ping-pong driven from the event loop the mesh runs on (no codec; uvloop where it is
+  installed, see ``meta.loop``), the same carrying the mesh's own direct
   messages and acknowledgements without a node (the protocol floor), and that without
   acknowledgements;
 * discovery: ten nodes with zeroconf on loopback, time until every one sees the nine

@@ -132,7 +132,10 @@ def ratio(timing: Timing, baseline: Timing) -> float:
 
 
 def environment() -> dict[str, Any]:
-    """What the figures were measured on."""
+    """What the figures were measured on (``loop``: the event loop the mesh's processes
+    run on)."""
+    from porter_mesh import eventloop
+
     return {
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
@@ -141,6 +144,7 @@ def environment() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "loop": eventloop.loop_name(),
     }
 
 

@@ -940,9 +940,13 @@ def _read_port() -> int:
 
 
 def run_role(func: Callable[[argparse.Namespace], Any], a: argparse.Namespace) -> None:
-    """Run one role to its end: on a fresh event loop if it is a coroutine function."""
+    """Run one role to its end: on a fresh event loop of the kind the mesh's own
+    processes run on (:mod:`porter_mesh.eventloop`) if it is a coroutine function, so
+    the asyncio floors share the mesh's loop."""
     if asyncio.iscoroutinefunction(func):
-        asyncio.run(func(a))
+        from porter_mesh import eventloop
+
+        eventloop.run(func(a))
     else:
         func(a)
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import pathlib
 import sys
 from typing import Any
 
+from porter_mesh import eventloop
 from porter_mesh.cli.common import mesh_name
 from porter_mesh.errors import PorterError
 
@@ -48,10 +48,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"porter-mesh demo: {exc}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(run_demo(args.out.resolve(), timeout=args.timeout,
+        return eventloop.run(run_demo(args.out.resolve(), timeout=args.timeout,
                                     secure=args.secure, ui=args.ui,
-                                    ui_port=args.ui_port, team_file=args.team,
-                                    mesh=args.mesh, stay=args.stay))
+                                       ui_port=args.ui_port, team_file=args.team,
+                                       mesh=args.mesh, stay=args.stay))
     except KeyboardInterrupt:
         return 130
     except PorterError as exc:

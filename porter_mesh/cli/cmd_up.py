@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import pathlib
 import sys
 from typing import Any
 
+from porter_mesh import eventloop
 from porter_mesh.cli.common import mesh_name
 
 
@@ -56,4 +56,4 @@ def main(args: argparse.Namespace) -> int:
     apart = pathlib.Path(args.mesh) if args.mesh is not None else pathlib.Path()
     logs = args.logs if args.logs is not None else team.path.parent / "logs" / apart
     workspace = (team.path.parent / "workspace" / apart).resolve() if args.mesh else None
-    return asyncio.run(Supervisor(team, logs=logs.resolve(), workspace=workspace).run())
+    return eventloop.run(Supervisor(team, logs=logs.resolve(), workspace=workspace).run())

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, NoReturn, TypeVar
 
+from porter_mesh import eventloop
 from porter_mesh.core import constants as C
 from porter_mesh.core.advert import check_agent_name, check_mesh_name, seat_name
 from porter_mesh.core.peers import PeerEvent
@@ -282,7 +283,7 @@ def run(main: Callable[[], Awaitable[int]]) -> int:
         except asyncio.CancelledError:
             return EXIT_INTERRUPTED if signal.SIGINT in stopped_by[:1] else 0
 
-    return asyncio.run(runner())
+    return eventloop.run(runner())
 
 
 def install_command(extra: str) -> str:

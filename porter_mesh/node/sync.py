@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
+from porter_mesh import eventloop
 from porter_mesh.core.as2 import Activity
 from porter_mesh.core.peers import PeerEvent, PeerInfo
 from porter_mesh.core.tracecontext import TraceContext
@@ -53,7 +54,7 @@ class SyncNode:
                  batch_handlers: Iterable[Callable[[list[Message]], None]] = (),
                  prepare: Callable[[Node], None] | None = None,
                  **settings: Any) -> None:
-        self._loop = asyncio.new_event_loop()
+        self._loop = eventloop.new_event_loop()
         self._thread = threading.Thread(
             target=self._run, name=f"porter-mesh-node-{settings.get('name', '')}", daemon=True
         )

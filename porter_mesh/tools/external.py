@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
+from porter_mesh import eventloop
 from porter_mesh.errors import ConfigError, ToolError
 from porter_mesh.tools.schemas import ToolSpec
 
@@ -205,7 +206,7 @@ class ExternalTools:
 
     def __init__(self, *, call_timeout: float = DEFAULT_CALL_TIMEOUT) -> None:
         self.call_timeout = call_timeout
-        self._loop = asyncio.new_event_loop()
+        self._loop = eventloop.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="porter-mesh-mcp-clients",
                                         daemon=True)
         self._thread.start()

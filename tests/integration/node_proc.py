@@ -2,7 +2,7 @@
 
 Used by the integration tests. Every line printed is one JSON object with an ``ev`` key:
 ``up`` (ports, incarnation, ``wall``: this process's ``time.time()``, to check a faked
-clock), ``peer`` (roster change), ``msg`` (a delivered activity), ``sent`` (a direct send
+clock; ``loop``: ``uvloop`` or ``asyncio``), ``peer`` (roster change), ``msg`` (a delivered activity), ``sent`` (a direct send
 was acknowledged), ``send-failed``, ``stats``, ``roster`` (name, state and clock skew of
 every peer), and with ``--knowledge DIR`` (a knowledge replica in DIR): ``stored`` (a
 remember command done), ``rows`` (a recall's answer), ``kg`` (digest, version vector).
@@ -32,6 +32,7 @@ from typing import Any
 
 import orjson
 
+from porter_mesh import eventloop
 from porter_mesh.adapters.shard import Shard
 from porter_mesh.core import speedups
 from porter_mesh.core.as2 import Activity
@@ -162,7 +163,8 @@ async def main() -> None:
         knowledge.start()
     await node.astart()
     emit(ev="up", name=node.name, pub=node.pub_port, router=node.router_port,
-         inc=node.incarnation, wall=time.time(), compiled=speedups.in_use())
+         inc=node.incarnation, wall=time.time(), compiled=speedups.in_use(),
+         loop=type(asyncio.get_running_loop()).__module__.partition(".")[0])
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -252,4 +254,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    eventloop.run(main())

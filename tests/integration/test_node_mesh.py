@@ -9,16 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from porter_mesh import eventloop
 from porter_mesh.adapters.journal import read_journal
 from porter_mesh.core import speedups
 from tests.integration.harness import NodeProcess, peers_seen
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
-
-
-
-
-
 
 
 def start(procs: list[NodeProcess], name: str, *extra: str, mesh: str) -> NodeProcess:
@@ -27,19 +23,25 @@ def start(procs: list[NodeProcess], name: str, *extra: str, mesh: str) -> NodePr
     return p
 
 
-@pytest.mark.parametrize("path", ["default", "pure"])
+@pytest.mark.parametrize("path", ["default", "pure", "asyncio-loop"])
 def test_discovery_and_ordered_broadcast(procs: list[NodeProcess], mesh: str, path: str,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Also on the pure Python path (``PORTER_MESH_PURE=1``), which an install without a
-    C compiler runs; the default is the compiled one where it is built."""
+    C compiler runs; the default is the compiled one where it is built. And on asyncio's
+    own loop (``PORTER_MESH_LOOP=asyncio``), which runs where uvloop is not installed;
+    the default is uvloop's."""
     if path == "pure":
         monkeypatch.setenv(speedups.PURE_ENV, "1")
+    if path == "asyncio-loop":
+        monkeypatch.setenv(eventloop.LOOP_ENV, "asyncio")
     names = [f"n{i}" for i in range(4)]
     nodes = [start(procs, n, mesh=mesh) for n in names]
     if path == "pure" or not speedups.available():
         assert not any(node.up["compiled"] for node in nodes)
     else:
         assert all(node.up["compiled"] for node in nodes)
+    assert {node.up["loop"] for node in nodes} == {
+        "asyncio" if path == "asyncio-loop" else eventloop.loop_name()}
     for node in nodes:
         others = set(names) - {node.name}
         node.wait_until(lambda ev, o=others: peers_seen(ev) >= o, 20,
@@ -58,9 +60,13 @@ def test_discovery_and_ordered_broadcast(procs: list[NodeProcess], mesh: str, pa
         assert all(e["ch"] == "log" and not e["direct"] for e in got)
 
 
+@pytest.mark.parametrize("loop", ["default", "asyncio"])
 def test_direct_exactly_once_across_receiver_kill(
-    procs: list[NodeProcess], mesh: str, tmp_path: Path
+    procs: list[NodeProcess], mesh: str, tmp_path: Path, loop: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    if loop == "asyncio":
+        monkeypatch.setenv(eventloop.LOOP_ENV, "asyncio")
     data = tmp_path / "receiver"
     receiver = start(procs, "recv", "--data-dir", str(data), "--quiet-messages", mesh=mesh)
     pub, router = receiver.up["pub"], receiver.up["router"]
