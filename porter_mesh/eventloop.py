@@ -3,9 +3,10 @@
 Every ``porter-mesh`` command, the agent programs and the threads that carry a node for
 blocking code (:class:`~porter_mesh.node.sync.SyncNode`, external MCP servers) make
 their loops here: uvloop's when it is installed (it is a dependency on Linux and macOS),
-asyncio's own otherwise. uvloop runs the same asyncio programs on libuv; on the node's
-direct round trip it takes about a sixth off each side's CPU per message, the share
-the loop's own bookkeeping has of it (``docs/performance.md``).
+asyncio's own otherwise. uvloop runs the same asyncio programs on libuv, with the loop's
+own bookkeeping (its turns, handles, timers and futures' callbacks) in compiled code
+rather than Python: the node's direct round trip is measured with each in
+``docs/performance.md``, "The event loop".
 
 ``PORTER_MESH_LOOP`` chooses: ``uvloop``, ``asyncio``, or unset for uvloop when it can
 be imported. A node in an application runs on whatever loop that application runs:
