@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint bench clean
+.PHONY: demo test test-slow test-asyncio-loop lint bench clean
 
 $(RUNTIME): pyproject.toml setup.py porter_mesh/core/_speedups.c
 	@test -x $(PY) || { echo "== creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
@@ -34,6 +34,17 @@ test: $(STAMP)
 # nothing was collected, which is not a failure here.
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "slow or browser" || test $$? -eq 5
+
+# The node's own tests again on asyncio's loop (the default is uvloop's where it is
+# installed): what runs where uvloop is absent or PORTER_MESH_LOOP=asyncio asks for it.
+LOOP_TESTS := $(addprefix tests/integration/,test_node_mesh.py test_node_delivery.py \
+	test_node_receive.py test_node_hostile.py test_crash_delivery.py test_idle.py \
+	test_timer.py test_sync_facade.py test_recontact.py test_cli_request.py \
+	test_knowledge_mesh.py)
+
+test-asyncio-loop: $(STAMP)
+	PORTER_MESH_LOOP=asyncio $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) \
+		--dist loadfile -m "not slow and not browser" $(LOOP_TESTS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check porter_mesh agents bench tests
