@@ -285,7 +285,10 @@ def measure_broadcast(
         "min": min(rates),
         "publisher_rate": sent["rate"],
         "publisher_cpu_us": sent.get("cpu_process_us"),
+        "publisher_thread_cpu_us": sent.get("cpu_thread_us"),
         "subscriber_cpu_us": sum(r["cpu_process_us"] for r in results) / len(results),
+        "subscriber_thread_cpu_us": (sum(r.get("cpu_thread_us", 0.0) for r in results)
+                                     / len(results)),
         "stats": [r.get("stats") for r in results] + [sent.get("stats")],
     }
 

@@ -98,3 +98,56 @@ def test_without_uvloop_asyncio_serves_and_asking_for_uvloop_says_how_to_get_it(
     assert out[0] == "asyncio"
     assert "uvloop is not installed" in out[1]
     assert "pip install uvloop" in out[1] and "PORTER_MESH_LOOP=asyncio" in out[1]
+
+
+
+# glibc's own account of its heap (mallinfo2, glibc 2.33 and later): ``hblks`` counts the
+# blocks that have a mapping of their own, ``keepcost`` the free memory kept at the
+# heap's top. Two 900 KB blocks are made, counted, freed, and the heap looked at again.
+HEAP = """
+import ctypes, sys
+from porter_mesh import eventloop
+class Info(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+        "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL(None)
+if not hasattr(libc, "mallinfo2"):
+    print("no-mallinfo2")
+    sys.exit()
+libc.mallinfo2.restype = Info
+print(eventloop.steady_heap())
+mapped = libc.mallinfo2().hblks
+blocks = [b"x" * 900_000, b"y" * 900_000]
+print(libc.mallinfo2().hblks - mapped)
+del blocks
+print(libc.mallinfo2().keepcost)
+"""
+
+
+def heap_after_two_blocks(**env: str) -> tuple[str, int, int]:
+    """(what steady_heap() returned, blocks mapped on their own, bytes kept at the top)."""
+    import os
+
+    out = subprocess.run([sys.executable, "-c", HEAP], capture_output=True, text=True,
+                         timeout=60, check=True, env={**os.environ, **env}).stdout.split()
+    if out == ["no-mallinfo2"]:
+        pytest.skip("this C library has no mallinfo2 (glibc 2.33 or later has)")
+    return out[0], int(out[1]), int(out[2])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator only")
+def test_steady_heap_keeps_large_blocks_on_the_heap_and_its_free_top() -> None:
+    steady, mapped, kept = heap_after_two_blocks()
+    assert steady == "True"
+    assert mapped == 0  # below MMAP_THRESHOLD: from the heap
+    assert kept >= 1_500_000  # below TRIM_THRESHOLD: kept for the next ones
+    # The environment's own settings win. glibc's start-up thresholds, fixed: each block
+    # gets a mapping of its own (made and unmapped each time).
+    start_up = {"MALLOC_TRIM_THRESHOLD_": "131072", "MALLOC_MMAP_THRESHOLD_": "131072"}
+    steady, mapped, kept = heap_after_two_blocks(**start_up)
+    assert steady == "False" and mapped == 2
+    # Blocks from the heap but the start-up trim threshold: the free top is handed back.
+    trimmed = {"MALLOC_TRIM_THRESHOLD_": "131072", "MALLOC_MMAP_THRESHOLD_": "4194304"}
+    steady, mapped, kept = heap_after_two_blocks(**trimmed)
+    assert steady == "False" and mapped == 0 and kept < 400_000
