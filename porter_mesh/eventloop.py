@@ -66,9 +66,9 @@ def _choice() -> tuple[str, Callable[[], asyncio.AbstractEventLoop]]:
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 #: Free memory at the top of the heap that is kept rather than handed back to the system.
-TRIM_THRESHOLD = 2 << 20
+TRIM_THRESHOLD = 1 << 20
 #: Blocks from this size up get a mapping of their own; smaller ones come from the heap.
-MMAP_THRESHOLD = 1 << 20
+MMAP_THRESHOLD = 512 << 10
 # Settings of the user's own for glibc's allocator, which steady_heap() leaves alone.
 _ALLOCATOR_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")
 _heap_set: bool | None = None
@@ -83,13 +83,13 @@ def steady_heap() -> bool:
     By default glibc starts from 128 KiB for both and raises them only after a large
     mapped block is freed, so a process's allocator behaves according to what happened
     to be freed early in its life. A publisher packs up to 256 activities into each
-    ZeroMQ message, some 100 KB, freed once sent: under the start-up thresholds every
+    ZeroMQ message, up to 64 KiB, freed once sent: under the start-up thresholds every
     such message can shrink the heap and the next one grow it again, a system call and
     fresh zero-filled pages each time. Measured on a publisher with four subscribers
     (``docs/performance.md``, "The event loop"), that was 15,000 ``brk`` calls per
-    million broadcasts and half as much CPU again per message; with these values, 49
-    calls. They are the values glibc itself reaches after freeing one 1 MiB block, and
-    they keep at most 2 MiB of free memory per process.
+    million broadcasts and half as much CPU again per message; with these values, under
+    50. They are the values glibc itself reaches after freeing one 512 KiB block, and
+    they keep at most 1 MiB of free memory per process.
     """
     global _heap_set
     if _heap_set is not None:
