@@ -49,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         return eventloop.run(run_demo(args.out.resolve(), timeout=args.timeout,
-                                    secure=args.secure, ui=args.ui,
+                                       secure=args.secure, ui=args.ui,
                                        ui_port=args.ui_port, team_file=args.team,
                                        mesh=args.mesh, stay=args.stay))
     except KeyboardInterrupt:
