@@ -101,9 +101,10 @@ def test_without_uvloop_asyncio_serves_and_asking_for_uvloop_says_how_to_get_it(
 
 
 
-# glibc's own account of its heap (mallinfo2, glibc 2.33 and later): ``hblks`` counts the
-# blocks that have a mapping of their own, ``keepcost`` the free memory kept at the
-# heap's top. Two 300 KB blocks are made, counted, freed, and the heap looked at again.
+# glibc's own account of its heap (mallinfo2, glibc 2.33 and later): ``arena`` is the
+# heap's size, ``hblks`` the blocks that have a mapping of their own. 200 KB blocks are
+# made until the heap has grown by one (the first ones may fit in memory the interpreter
+# freed at start), then all are freed: does the heap give the growth back?
 HEAP = """
 import ctypes, sys
 from porter_mesh import eventloop
@@ -117,37 +118,44 @@ if not hasattr(libc, "mallinfo2"):
     sys.exit()
 libc.mallinfo2.restype = Info
 print(eventloop.steady_heap())
-mapped = libc.mallinfo2().hblks
-blocks = [b"x" * 300_000, b"y" * 300_000]
-print(libc.mallinfo2().hblks - mapped)
+start, mapped = libc.mallinfo2().arena, libc.mallinfo2().hblks
+blocks = []
+while libc.mallinfo2().arena < start + 200_000 and len(blocks) < 20:
+    blocks.append(bytes([len(blocks)]) * 200_000)
+peak = libc.mallinfo2().arena
+print(len(blocks), libc.mallinfo2().hblks - mapped, peak - start)
 del blocks
-print(libc.mallinfo2().keepcost)
+print(peak - libc.mallinfo2().arena)
 """
 
 
-def heap_after_two_blocks(**env: str) -> tuple[str, int, int]:
-    """(what steady_heap() returned, blocks mapped on their own, bytes kept at the top)."""
+def heap_under_churn(**env: str) -> tuple[str, int, int, int, int]:
+    """(what steady_heap() returned, blocks made, of them mapped on their own, bytes the
+    heap grew by, bytes of that given back once they were freed)."""
     import os
 
     out = subprocess.run([sys.executable, "-c", HEAP], capture_output=True, text=True,
                          timeout=60, check=True, env={**os.environ, **env}).stdout.split()
     if out == ["no-mallinfo2"]:
         pytest.skip("this C library has no mallinfo2 (glibc 2.33 or later has)")
-    return out[0], int(out[1]), int(out[2])
+    steady, made, mapped, grew, gave_back = out
+    return steady, int(made), int(mapped), int(grew), int(gave_back)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator only")
 def test_steady_heap_keeps_large_blocks_on_the_heap_and_its_free_top() -> None:
-    steady, mapped, kept = heap_after_two_blocks()
+    steady, made, mapped, grew, gave_back = heap_under_churn()
     assert steady == "True"
-    assert mapped == 0  # below MMAP_THRESHOLD: from the heap
-    assert kept >= 550_000  # below TRIM_THRESHOLD: kept for the next ones
-    # The environment's own settings win. glibc's start-up thresholds, fixed: each block
-    # gets a mapping of its own (made and unmapped each time).
+    assert mapped == 0 and grew >= 200_000  # below MMAP_THRESHOLD: from the heap
+    assert gave_back == 0  # below TRIM_THRESHOLD: kept for the next ones
+    # The environment's own settings win. glibc's start-up thresholds, fixed: the blocks
+    # get mappings of their own (made and unmapped each time; one may still fit in free
+    # memory inside the heap), the heap never grows.
     start_up = {"MALLOC_TRIM_THRESHOLD_": "131072", "MALLOC_MMAP_THRESHOLD_": "131072"}
-    steady, mapped, kept = heap_after_two_blocks(**start_up)
-    assert steady == "False" and mapped == 2
-    # Blocks from the heap but the start-up trim threshold: the free top is handed back.
+    steady, made, mapped, grew, gave_back = heap_under_churn(**start_up)
+    assert steady == "False" and made == 20 and mapped >= 18 and grew < 200_000
+    # Blocks from the heap but the start-up trim threshold: the growth is handed back.
     trimmed = {"MALLOC_TRIM_THRESHOLD_": "131072", "MALLOC_MMAP_THRESHOLD_": "4194304"}
-    steady, mapped, kept = heap_after_two_blocks(**trimmed)
-    assert steady == "False" and mapped == 0 and kept < 300_000
+    steady, made, mapped, grew, gave_back = heap_under_churn(**trimmed)
+    assert steady == "False" and mapped == 0 and grew >= 200_000
+    assert gave_back >= 100_000
