@@ -2,13 +2,13 @@
 
 Used by the integration tests. Every line printed is one JSON object with an ``ev`` key:
 ``up`` (ports, incarnation, ``wall``: this process's ``time.time()``, to check a faked
-clock; ``loop``: ``uvloop`` or ``asyncio``), ``peer`` (roster change), ``msg`` (a delivered activity), ``sent`` (a direct send
-was acknowledged), ``send-failed``, ``stats``, ``roster`` (name, state and clock skew of
-every peer), and with ``--knowledge DIR`` (a knowledge replica in DIR): ``stored`` (a
-remember command done), ``rows`` (a recall's answer), ``kg`` (digest, version vector).
-``--stats unsupported`` answers a view request (``stats``) as an older porter-mesh does,
-``--stats mute`` not at all; either reports each request as ``stats-asked`` (with ``t``,
-``time.monotonic()``).
+clock; ``loop``: ``uvloop`` or ``asyncio``), ``peer`` (roster change), ``msg`` (a
+delivered activity), ``sent`` (a direct send was acknowledged), ``send-failed``,
+``stats``, ``roster`` (name, state and clock skew of every peer), and with
+``--knowledge DIR`` (a knowledge replica in DIR): ``stored`` (a remember command done),
+``rows`` (a recall's answer), ``kg`` (digest, version vector). ``--stats unsupported``
+answers a view request (``stats``) as an older porter-mesh does, ``--stats mute`` not at
+all; either reports each request as ``stats-asked`` (with ``t``, ``time.monotonic()``).
 
 Commands (one JSON object per stdin line, ``op`` key): ``publish`` (channel, text, n),
 ``burst`` (channel, text, n, chunk: published ``chunk`` at a time, one loop turn each;
