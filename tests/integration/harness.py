@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +28,13 @@ class NodeProcess:
     _tags = 0  # the last command tag used by ask()
 
     def __init__(self, name: str, *extra: str, mesh: str = "test",
-                 prefix: Sequence[str] = (), script: Path = NODE_PROC,
-                 env: Mapping[str, str] | None = None) -> None:
+                 prefix: Sequence[str] = (), script: Path = NODE_PROC) -> None:
         self.name = name
         cmd = [*prefix, sys.executable, str(script), "--name", name, "--mesh", mesh, *extra]
-        environ = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=environ,
+            env=env,
         )
         self.events: list[Event] = []
         self._queue: queue.Queue[Event | None] = queue.Queue()
