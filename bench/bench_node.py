@@ -287,10 +287,6 @@ def measure_broadcast(
         "publisher_cpu_us": sent.get("cpu_process_us"),
         "publisher_thread_cpu_us": sent.get("cpu_thread_us"),
         "subscriber_cpu_us": sum(r["cpu_process_us"] for r in results) / len(results),
-        # (None where a subscriber does not report its thread's time: zenoh's)
-        "subscriber_thread_cpu_us": (
-            sum(r["cpu_thread_us"] for r in results) / len(results)
-            if all("cpu_thread_us" in r for r in results) else None),
         "stats": [r.get("stats") for r in results] + [sent.get("stats")],
     }
 
