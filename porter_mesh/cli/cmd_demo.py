@@ -9,7 +9,7 @@ from typing import Any
 
 from porter_mesh import eventloop
 from porter_mesh.cli.common import mesh_name
-from porter_mesh.errors import PorterError
+from porter_mesh.errors import ConfigError, PorterError
 
 
 def register(sub: Any) -> None:
@@ -54,6 +54,9 @@ def main(args: argparse.Namespace) -> int:
                                        mesh=args.mesh, stay=args.stay))
     except KeyboardInterrupt:
         return 130
+    except ConfigError as exc:  # a setting to change (PORTER_MESH_LOOP, say): status 2
+        print(f"porter-mesh demo: {exc}", file=sys.stderr)
+        return 2
     except PorterError as exc:
         print(f"porter-mesh demo: {exc}", file=sys.stderr)
         return 1

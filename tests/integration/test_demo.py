@@ -133,3 +133,15 @@ def test_a_wrong_team_file_is_one_line_and_status_2(tmp_path: Path) -> None:
     assert proc.stderr.strip() == (f'porter-mesh demo: {team}: the demo needs an agent with '
                                    'role "architect"')
     assert not (tmp_path / "o").exists()
+
+
+def test_a_bad_loop_setting_is_one_line_and_status_2(tmp_path: Path) -> None:
+    env = {**os.environ, "PORTER_MESH_LOOP": "trio"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "porter_mesh.cli.main", "demo", "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        "porter-mesh demo: PORTER_MESH_LOOP='trio' is not a loop porter-mesh knows: set it "
+        "to uvloop or asyncio (or unset it for uvloop where it is installed)")
+    assert not (tmp_path / "o").exists()
