@@ -924,6 +924,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="proto-echo/proto-ping leave acknowledgements out (the bound of any ack scheme)",
     )
     p.add_argument("--profile", default="", help="write cProfile stats to this file")
+    p.add_argument("--stages", action="store_true",
+                   help="mesh-ping/mesh-recv stamp the node's direct path and report each "
+                   "trip's stamps at the end (see bench.bench_rtt_stages)")
     return p.parse_args(argv)
 
 
@@ -962,10 +965,19 @@ def main(argv: list[str] | None = None) -> int:
     # CPU time of this thread, so that time spent descheduled on a busy machine is not
     # charged to whichever function happened to be running.
     profiler = cProfile.Profile(time.thread_time) if a.profile else None
+    stamps = None
+    if a.stages:
+        from bench.bench_rtt_stages import install_probes
+
+        stamps = install_probes()
     try:
         if profiler is not None:
             profiler.enable()
         run_role(func, a)
+        if stamps is not None:
+            from bench.bench_rtt_stages import report
+
+            emit("stages", **report(stamps, a.role))
     except SystemExit as exc:
         if isinstance(exc.code, str):
             sys.stderr.write(f"{a.role}: {exc.code}\n")

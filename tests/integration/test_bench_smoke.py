@@ -200,3 +200,26 @@ def test_calls_benchmark_counts_both_measures(tmp_path: pathlib.Path) -> None:
     for measure in ("round trip", "broadcast"):
         assert res[measure]["calls_per_message"] > 1, res
         assert res[measure]["cpu_us_per_message"] > 0, res
+
+
+@pytest.mark.network
+def test_rtt_stages_benchmark_cuts_every_trip_into_its_stages(tmp_path: pathlib.Path) -> None:
+    cmd = [sys.executable, "-m", "bench.bench_rtt_stages", "--quick", "--rounds", "1",
+           "--out", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    res = json.loads((tmp_path / "rtt_stages.json").read_text())
+    (one,) = res["rounds"]
+    # Every timed trip was stamped on both sides and matched (the probes still fit the
+    # node's direct path: a renamed method would leave them unstamped).
+    assert one["trips_cut"] == res["meta"]["trips"]
+    from bench.bench_rtt_stages import STAGES
+
+    stages = res["stages_us"]
+    # Every stage of the node's own work takes time; a wire stage may not (see cut()).
+    assert all(stages[what] > 0 for _, _, _, what, kind in STAGES if kind != "wire"), stages
+    # The stages are the trip, cut: their medians add up to about the trip's median.
+    parts = sum(v for k, v in stages.items() if k != "trip")
+    assert 0.5 * stages["trip"] < parts < 1.5 * stages["trip"], stages
+    assert res["zmq_p50_us"] > 0 and 0 <= res["sends_preempted"] <= 1
+    assert (tmp_path / "rtt_stages.png").stat().st_size > 0
