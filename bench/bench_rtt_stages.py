@@ -25,8 +25,9 @@ being called: ZeroMQ's I/O threads, TCP on loopback, the loop's wake-up). Each s
 figure is its median over the timed trips, and each figure in the table the median over
 the rounds; rounds alternate with raw pyzmq's round trip (``zmq-ping``/``zmq-echo``),
 so the ratio is to a baseline of the same moment. The stages' medians need not add up
-to the trip's median, and each stamp is a Python call of its own, so the trip here is a
-few microseconds slower than ``bench.bench_node``'s.
+to the trip's median. The probes add calls of their own (about fourteen per trip, and
+two ``getrusage`` calls per send), so the trip here is slower than
+``bench.bench_node``'s: this benchmark says where the time goes, that one what it is.
 
 Results: a table on stdout, ``rtt_stages.json`` and ``rtt_stages.png`` in
 ``bench/results`` (or ``--out DIR``).
