@@ -597,7 +597,9 @@ class _Applier:
     write to this thread lets the next batch be decoded and validated while Oxigraph
     (which releases the GIL) indexes the previous one, and lets batches that pile up be
     written together. Readers call :meth:`drain` first, so a query always sees every
-    record committed before it. At most ``max_pending`` observations wait (beyond one
+    record committed before it (and waits for no batch committed after it began: under
+    a steady stream of writes the queue is never empty, and a read must not wait for
+    the stream to stop). At most ``max_pending`` observations wait (beyond one
     batch, which is always accepted): that bounds memory -- a deeper queue measurably
     raises what the process keeps resident afterwards -- and makes a fast sender wait
     for the store.
@@ -619,6 +621,10 @@ class _Applier:
         self._pending = 0
         self._queue: collections.deque[_StoreTask] = collections.deque()
         self._cond = threading.Condition()
+        # Batches submitted, and those settled: written, or dropped after a failure
+        # (the journal holds them, and recovery applies them from there).
+        self._submitted = 0
+        self._settled = 0
         self._busy = False
         self._stopping = False
         self._error: BaseException | None = None
@@ -637,11 +643,12 @@ class _Applier:
             while self._queue and self._pending + task.weight > self._max_pending:
                 self._cond.wait()
             self._queue.append(task)
+            self._submitted += 1
             self._pending += task.weight
             self._cond.notify_all()
 
     def drain(self, recovery_timeout: float = 0.0) -> None:
-        """Wait until every submitted batch is in the store.
+        """Wait until every batch submitted before this call is in the store.
 
         Args:
             recovery_timeout: how long to wait for a failed store to be recovered (never
@@ -652,7 +659,8 @@ class _Applier:
         """
         deadline = time.monotonic() + recovery_timeout
         with self._cond:
-            while (self._queue or self._busy) and (
+            target = self._submitted
+            while self._settled < target and (
                     self._error is None or time.monotonic() < deadline):
                 self._cond.wait(None if self._error is None
                                 else max(0.0, deadline - time.monotonic()))
@@ -675,6 +683,7 @@ class _Applier:
                     self._done = True
                     break
                 task = self._queue.popleft()
+                joined = 1
                 self._pending -= task.weight
                 # Join what else is waiting: Oxigraph's bulk load costs about 25 ms per
                 # call on top of its per-triple cost, so fewer, larger writes keep up
@@ -682,6 +691,7 @@ class _Applier:
                 while (self._queue and task.joinable and self._queue[0].joinable
                        and task.weight + self._queue[0].weight <= self._max_join):
                     more = self._queue.popleft()
+                    joined += 1
                     self._pending -= more.weight
                     task = _StoreTask([*task.add, *more.add], [*task.remove, *more.remove],
                                       more.new_mark, task.old_marks, task.text + more.text,
@@ -702,6 +712,7 @@ class _Applier:
                 with self._cond:
                     self._error = KnowledgeError(text)
                     # What waits is in the journal: recovery applies it from there.
+                    self._settled += len(self._queue)
                     self._queue.clear()
                     self._pending = 0
                     self._cond.notify_all()
@@ -710,6 +721,7 @@ class _Applier:
                 self._heal()
             with self._cond:
                 self._busy = False
+                self._settled += joined
                 self._cond.notify_all()
         if self._on_stop is not None:
             self._on_stop()
