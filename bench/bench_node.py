@@ -350,10 +350,16 @@ def measure_direct(
     return result
 
 
-def measure_rtt(system: str, counts: Counts, profile: Path | None = None) -> dict[str, Any]:
+def measure_rtt(system: str, counts: Counts, profile: Path | None = None,
+                stages: bool = False) -> dict[str, Any]:
     """Round trips one at a time: the mesh (direct and direct reply), raw pyzmq,
     pyzmq driven from asyncio the way the node reads its sockets (``"aio"``), or that
-    carrying the mesh's own messages without a node (``"proto"``, ``"proto-noack"``)."""
+    carrying the mesh's own messages without a node (``"proto"``, ``"proto-noack"``).
+
+    ``stages`` (the mesh only): both sides stamp the node's direct path; their stamps
+    are ``result["stages"]`` and ``result["echo"]["stages"]`` (see
+    :mod:`bench.bench_rtt_stages`).
+    """
     deadline = _deadline(counts)
     server_limit = counts.limit + STARTUP_ALLOWANCE
     ping_options = {"count": counts.rtt, "warmup": counts.warmup, "limit": counts.limit}
@@ -363,9 +369,11 @@ def measure_rtt(system: str, counts: Counts, profile: Path | None = None) -> dic
                 spawn,
                 (
                     "mesh-recv",
-                    {"echo": True, "limit": server_limit, "profile": _prof(profile, ".echo.prof")},
+                    {"echo": True, "limit": server_limit, "profile": _prof(profile, ".echo.prof"),
+                     "stages": stages},
                 ),
-                ("mesh-ping", {**ping_options, "profile": _prof(profile, ".ping.prof")}),
+                ("mesh-ping", {**ping_options, "profile": _prof(profile, ".ping.prof"),
+                               "stages": stages}),
                 deadline,
             )
         else:
@@ -380,8 +388,12 @@ def measure_rtt(system: str, counts: Counts, profile: Path | None = None) -> dic
                 deadline,
             )
         result = ping.expect("result", deadline)
+        if stages:
+            result["stages"] = ping.expect("stages", deadline)
         echo.close_input()
         result["echo"] = echo.expect("result", deadline)
+        if stages:
+            result["echo"]["stages"] = echo.expect("stages", deadline)
     result["system"] = system
     return result
 

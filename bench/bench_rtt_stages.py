@@ -217,23 +217,10 @@ def cut(ping: list[list[int]], echo: list[list[int]], warmup: int) -> dict[str, 
 
 def measure_stages(counts: Any) -> dict[str, Any]:
     """One mesh round-trip run with the probes on: each stage's median (us)."""
-    from bench.bench_node import STARTUP_ALLOWANCE, _client_and_server, _deadline, peer_group
+    from bench.bench_node import measure_rtt
 
-    deadline = _deadline(counts)
-    with peer_group() as spawn:
-        ping, echo = _client_and_server(
-            spawn,
-            ("mesh-recv", {"echo": True, "stages": True,
-                           "limit": counts.limit + STARTUP_ALLOWANCE}),
-            ("mesh-ping", {"count": counts.rtt, "warmup": counts.warmup,
-                           "limit": counts.limit, "stages": True}),
-            deadline,
-        )
-        result = ping.expect("result", deadline)
-        ping_stages = ping.expect("stages", deadline)
-        echo.close_input()
-        echo.expect("result", deadline)
-        echo_stages = echo.expect("stages", deadline)
+    result = measure_rtt("mesh", counts, stages=True)
+    ping_stages, echo_stages = result["stages"], result["echo"]["stages"]
     durations = cut(ping_stages["trips"], echo_stages["trips"], counts.warmup)
     trips = len(durations["trip"])
     if trips < counts.rtt * 0.9:
@@ -308,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS_DIR,
                    help="directory for rtt_stages.json and .png")
     a = p.parse_args(argv)
-    counts = replace(QUICK if a.quick else FULL, limit=30.0 if a.quick else FULL.limit)
+    if a.rounds < 1:
+        p.error(f"--rounds must be 1 or more, got {a.rounds}")
+    counts = replace(QUICK, limit=30.0) if a.quick else FULL
     res = run(a.rounds, counts, lambda: float(measure_rtt("zmq", counts)["p50_us"]))
     stages, zmq_p50 = res["stages_us"], res["zmq_p50_us"]
     print()
