@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 import orjson
 
-from porter_mesh.cli.common import add_mesh_options, agent_name, run, seat_config, seconds
-from porter_mesh.cli.seat import wait_for_peers
+from porter_mesh.cli.common import add_mesh_options, agent_name, names, run, seat_config, seconds
+from porter_mesh.cli.seat import wait_for_audience, wait_for_peers
 from porter_mesh.core import constants as C
 from porter_mesh.core.control import KIND_DRAIN, KIND_HALT
 from porter_mesh.node.node import Node
@@ -34,19 +35,32 @@ def main(args: argparse.Namespace) -> int:
 
     async def body() -> int:
         async with Node(config) as node:
+            deadline = time.monotonic() + args.wait
             try:
                 await wait_for_peers(node, [args.to] if args.to else 1, args.wait)
-                await node.wait_for_subscribers(C.CHANNEL_CONTROL, len(node.peers()), args.wait)
             except TimeoutError as exc:
                 print(f"porter-mesh control: {exc}", file=sys.stderr)
+                return 1
+            # The seats of other commands are not waited for (one that has just left
+            # may still be listed); the agents are, or only the one named.
+            missed = await wait_for_audience(node, deadline, only=args.to)
+            if args.to and missed:
+                print(f"porter-mesh control: {args.to} has not connected to this command "
+                      f"within {args.wait:g}s; nothing sent (try a longer --wait)",
+                      file=sys.stderr)
                 return 1
             node.async_control(args.kind, target=args.to)
             reached = sorted(node.subscribers(C.CHANNEL_CONTROL))
             if args.json:
-                print(orjson.dumps({"kind": args.kind, "to": args.to,
-                                    "reached": reached}).decode())
+                print(orjson.dumps({"kind": args.kind, "to": args.to, "reached": reached,
+                                    "missed": sorted(missed)}).decode())
             else:
                 print(f"{args.kind} sent to {args.to or 'every agent'}", file=sys.stderr)
+            if missed:
+                print(f"porter-mesh control: not reached within {args.wait:g}s: "
+                      f"{names(missed)} (run it again when they are up, or with a longer "
+                      f"--wait)", file=sys.stderr)
+                return 1
         return 0
 
     return run(body)

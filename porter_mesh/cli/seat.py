@@ -68,6 +68,33 @@ async def wait_for_peers(node: Node, want: list[str] | int, wait: float) -> None
         found.cancel()
 
 
+async def wait_for_audience(node: Node, deadline: float,
+                            only: str | None = None) -> set[str]:
+    """Wait, until ``deadline`` (:func:`time.monotonic`), for every node ``node`` knows of
+    (or only the node named ``only``) to have subscribed to its PUB and introduced itself;
+    return those that did not in time.
+
+    Every node subscribes to control: who has not, has not connected to us yet. Other
+    commands' seats are not waited for: they come and go, and a peer may still list one
+    that has just left.
+
+    Raises:
+        PeerRefusedError: one of them refused the connection.
+    """
+    while True:
+        if only is not None:
+            known = {only}
+        else:
+            known = {p.name for p in node.peers() if p.advert.role != C.ROLE_SEAT}
+        # A peer's welcome brings the peers it knows: until it has come, someone that
+        # mDNS has not answered for yet may be missing from ``known``.
+        missing = known - (node.subscribers(C.CHANNEL_CONTROL) & node.introduced())
+        raise_refusal(node, missing)
+        if not missing or time.monotonic() >= deadline:
+            return missing
+        await asyncio.sleep(_POLL)
+
+
 @dataclass
 class Outcome:
     """What became of one activity.
@@ -174,18 +201,7 @@ async def _deliver(node: Node, channel: str, activity: Activity, *, wait: float,
     except TimeoutError:
         outcome.problem = f"nobody on mesh {mesh!r} within {wait:g}s; nothing sent"
         return outcome
-    # Every node subscribes to control: who has not, has not connected to us yet. Other
-    # commands' seats are not waited for: they come and go (a peer may still list one
-    # that has just left).
-    while True:
-        known = {p.name for p in node.peers() if p.advert.role != C.ROLE_SEAT}
-        # A peer's welcome brings the peers it knows: until it has come, someone that
-        # mDNS has not answered for yet may be missing from ``known``.
-        missing = known - (node.subscribers(C.CHANNEL_CONTROL) & node.introduced())
-        raise_refusal(node, missing)
-        if not missing or time.monotonic() >= deadline:
-            break
-        await asyncio.sleep(_POLL)
+    missing = await wait_for_audience(node, deadline)
     await node.publish(channel, activity, trace=trace)
     outcome.reached = set(node.subscribers(channel))
     outcome.missed = missing

@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -148,3 +149,91 @@ def test_node_command_runs_and_halts(mesh: str) -> None:
             proc.wait(5)
         if proc.stderr:
             proc.stderr.close()
+
+
+class _Lines:
+    """The stderr lines of a process, read by a thread, waited for with a deadline."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: queue.Queue[str] = queue.Queue()
+        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            self.lines.put(line)
+
+    def wait_for(self, text: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no line with {text!r} within {timeout}s"
+            with contextlib.suppress(queue.Empty):
+                line = self.lines.get(timeout=left)
+                if text in line:
+                    return line
+
+
+def _quiet_node_args(mesh: str) -> list[str]:
+    """``porter-mesh node`` that keeps a silent peer listed for the whole test."""
+    return [sys.executable, "-m", "porter_mesh.cli.main", "-v", "node", "--mesh", mesh,
+            "--evasive-after", "60", "--expire-after", "120"]
+
+
+def _end(*procs: subprocess.Popen[str]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+        if proc.stderr:
+            proc.stderr.close()
+
+
+@pytest.mark.parametrize("to", [["--to", "gamma"], []], ids=["to-one", "to-every-agent"])
+def test_control_does_not_wait_for_a_seat_that_cannot_answer(mesh: str,
+                                                             to: list[str]) -> None:
+    """A command's seat still on the roster but gone quiet (here stopped; in life, one
+    that has just left) is not waited for: control reaches the agents and succeeds."""
+    node = _quiet_node_args(mesh)
+    gamma = subprocess.Popen([*node, "--name", "gamma", "--role", "worker"],
+                             stderr=subprocess.PIPE, text=True)
+    seat = subprocess.Popen([*node, "--name", "porter-ui-0badcafe", "--role", "cli"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _Lines(gamma).wait_for("peer porter-ui-0badcafe", 30)
+        os.kill(seat.pid, signal.SIGSTOP)
+        out = cli("control", "halt", *to, "--mesh", mesh, "--json")
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        assert "gamma" in report["reached"] and report["missed"] == [], report
+        assert gamma.wait(30) == 0
+    finally:
+        _end(gamma, seat)
+
+
+def test_control_names_an_agent_it_could_not_reach(mesh: str) -> None:
+    """An agent listed but silent (stopped) is waited for, then named: to it alone,
+    nothing is sent; to every agent, the others get it and the command exits 1."""
+    node = _quiet_node_args(mesh)
+    gamma = subprocess.Popen([*node, "--name", "gamma", "--role", "worker"],
+                             stderr=subprocess.PIPE, text=True)
+    delta = subprocess.Popen([*node, "--name", "delta", "--role", "worker"],
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        _Lines(gamma).wait_for("peer delta", 30)
+        os.kill(delta.pid, signal.SIGSTOP)
+        alone = cli("control", "halt", "--to", "delta", "--mesh", mesh, "--wait", "2")
+        assert alone.returncode == 1
+        assert "delta has not connected to this command within 2s; nothing sent" \
+            in alone.stderr, alone.stderr
+        assert gamma.poll() is None
+        every = cli("control", "halt", "--mesh", mesh, "--wait", "2", "--json")
+        assert every.returncode == 1, every.stderr
+        report = json.loads(every.stdout)
+        assert "gamma" in report["reached"] and report["missed"] == ["delta"], report
+        assert "not reached within 2s: delta" in every.stderr
+        assert gamma.wait(30) == 0
+    finally:
+        _end(gamma, delta)

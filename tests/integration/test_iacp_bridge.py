@@ -374,7 +374,8 @@ def test_drain_then_halt(mesh: str, started: list[Any]) -> None:
     bridge = bridge_for(started, mesh)
     forager = forager_for(started, bridge, "forager-d")
     node = queen_side(started, mesh, "forager-d")
-    assert cli("control", "drain", "--to", "forager-d", "--mesh", mesh).returncode == 0
+    out = cli("control", "drain", "--to", "forager-d", "--mesh", mesh, "--wait", "20")
+    assert out.returncode == 0, out.stderr
     drain = forager.wait_recv("ctl.drain")
     assert drain["to"] == "forager-d" and "drain" in drain["body"]["reason"]
     deadline = time.monotonic() + 20
@@ -385,7 +386,8 @@ def test_drain_then_halt(mesh: str, started: list[Any]) -> None:
     rej = collect(node, about(context, "Reject", "forager-d"), "draining Reject")
     assert rej.activity.summary.startswith("Draining")
     assert not forager.received("task.assign")
-    assert cli("control", "halt", "--to", "forager-d", "--mesh", mesh).returncode == 0
+    out = cli("control", "halt", "--to", "forager-d", "--mesh", mesh, "--wait", "20")
+    assert out.returncode == 0, out.stderr
     halt = forager.wait_recv("ctl.halt")
     assert "halted by" in halt["body"]["reason"]
     forager.wait_for(lambda e: e["ev"] == "closed", 20, "the forager stopping")
