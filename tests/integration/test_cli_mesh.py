@@ -175,10 +175,12 @@ class _Lines:
                     return line
 
 
-def _quiet_node_args(mesh: str) -> list[str]:
+def _quiet_node(mesh: str, name: str, role: str) -> subprocess.Popen[str]:
     """``porter-mesh node`` that keeps a silent peer listed for the whole test."""
-    return [sys.executable, "-m", "porter_mesh.cli.main", "-v", "node", "--mesh", mesh,
-            "--evasive-after", "60", "--expire-after", "120"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "porter_mesh.cli.main", "-v", "node", "--mesh", mesh,
+         "--evasive-after", "60", "--expire-after", "120", "--name", name, "--role", role],
+        stderr=subprocess.PIPE, text=True)
 
 
 def _end(*procs: subprocess.Popen[str]) -> None:
@@ -196,11 +198,8 @@ def test_control_does_not_wait_for_a_seat_that_cannot_answer(mesh: str,
                                                              to: list[str]) -> None:
     """A command's seat still on the roster but gone quiet (here stopped; in life, one
     that has just left) is not waited for: control reaches the agents and succeeds."""
-    node = _quiet_node_args(mesh)
-    gamma = subprocess.Popen([*node, "--name", "gamma", "--role", "worker"],
-                             stderr=subprocess.PIPE, text=True)
-    seat = subprocess.Popen([*node, "--name", "porter-ui-0badcafe", "--role", "cli"],
-                            stderr=subprocess.PIPE, text=True)
+    gamma = _quiet_node(mesh, "gamma", "worker")
+    seat = _quiet_node(mesh, "porter-ui-0badcafe", "cli")
     try:
         _Lines(gamma).wait_for("peer porter-ui-0badcafe", 30)
         os.kill(seat.pid, signal.SIGSTOP)
@@ -216,11 +215,8 @@ def test_control_does_not_wait_for_a_seat_that_cannot_answer(mesh: str,
 def test_control_names_an_agent_it_could_not_reach(mesh: str) -> None:
     """An agent listed but silent (stopped) is waited for, then named: to it alone,
     nothing is sent; to every agent, the others get it and the command exits 1."""
-    node = _quiet_node_args(mesh)
-    gamma = subprocess.Popen([*node, "--name", "gamma", "--role", "worker"],
-                             stderr=subprocess.PIPE, text=True)
-    delta = subprocess.Popen([*node, "--name", "delta", "--role", "worker"],
-                             stderr=subprocess.PIPE, text=True)
+    gamma = _quiet_node(mesh, "gamma", "worker")
+    delta = _quiet_node(mesh, "delta", "worker")
     try:
         _Lines(gamma).wait_for("peer delta", 30)
         os.kill(delta.pid, signal.SIGSTOP)
