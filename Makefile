@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-asyncio-loop lint bench clean
+.PHONY: demo test test-slow test-properties test-asyncio-loop lint bench clean
 
 $(RUNTIME): pyproject.toml setup.py porter_mesh/core/_speedups.c
 	@test -x $(PY) || { echo "== creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
@@ -34,6 +34,12 @@ test: $(STAMP)
 # nothing was collected, which is not a failure here.
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "slow or browser" || test $$? -eq 5
+
+# Every Hypothesis property again, at its full count of examples (make test runs a
+# quick pass: tests/fuzzing.py). They only compute, so two workers share two cores.
+test-properties: $(STAMP)
+	PORTER_MESH_FUZZ_SCALE=$${PORTER_MESH_FUZZ_SCALE:-1} $(PY) -m pytest -q -p no:cacheprovider \
+		-n 2 -m property
 
 # The node's own tests again on asyncio's loop (the default is uvloop's where it is
 # installed): what runs where uvloop is absent or PORTER_MESH_LOOP=asyncio asks for it.

@@ -10,6 +10,30 @@ from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
+from hypothesis import settings
+
+from tests.fuzzing import examples
+
+# Properties that name no count of their own: Hypothesis' default, scaled like the rest.
+settings.register_profile("porter-mesh", max_examples=examples(100))
+settings.load_profile("porter-mesh")
+
+
+def _is_property(item: pytest.Item) -> bool:
+    """A Hypothesis test: a ``@given`` function, or a state machine's test case."""
+    if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+        return True
+    cls = getattr(item, "cls", None)
+    return cls is not None and any(
+        base.__module__ == "hypothesis.stateful" for base in cls.__mro__)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every property test ``property`` (``make test-properties`` runs them alone,
+    at the full count of examples)."""
+    for item in items:
+        if _is_property(item):
+            item.add_marker(pytest.mark.property)
 
 
 def _live_children() -> set[int]:

@@ -14,6 +14,9 @@ import sys
 
 import pytest
 
+# Whole benchmark programs, run small: CI runs them in its second step.
+pytestmark = [pytest.mark.slow]
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -132,7 +135,6 @@ def test_curve_benchmark_quick_run_measures_every_row_without_errors(
 
 
 @pytest.mark.network
-@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_scale_benchmark_quick_run_measures_every_mesh(tmp_path: pathlib.Path) -> None:
     from tests.integration.netns import lab_namespaces_left

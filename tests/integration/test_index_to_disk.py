@@ -174,6 +174,7 @@ def live(p: KgProcess) -> set[str]:
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["building", "built", "moved"])
 def test_kill_9_at_each_point_of_the_move_loses_nothing(
         point: str, memory_shard: tuple[Path, frozenset[str]], procs: list[KgProcess],

@@ -102,6 +102,7 @@ def ids_reported(node: KgProcess) -> dict[int, str]:
     return {e["seq"]: e["id"] for e in node.stored()}
 
 
+@pytest.mark.slow
 def test_five_nodes_converge_through_kill_late_join_and_loss(
         procs: list[KgProcess], mesh: str, tmp_path: Path) -> None:
     started = time.monotonic()
@@ -485,6 +486,7 @@ def test_commands_without_a_peer_fail_clearly(mesh: str, tmp_path: Path) -> None
     assert bad.returncode == 2 and "severity" in bad.stderr
 
 
+@pytest.mark.slow
 def test_benchmark_quick_run_writes_table_json_and_chart(tmp_path: Path) -> None:
     repo = Path(__file__).resolve().parents[2]
     done = subprocess.run(

@@ -30,7 +30,7 @@ from tests.integration.harness import Event, NodeProcess, peers_seen
 from tests.integration.kg_proc import poll
 from tests.integration.netns import IP, Lab, network_lab, unavailable_reason
 
-pytestmark = [pytest.mark.netns, pytest.mark.network]
+pytestmark = [pytest.mark.netns, pytest.mark.network, pytest.mark.slow]
 
 #: Expiry well inside the partition; the re-contact cap is the node's default (5 s).
 TIMINGS = ("--heartbeat", "0.5", "--evasive-after", "2", "--expire-after", "6")

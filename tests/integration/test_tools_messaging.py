@@ -43,6 +43,7 @@ from porter_mesh.tools import (
     RosterEntry,
     Toolbox,
 )
+from tests.fuzzing import examples
 
 EX = profile_examples()
 
@@ -642,7 +643,7 @@ _args = st.dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None,
+@settings(max_examples=examples(300), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(["send_message", "read_messages", "memory_write", "memory_query",
                         "read_file", "write_file", "edit_file", "nope"]), _args)

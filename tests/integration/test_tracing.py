@@ -56,6 +56,7 @@ def trace_records(what: str, mesh: str) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in got.stdout.splitlines()]
 
 
+@pytest.mark.slow
 def test_the_demo_story_is_one_trace_over_otlp_and_trace_draws_the_same_tree(
         tmp_path: Path, receiver: OtlpReceiver) -> None:
     mesh = f"tr{os.getpid()}"

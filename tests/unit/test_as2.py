@@ -19,6 +19,7 @@ from porter_mesh.core.as2 import ACTIVITY_TYPES, OBJECT_TYPES, Activity, ASObjec
 from porter_mesh.core.constants import MAX_ACTIVITY_BYTES, MAX_BATCH, MAX_JSON_DEPTH
 from porter_mesh.core.profile_examples import PROFILE_EXAMPLES, profile_examples
 from porter_mesh.errors import ActivityError, ProtocolError
+from tests.fuzzing import examples
 
 DATA = pathlib.Path(__file__).resolve().parent.parent / "data" / "profile_examples.json"
 CTX = "urn:porter:task:a3f9"
@@ -854,7 +855,7 @@ names = st.text(min_size=1, max_size=20)
 known_keys = st.sampled_from((*as2.ACTIVITY_FIELDS, "items", "url", "about"))
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=300))
 def test_random_bytes_never_crash(payload: bytes) -> None:
     try:
@@ -865,7 +866,7 @@ def test_random_bytes_never_crash(payload: bytes) -> None:
         assert as2.parse_activity(activity.to_json()) == activity
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.dictionaries(known_keys | st.text(max_size=8), json_values | names, max_size=8),
     st.sampled_from([*sorted(ACTIVITY_TYPES), "Image", ""]),
@@ -929,7 +930,7 @@ def as2_task_id() -> str:
     return new_task_id()
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), suppress_health_check=[HealthCheck.too_slow])
 @given(valid_activities, st.randoms(use_true_random=False))
 def test_valid_activities_round_trip_exactly(data: dict[str, Any], rnd: Any) -> None:
     keys = list(data)

@@ -19,8 +19,10 @@ from porter_mesh.core import as2
 from porter_mesh.core.as2 import codec, schema
 from porter_mesh.core.profile_examples import profile_examples
 from porter_mesh.errors import ActivityError
+from tests.fuzzing import examples
 
-FUZZ = settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+FUZZ = settings(max_examples=examples(400), suppress_health_check=[HealthCheck.too_slow],
+                deadline=None)
 
 
 def test_schema_types_are_the_profile_types() -> None:
@@ -264,7 +266,7 @@ def test_every_single_fault_the_schema_lets_through_python_accepts_too() -> None
     assert let_through  # (some faults are harmless: "" as content, a removed optional field)
 
 
-@settings(FUZZ, max_examples=800)
+@settings(FUZZ, max_examples=examples(800))
 @given(one_fault())
 def test_schema_refuses_what_python_refuses_one_fault_at_a_time(data: dict[str, Any]) -> None:
     raw = orjson.dumps(data)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import time
 import tracemalloc
@@ -60,6 +59,7 @@ from porter_mesh.core.knowledge import (
     encode_sync,
 )
 from porter_mesh.errors import KnowledgeError, ProtocolError
+from tests.fuzzing import examples
 
 #: CPU seconds one message may take to be decoded or refused (the thread's own CPU time,
 #: so other processes on a shared machine do not count). Real figures are microseconds to
@@ -67,9 +67,7 @@ from porter_mesh.errors import KnowledgeError, ProtocolError
 BOUND_S = 0.5
 #: A reason is a short machine-readable tag, as counted in ``dropped.<reason>``.
 REASON_RE = re.compile(r"[a-z][a-z0-9.-]{0,40}")
-#: Examples per property; raise it for a longer hunt (PORTER_MESH_FUZZ_EXAMPLES=5000).
-EXAMPLES = int(os.environ.get("PORTER_MESH_FUZZ_EXAMPLES", "100"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None,
+FUZZ = settings(max_examples=examples(100), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 T0 = "2026-01-31T12:00:00.000000Z"

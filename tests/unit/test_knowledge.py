@@ -38,6 +38,7 @@ from porter_mesh.core.knowledge import (
     record_signing_bytes,
 )
 from porter_mesh.errors import KnowledgeError, SyncError
+from tests.fuzzing import examples
 
 T0 = "2026-01-31T12:00:00.000000Z"
 
@@ -526,7 +527,7 @@ def histories(draw: st.DrawFn) -> list[Record]:
     return records
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(histories(), st.randoms(use_true_random=False))
 def test_replicas_converge_in_any_delivery_order(history: list[Record],
                                                  rnd: random.Random) -> None:

@@ -23,6 +23,7 @@ from porter_mesh.core.lifecycle import (
     parent_of,
 )
 from porter_mesh.core.tasks import TaskState, cancel_activity
+from tests.fuzzing import examples
 
 CTX = "urn:porter:task:t1"
 
@@ -191,7 +192,7 @@ def activities(draw: st.DrawFn) -> tuple[Activity, str, str]:
     return Activity.from_dict(data), sender, draw(st.sampled_from(CHANNELS))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.lists(activities(), max_size=25))
 def test_property_state_stays_in_the_vocabulary_finals_are_final_fenced_is_inert(
         steps: list[tuple[Activity, str, str]]) -> None:

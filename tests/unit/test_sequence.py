@@ -15,6 +15,7 @@ from porter_mesh.core.sequence import (
     SeqVerdict,
 )
 from porter_mesh.errors import ConfigError, FrameError
+from tests.fuzzing import examples
 
 V = SeqVerdict
 INC = 0x1234_5678_9ABC
@@ -310,7 +311,7 @@ def test_missing_matches_a_reference_model(seqs: list[int], data: st.DataObject)
 
 
 @given(st.lists(st.integers(1, 300), max_size=300), st.integers(1, 32))
-@settings(max_examples=50)
+@settings(max_examples=examples(50))
 def test_small_window_never_accepts_twice(seqs: list[int], window: int) -> None:
     t = SequenceTracker(window=window)
     accepted = [s for s in seqs if t.observe("w1", "log", INC, s).is_new]

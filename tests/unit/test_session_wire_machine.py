@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from porter_mesh.core.session.endpoint import DirectFrame
+from tests.fuzzing import examples
 from tests.unit.session_wire import Wire
 from tests.unit.wire_faults import WireFaults
 
@@ -119,6 +120,6 @@ class WireMachine(WireFaults):
 
 
 WireMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None,
+    max_examples=examples(150), stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 test_wire_machine = WireMachine.TestCase

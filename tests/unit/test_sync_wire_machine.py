@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, rule
 
+from tests.fuzzing import examples
 from tests.unit.sync_wire import SyncWire
 from tests.unit.wire_faults import WireFaults
 
@@ -95,6 +96,6 @@ class SyncMachine(WireFaults):
 
 
 SyncMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=30, deadline=None,
+    max_examples=examples(60), stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 test_sync_machine = SyncMachine.TestCase

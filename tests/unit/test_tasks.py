@@ -31,6 +31,7 @@ from porter_mesh.core.tasks import (
     with_attempt,
 )
 from porter_mesh.errors import ConfigError, TaskError
+from tests.fuzzing import examples
 
 CTX = "urn:porter:task:a3f9"
 
@@ -513,7 +514,7 @@ op = st.one_of(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(op, min_size=1, max_size=60))
 def test_random_sequences_keep_the_pairing_invariants(ops: list[tuple[Any, ...]]) -> None:
     board = TaskBoard("architect", offer_timeout=10.0, max_attempts=4)
