@@ -625,7 +625,6 @@ class _Applier:
         # (the journal holds them, and recovery applies them from there).
         self._submitted = 0
         self._settled = 0
-        self._busy = False
         self._stopping = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="porter-shard-store",
@@ -696,8 +695,7 @@ class _Applier:
                     task = _StoreTask([*task.add, *more.add], [*task.remove, *more.remove],
                                       more.new_mark, task.old_marks, task.text + more.text,
                                       task.rendered + more.rendered)
-                self._busy = True
-                self._cond.notify_all()
+                self._cond.notify_all()  # room for the writers that wait in submit
             failed = False
             try:
                 if self._error is None:
@@ -720,7 +718,6 @@ class _Applier:
             if failed:
                 self._heal()
             with self._cond:
-                self._busy = False
                 self._settled += joined
                 self._cond.notify_all()
         if self._on_stop is not None:
