@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from porter_mesh.core.advert import is_human
+from tests.integration.cli_proc import Running
 from tests.integration.harness import NodeProcess, peers_seen
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
@@ -151,46 +152,23 @@ def test_node_command_runs_and_halts(mesh: str) -> None:
             proc.stderr.close()
 
 
-class _Lines:
-    """The stderr lines of a process, read by a thread, waited for with a deadline."""
 
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.lines: queue.Queue[str] = queue.Queue()
-        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
-        self._thread.start()
-
-    def _read(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            self.lines.put(line)
-
-    def wait_for(self, text: str, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            assert left > 0, f"no line with {text!r} within {timeout}s"
-            with contextlib.suppress(queue.Empty):
-                line = self.lines.get(timeout=left)
-                if text in line:
-                    return line
-
-
-def _quiet_node(mesh: str, name: str, role: str) -> subprocess.Popen[str]:
+def _quiet_node(mesh: str, name: str, role: str) -> Running:
     """``porter-mesh node`` that keeps a silent peer listed for the whole test."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "porter_mesh.cli.main", "-v", "node", "--mesh", mesh,
-         "--evasive-after", "60", "--expire-after", "120", "--name", name, "--role", role],
-        stderr=subprocess.PIPE, text=True)
+    return Running("-v", "node", "--mesh", mesh, "--evasive-after", "60",
+                   "--expire-after", "120", "--name", name, "--role", role)
 
 
-def _end(*procs: subprocess.Popen[str]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-        if proc.stderr:
-            proc.stderr.close()
+def _seen_by(node: Running, name: str) -> None:
+    node.wait_until(lambda: any(f"peer {name}" in line for line in node.err), 30,
+                    f"{name} seen")
+
+
+def _end(*nodes: Running) -> None:
+    for node in nodes:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(node.proc.pid, signal.SIGCONT)  # a stopped one, so SIGTERM ends it
+        node.stop()
 
 
 @pytest.mark.parametrize("to", [["--to", "gamma"], []], ids=["to-one", "to-every-agent"])
@@ -201,13 +179,13 @@ def test_control_does_not_wait_for_a_seat_that_cannot_answer(mesh: str,
     gamma = _quiet_node(mesh, "gamma", "worker")
     seat = _quiet_node(mesh, "porter-ui-0badcafe", "cli")
     try:
-        _Lines(gamma).wait_for("peer porter-ui-0badcafe", 30)
-        os.kill(seat.pid, signal.SIGSTOP)
+        _seen_by(gamma, "porter-ui-0badcafe")
+        os.kill(seat.proc.pid, signal.SIGSTOP)
         out = cli("control", "halt", *to, "--mesh", mesh, "--json")
         assert out.returncode == 0, out.stderr
         report = json.loads(out.stdout)
         assert "gamma" in report["reached"] and report["missed"] == [], report
-        assert gamma.wait(30) == 0
+        assert gamma.proc.wait(30) == 0
     finally:
         _end(gamma, seat)
 
@@ -218,18 +196,18 @@ def test_control_names_an_agent_it_could_not_reach(mesh: str) -> None:
     gamma = _quiet_node(mesh, "gamma", "worker")
     delta = _quiet_node(mesh, "delta", "worker")
     try:
-        _Lines(gamma).wait_for("peer delta", 30)
-        os.kill(delta.pid, signal.SIGSTOP)
+        _seen_by(gamma, "delta")
+        os.kill(delta.proc.pid, signal.SIGSTOP)
         alone = cli("control", "halt", "--to", "delta", "--mesh", mesh, "--wait", "2")
         assert alone.returncode == 1
         assert "delta has not connected to this command within 2s; nothing sent" \
             in alone.stderr, alone.stderr
-        assert gamma.poll() is None
+        assert gamma.proc.poll() is None
         every = cli("control", "halt", "--mesh", mesh, "--wait", "2", "--json")
         assert every.returncode == 1, every.stderr
         report = json.loads(every.stdout)
         assert "gamma" in report["reached"] and report["missed"] == ["delta"], report
         assert "not reached within 2s: delta" in every.stderr
-        assert gamma.wait(30) == 0
+        assert gamma.proc.wait(30) == 0
     finally:
         _end(gamma, delta)
