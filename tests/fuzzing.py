@@ -9,6 +9,7 @@ Hypothesis' own default of 100 examples is scaled the same way (``tests/conftest
 
 from __future__ import annotations
 
+import math
 import os
 
 #: The environment variable that sets the scale.
@@ -23,7 +24,7 @@ def _scale() -> float:
         scale = float(text)
     except ValueError:
         scale = -1.0
-    if not scale > 0:
+    if not (math.isfinite(scale) and scale > 0):
         raise SystemExit(f"{SCALE_ENV}={text!r}: give a number above 0 (1 is the full hunt)")
     return scale
 
