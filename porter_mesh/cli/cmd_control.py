@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from porter_mesh.cli.common import add_mesh_options, agent_name, names, run, seat_config, seconds
-from porter_mesh.cli.seat import wait_for_audience, wait_for_peers
+from porter_mesh.cli.seat import not_found, wait_for_audience, wait_for_peers
 from porter_mesh.core import constants as C
 from porter_mesh.core.control import KIND_DRAIN, KIND_HALT
 from porter_mesh.node.node import Node
@@ -38,8 +38,9 @@ def main(args: argparse.Namespace) -> int:
             deadline = time.monotonic() + args.wait
             try:
                 await wait_for_peers(node, [args.to] if args.to else 1, args.wait)
-            except TimeoutError as exc:
-                print(f"porter-mesh control: {exc}", file=sys.stderr)
+            except TimeoutError:
+                print(f"porter-mesh control: {not_found(node, args.to, args.wait)}",
+                      file=sys.stderr)
                 return 1
             # The seats of other commands are not waited for (one that has just left
             # may still be listed); the agents are, or only the one named.

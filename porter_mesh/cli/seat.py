@@ -68,6 +68,18 @@ async def wait_for_peers(node: Node, want: list[str] | int, wait: float) -> None
         found.cancel()
 
 
+def not_found(node: Node, name: str | None, wait: float) -> str:
+    """What a command says when :func:`wait_for_peers` found nobody (``name`` None) or
+    not the agent ``name`` within ``wait`` seconds."""
+    mesh = node.config.mesh
+    if name is None:
+        return (f"nobody on mesh {mesh!r} within {wait:g}s; nothing sent (check --mesh, or "
+                f"start the agents first)")
+    seen = names(p.name for p in node.peers())
+    return (f"no agent {name!r} found on mesh {mesh!r} within {wait:g}s (seen: {seen}); "
+            f"check the name and mesh")
+
+
 async def wait_for_audience(node: Node, deadline: float,
                             only: str | None = None) -> set[str]:
     """Wait, until ``deadline`` (:func:`time.monotonic`), for every node ``node`` knows of
@@ -174,16 +186,13 @@ async def deliver(node: Node, channel: str, activity: Activity, *, wait: float,
 async def _deliver(node: Node, channel: str, activity: Activity, *, wait: float,
                    timeout: float, trace: TraceContext | None) -> Outcome:
     outcome = Outcome(channel)
-    mesh = node.config.mesh
     if channel.startswith(C.DIRECT_PREFIX):
         recipient = channel[len(C.DIRECT_PREFIX):]
         try:
             await wait_for_peers(node, [recipient], wait)
         except TimeoutError:
-            seen = names(p.name for p in node.peers())
             outcome.missed.add(recipient)
-            outcome.problem = (f"no agent {recipient!r} found on mesh {mesh!r} within "
-                               f"{wait:g}s (seen: {seen}); check the name and mesh")
+            outcome.problem = not_found(node, recipient, wait)
             return outcome
         try:
             await node.send(recipient, activity, timeout=timeout, trace=trace)
@@ -199,7 +208,7 @@ async def _deliver(node: Node, channel: str, activity: Activity, *, wait: float,
     try:
         await wait_for_peers(node, 1, wait)
     except TimeoutError:
-        outcome.problem = f"nobody on mesh {mesh!r} within {wait:g}s; nothing sent"
+        outcome.problem = not_found(node, None, wait)
         return outcome
     missing = await wait_for_audience(node, deadline)
     await node.publish(channel, activity, trace=trace)

@@ -211,3 +211,13 @@ def test_control_names_an_agent_it_could_not_reach(mesh: str) -> None:
         assert gamma.proc.wait(30) == 0
     finally:
         _end(gamma, delta)
+
+
+def test_control_on_an_empty_mesh_says_who_it_looked_for(mesh: str) -> None:
+    every = cli("control", "halt", "--mesh", mesh, "--wait", "1")
+    assert every.returncode == 1
+    assert f"nobody on mesh {mesh!r} within 1s; nothing sent" in every.stderr, every.stderr
+    one = cli("control", "drain", "--to", "nobody", "--mesh", mesh, "--wait", "1")
+    assert one.returncode == 1
+    assert "no agent 'nobody' found" in one.stderr and "check the name and mesh" \
+        in one.stderr, one.stderr
