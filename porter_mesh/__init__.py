@@ -9,6 +9,7 @@ core (no sockets, no event loop); ``porter_mesh.adapters`` are thin I/O drivers;
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
 from porter_mesh.errors import (
     ActivityError,
@@ -49,7 +50,20 @@ from porter_mesh.core.tasks import TaskBoard  # noqa: E402
 from porter_mesh.node.config import NodeConfig  # noqa: E402
 from porter_mesh.node.node import Message, Node  # noqa: E402
 from porter_mesh.node.sync import SyncNode  # noqa: E402
-from porter_mesh.tools.toolbox import Toolbox  # noqa: E402
+
+if TYPE_CHECKING:
+    from porter_mesh.tools.toolbox import Toolbox
+
+
+def __getattr__(name: str) -> Any:
+    # The toolbox (and the tracing it brings) loads on first use: a node does not need it.
+    if name == "Toolbox":
+        from porter_mesh.tools.toolbox import Toolbox
+
+        globals()["Toolbox"] = Toolbox
+        return Toolbox
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ASObject",

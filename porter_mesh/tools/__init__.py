@@ -9,23 +9,57 @@ OpenAI's strict form) and :func:`to_mcp` describe the tools for a model;
 
 from __future__ import annotations
 
-from porter_mesh.tools.external import ExternalServer, ExternalTools, external_server
-from porter_mesh.tools.port import InboxItem, MeshPort, QueryResult, RosterEntry
-from porter_mesh.tools.prompt import MESSAGING_SECTION, roster_section, system_prompt_sections
-from porter_mesh.tools.schemas import (
-    ALL_TOOLS,
-    ROLE_TOOLS,
-    TOOL_SPECS,
-    ToolSpec,
-    check_arguments,
-    specs_for,
-    strict_schema,
-    to_mcp,
-    to_openai,
-)
-from porter_mesh.tools.shell import CommandResult, run_command
-from porter_mesh.tools.toolbox import Toolbox
-from porter_mesh.tools.workspace import Workspace
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The names below load with the module that defines them, on first use: a node imports
+# this package for its small data types (port.py) and must not pay, in every process of
+# a mesh, for the toolbox, its tracing and the external servers' client.
+if TYPE_CHECKING:
+    from porter_mesh.tools.external import ExternalServer, ExternalTools, external_server
+    from porter_mesh.tools.port import InboxItem, MeshPort, QueryResult, RosterEntry
+    from porter_mesh.tools.prompt import MESSAGING_SECTION, roster_section, system_prompt_sections
+    from porter_mesh.tools.schemas import (
+        ALL_TOOLS,
+        ROLE_TOOLS,
+        TOOL_SPECS,
+        ToolSpec,
+        check_arguments,
+        specs_for,
+        strict_schema,
+        to_mcp,
+        to_openai,
+    )
+    from porter_mesh.tools.shell import CommandResult, run_command
+    from porter_mesh.tools.toolbox import Toolbox
+    from porter_mesh.tools.workspace import Workspace
+
+_SOURCES = {
+    "ExternalServer": "external", "ExternalTools": "external", "external_server": "external",
+    "InboxItem": "port", "MeshPort": "port", "QueryResult": "port", "RosterEntry": "port",
+    "MESSAGING_SECTION": "prompt", "roster_section": "prompt",
+    "system_prompt_sections": "prompt",
+    "ALL_TOOLS": "schemas", "ROLE_TOOLS": "schemas", "TOOL_SPECS": "schemas",
+    "ToolSpec": "schemas", "check_arguments": "schemas", "specs_for": "schemas",
+    "strict_schema": "schemas", "to_mcp": "schemas", "to_openai": "schemas",
+    "CommandResult": "shell", "run_command": "shell",
+    "Toolbox": "toolbox",
+    "Workspace": "workspace",
+}
+
+
+def __getattr__(name: str) -> Any:
+    source = _SOURCES.get(name)
+    if source is None:  # also how `from porter_mesh.tools import <submodule>` finds one
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{source}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SOURCES})
+
 
 __all__ = [
     "ALL_TOOLS",

@@ -37,6 +37,28 @@ def test_the_node_command_alone_leaves_the_heavy_modules_out() -> None:
     assert "porter_mesh.cli.cmd_ui" not in modules
 
 
+def test_a_node_with_its_shard_leaves_the_toolbox_and_tracing_out() -> None:
+    """What `porter-mesh node` loads to run with its knowledge shard: the agent tools,
+    the task tracing and OpenTelemetry are not among it (each node of a mesh would hold
+    them in memory; measured, some 1.2 MB per node)."""
+    script = ("import json, sys\n"
+              "from porter_mesh.cli.main import build_parser\n"
+              "build_parser('node')\n"
+              "import porter_mesh.cli.cmd_node\n"
+              "from porter_mesh.adapters.shard import Shard\n"
+              "from porter_mesh.node.knowledge import Knowledge\n"
+              "from porter_mesh.node.transcript import message_json\n"
+              "print(json.dumps(sorted(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=True)
+    modules = json.loads(done.stdout.splitlines()[-1])
+    assert "porter_mesh.node.knowledge" in modules
+    assert "porter_mesh.tools.port" in modules  # the query result type, and nothing more
+    unwanted = ("opentelemetry", "porter_mesh.tracing", "porter_mesh.tools.toolbox",
+                "porter_mesh.tools.external", "mcp")
+    assert [m for m in modules if m.split(".")[0] in unwanted or m.startswith(unwanted)] == []
+
+
 @pytest.mark.parametrize(("command", "expected"), [
     ("node", ["node"]),
     ("stats", ["stats"]),

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+
+import pytest
+
 import porter_mesh
 
 
@@ -20,3 +24,17 @@ def test_error_tree_root() -> None:
     assert issubclass(porter_mesh.DeliveryTimeout, TimeoutError)
     assert issubclass(porter_mesh.OperationTimeout, TimeoutError)
     assert issubclass(porter_mesh.QueryTimeout, TimeoutError)
+
+
+def test_the_tools_package_exports_load_on_first_use() -> None:
+    import porter_mesh.tools as tools
+
+    for name in tools.__all__:
+        source = importlib.import_module(f"porter_mesh.tools.{tools._SOURCES[name]}")
+        assert getattr(tools, name) is getattr(source, name), name
+    assert set(tools.__all__) <= set(dir(tools))
+    assert porter_mesh.Toolbox is tools.Toolbox
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        tools.nothing_here  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        porter_mesh.nothing_here  # noqa: B018
