@@ -136,7 +136,8 @@ def run(counts: bench_node.Counts, repeat: int, keys: dict[str, str]) -> dict[st
                 if section in got:
                     kind = section.removesuffix("-raw")
                     progress(f"  {bench_node._describe(kind, got[section])}")
-                    bench_node._keep_best(res[mode], section, got[section], figure, higher)
+                    bench_node._keep_best(res[mode], section, got[section], figure, higher,
+                                         round_no + 1)
                     for part, label, name, _, _ in MEASURES:
                         if part == section and name in got[section]:
                             figures[mode][label] = got[section][name]

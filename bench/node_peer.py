@@ -12,7 +12,9 @@ Roles:
 
 * ``mesh-pub`` / ``mesh-sub``: broadcast on the ``log`` channel through :class:`Node`
   (``--mode orjson``: a fresh ``Activity.from_dict`` per message; ``--mode raw``: one
-  prebuilt activity published again and again).
+  prebuilt activity published again and again). The subscriber is a node without an
+  inbox whose batch handler counts (``--mode read``: and reads a field of each);
+  ``--mode inbox`` gives it an inbox too, emptied as it fills.
 * ``mesh-recv``: a node that drains its direct inbox (``--echo``: and answers every
   direct message with a direct message back).
 * ``mesh-send``: direct sends with acknowledgement, ``--window`` futures in flight.
@@ -90,7 +92,7 @@ def note(text: str) -> None:
 class Arrivals:
     """Counts received messages and times the first and the last arrival."""
 
-    __slots__ = ("count", "cpu", "first", "first_batch", "last")
+    __slots__ = ("count", "cpu", "first", "first_batch", "last", "reached", "target")
 
     def __init__(self) -> None:
         self.count = 0
@@ -98,6 +100,9 @@ class Arrivals:
         self.first_batch = 0
         self.last = 0.0
         self.cpu = CpuClock()
+        #: Resolved once ``count`` reaches ``target`` (see :func:`until_counted`).
+        self.reached: asyncio.Future[None] | None = None
+        self.target = 0
 
     def add(self, n: int) -> None:
         now = time.perf_counter()
@@ -107,6 +112,8 @@ class Arrivals:
             self.cpu.start()
         self.count += n
         self.last = now
+        if self.count >= self.target and self.reached is not None and not self.reached.done():
+            self.reached.set_result(None)
 
     def result(self) -> dict[str, Any]:
         span = self.last - self.first
@@ -289,15 +296,17 @@ async def mesh_pub(a: argparse.Namespace) -> None:
         await async_stdin_closed(a.limit)
 
 
-def count_deliveries(node: Any, keep: Callable[[Any], bool], *, read: bool = False) -> Arrivals:
-    """Count the activities the node delivers, as soon as they are decoded and validated.
+def delivery_counter(keep: Callable[[Any], bool], *,
+                     read: bool = False) -> tuple[Arrivals, Callable[[list[Any]], None]]:
+    """A batch handler counting the activities a node delivers, as soon as they are
+    decoded and validated, and what it counts into.
 
-    Uses the node's batch handler: one call per ZeroMQ message, timed on arrival, as an
-    application that counts or forwards would. Attach before any peer can send. Timing
-    inbox drains instead would be too coarse: when data queues up, one drain can return
-    everything at once. With ``read``, a field of every activity is read first, as an
-    application that looks at each does (an activity arrives validated; its dict is
-    made when first read).
+    One call per ZeroMQ message, timed on arrival, as an application that counts or
+    forwards would. Timing inbox drains instead would be too coarse: when data queues
+    up, one drain can return everything at once. With ``read``, a field of every activity
+    is read first, as an application that looks at each does (an activity arrives
+    validated; its dict is made when first read). Give it to the node's constructor
+    (``batch_handlers``) so that it counts from the first message.
     """
     arrivals = Arrivals()
     add = arrivals.add
@@ -310,6 +319,12 @@ def count_deliveries(node: Any, keep: Callable[[Any], bool], *, read: bool = Fal
                     msg.activity.type  # noqa: B018
             add(len(msgs))
 
+    return arrivals, seen
+
+
+def count_deliveries(node: Any, keep: Callable[[Any], bool], *, read: bool = False) -> Arrivals:
+    """:func:`delivery_counter` added to a running ``node`` (before any peer can send)."""
+    arrivals, seen = delivery_counter(keep, read=read)
     node.add_batch_handler(seen)
     return arrivals
 
@@ -330,17 +345,46 @@ async def empty_inbox(node: Any, arrivals: Arrivals, count: int, limit: float, i
         node.drain()
 
 
+async def until_counted(arrivals: Arrivals, count: int, limit: float, idle: float) -> None:
+    """Wait until ``count`` arrived, ``limit`` seconds passed, or nothing more came for
+    ``idle`` seconds after the first (checked every ``idle`` seconds)."""
+    loop = asyncio.get_running_loop()
+    arrivals.target, arrivals.reached = count, loop.create_future()
+    if arrivals.count >= count:
+        return
+    deadline = loop.time() + limit
+    while not arrivals.reached.done():
+        left = deadline - loop.time()
+        if left <= 0:
+            return
+        before = arrivals.count
+        await asyncio.wait([arrivals.reached], timeout=min(left, idle))
+        if before and arrivals.count == before:
+            return
+
+
 async def mesh_sub(a: argparse.Namespace) -> None:
-    async with _node(a.name, seeds=(a.seed,), channels=(CHANNEL,)) as node:
-        arrivals = count_deliveries(node, lambda m: m.channel == CHANNEL and not m.direct,
-                                    read=a.mode == "read")
-        # Take messages out from the start: the publisher may begin as soon as our
-        # subscription reaches it, and an inbox left to fill would measure a stalled
-        # application instead.
-        draining = asyncio.ensure_future(empty_inbox(node, arrivals, a.count, a.limit, a.idle))
+    # By default the subscriber is what the mesh's own observers are (the dashboard, the
+    # demo's timeline, `porter-mesh node`): a node without an inbox whose handler is the
+    # application, as zenoh's subscriber is a callback. `--mode inbox` also keeps an inbox
+    # and empties it as an application reading with drain() does.
+    inbox = a.mode == "inbox"
+    settings = {} if inbox else {"inbox_size": 0}
+    arrivals, seen = delivery_counter(lambda m: m.channel == CHANNEL and not m.direct,
+                                      read=a.mode == "read")
+    async with _node(a.name, seeds=(a.seed,), channels=(CHANNEL,), batch_handlers=[seen],
+                     **settings) as node:
+        if inbox:
+            # Take messages out from the start: the publisher may begin as soon as our
+            # subscription reaches it, and an inbox left to fill would measure a stalled
+            # application instead.
+            waiting = empty_inbox(node, arrivals, a.count, a.limit, a.idle)
+        else:
+            waiting = until_counted(arrivals, a.count, a.limit, a.idle)
+        done = asyncio.ensure_future(waiting)
         await node.wait_for_peers([PUB_NAME], a.limit)
         emit("ready")
-        await draining
+        await done
         emit("result", **arrivals.result(), stats=node.stats())
 
 
@@ -905,7 +949,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=3.0,
         help="stop receiving after this many quiet seconds once data flowed",
     )
-    p.add_argument("--mode", choices=("raw", "orjson", "read"), default="orjson")
+    p.add_argument("--mode", choices=("raw", "orjson", "read", "inbox"), default="orjson")
     p.add_argument(
         "--port",
         type=int,

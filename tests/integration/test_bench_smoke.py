@@ -89,6 +89,7 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
         "broadcast 1->2 per sub",
         "broadcast 1->1 prebuilt",
         "broadcast 1->1 each read",
+        "broadcast 1->1 from an inbox",
         "direct with acks",
         "direct with acks journaled",
         "direct with acks prebuilt",
@@ -102,12 +103,20 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
     }
     assert set(verdicts.values()) <= {"PASS", "MISS", "info"}
     for row in res["summary"]:
-        # Only the prebuilt-activity and reading rows are empty: those variants were not run.
-        assert (row["ours"] is None) == row["measure"].endswith(("prebuilt", "each read")), row
+        # Only the prebuilt-activity, reading and inbox rows are empty: those variants were
+        # not run.
+        assert (row["ours"] is None) == row["measure"].endswith(
+            ("prebuilt", "each read", "from an inbox")), row
+    # Each graded ratio was judged on its one round.
+    rows = {row["measure"]: row for row in res["summary"]}
+    for name in ("broadcast 1->1", "broadcast 1->2 per sub", "round trip p50", "round trip p99"):
+        assert len(rows[name]["rounds"]) == 1, rows[name]
+        assert rows[name]["rounds"][0] == pytest.approx(rows[name]["ratio"]), rows[name]
 
     assert (tmp_path / "node.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = done.stdout
-    for heading in ("measure", "ours", "baseline", "ratio", "target", "result"):
+    for heading in ("measure", "ours", "baseline", "best/best", "each round", "target",
+                    "result"):
         assert heading in table
     assert "broadcast 1->1" in table and "round trip p50" in table
 
