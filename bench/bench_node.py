@@ -52,6 +52,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import pstats
 import secrets
@@ -492,7 +493,7 @@ class Row:
     def rounds_text(self) -> str:
         """Each round's figure, as the verdict reads it."""
         if self.rule.startswith("ratio"):
-            return " / ".join(f"{v:.2f}" for v in self.rounds)
+            return " / ".join("failed" if math.isnan(v) else f"{v:.2f}" for v in self.rounds)
         return " / ".join(_fmt(v, self.unit) for v in self.rounds)
 
 
@@ -521,8 +522,10 @@ def summarize(res: dict[str, Any]) -> list[Row]:
         return {r["round"]: r[figure] for r in entry.get("per_round", []) if figure in r}
 
     def ratios(ours: dict[int, float], base: dict[int, float]) -> tuple[float, ...]:
-        """Ours over the baseline, round by round (rounds where either failed left out)."""
-        return tuple(ours[n] / base[n] for n in sorted(ours) if base.get(n))
+        """Ours over the baseline, round by round, in the rounds where the baseline ran;
+        a round in which ours failed is NaN, which meets no target."""
+        return tuple(ours[n] / base[n] if n in ours else math.nan
+                     for n in sorted(base) if base[n])
 
     def bc_rounds(system: str, subs: int, base: str) -> tuple[float, ...]:
         return ratios(per_round("broadcast", f"{system}/1->{subs}", "mean"),
@@ -962,12 +965,10 @@ def _keep_best(store: dict[str, Any], key: str, entry: dict[str, Any], figure: s
     targets are judged round by round (``per_round``: the round's number and figures).
     """
     old = store.get(key, {})
-    runs = [*old.get("runs", []), entry[figure]]
     mine = {"round": round_no, **{k: entry[k] for k in (figure, "p99_us") if k in entry}}
     rounds = [*old.get("per_round", []), mine]
     if not old or (entry[figure] > old[figure]) == higher:
         store[key] = entry
-    store[key]["runs"] = runs
     store[key]["per_round"] = rounds
 
 
@@ -1033,7 +1034,7 @@ def run(counts: Counts, only: set[str], systems: list[str], repeat: int) -> dict
 
     Rates and latencies are measured in ``repeat`` interleaved rounds (all systems once
     per round, so that a burst of background load hits them alike); the best round of
-    each is kept and every round's figure is listed under ``runs``.
+    each is kept and every round's figures are listed under ``per_round``.
     """
     errors: dict[str, str] = {}
     res: dict[str, Any] = {
