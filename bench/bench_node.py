@@ -523,7 +523,10 @@ def summarize(res: dict[str, Any]) -> list[Row]:
 
     def ratios(ours: dict[int, float], base: dict[int, float]) -> tuple[float, ...]:
         """Ours over the baseline, round by round, in the rounds where the baseline ran;
-        a round in which ours failed is NaN, which meets no target."""
+        a round in which ours failed is NaN, which meets no target. Nothing when ours
+        was not run at all (the row then has no figure)."""
+        if not ours:
+            return ()
         return tuple(ours[n] / base[n] if n in ours else math.nan
                      for n in sorted(base) if base[n])
 

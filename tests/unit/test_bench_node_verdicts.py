@@ -44,3 +44,9 @@ def test_the_best_round_is_kept_and_every_round_listed() -> None:
         _keep_best(store, "k", {"mean": rate, "round_of": n}, "mean", True, n)
     assert store["k"]["round_of"] == 2
     assert [r["mean"] for r in store["k"]["per_round"]] == [5.0, 9.0, 7.0]
+
+
+def test_a_measure_not_run_has_no_rounds_and_no_verdict_but_a_miss() -> None:
+    row = _row(_results([None, None], [400.0, 380.0]))
+    assert (row.ours, row.rounds, row.rounds_text()) == (None, (), "")
+    assert row.verdict == "MISS"
