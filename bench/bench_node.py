@@ -370,16 +370,18 @@ def measure_rtt(system: str, counts: Counts, profile: Path | None = None,
     server_limit = counts.limit + STARTUP_ALLOWANCE
     ping_options = {"count": counts.rtt, "warmup": counts.warmup, "limit": counts.limit}
     with peer_group() as spawn:
-        if system == "mesh":
+        if system in ("mesh", "mesh-sleep"):
+            # "mesh-sleep": the same nodes with busy polling off (busy_poll=0).
+            polling = {"busy_poll": "0"} if system == "mesh-sleep" else {}
             ping, echo = _client_and_server(
                 spawn,
                 (
                     "mesh-recv",
                     {"echo": True, "limit": server_limit, "profile": _prof(profile, ".echo.prof"),
-                     "stages": stages},
+                     "stages": stages, **polling},
                 ),
                 ("mesh-ping", {**ping_options, "profile": _prof(profile, ".ping.prof"),
-                               "stages": stages}),
+                               "stages": stages, **polling}),
                 deadline,
             )
         else:
@@ -549,6 +551,7 @@ def summarize(res: dict[str, Any]) -> list[Row]:
     journaled = direct.get("mesh-journal", {})
     mesh_rtt, zmq_rtt, aio_rtt = rtt.get("mesh", {}), rtt.get("zmq", {}), rtt.get("aio", {})
     proto_rtt, bare_rtt = rtt.get("proto", {}), rtt.get("proto-noack", {})
+    sleeping_rtt = rtt.get("mesh-sleep", {})
     nodes = res["counts"]["nodes"]
     zenoh = "zenoh orjson"
     return [
@@ -664,6 +667,16 @@ def summarize(res: dict[str, Any]) -> list[Row]:
             "ratio<=",
             2.5,
             rounds=rtt_rounds("mesh", "p99_us"),
+        ),
+        # The mesh with busy polling off: each loop sleeps as soon as it has nothing to
+        # do, so every message waits for a CPU's wake-up (see docs/performance.md).
+        Row(
+            "round trip p50 loop sleeping",
+            "us",
+            sleeping_rtt.get("p50_us"),
+            zmq_rtt.get("p50_us"),
+            "pyzmq",
+            "(report)",
         ),
         # The same ping-pong from asyncio loops, no codec: what any asyncio node pays.
         Row(
@@ -1006,7 +1019,7 @@ def _one_round(
             jobs.append(("direct", name, "rate", True,
                          lambda m=mode, j=journal: measure_direct(counts, mode=m, journal=j)))
     if "rtt" in only:
-        for system in ("mesh", "zmq", "aio", "proto", "proto-noack"):
+        for system in ("mesh", "zmq", "mesh-sleep", "aio", "proto", "proto-noack"):
             jobs.append(("rtt", system, "p50_us", False, lambda s=system: measure_rtt(s, counts)))
     for section, key, figure, higher, job in jobs:
         progress(f"{section} {key}{tag}")

@@ -398,7 +398,7 @@ async def mesh_recv(a: argparse.Namespace) -> None:
 
 
 async def _mesh_recv(a: argparse.Namespace, data_dir: pathlib.Path | None) -> None:
-    async with _node(RECV_NAME, data_dir=data_dir) as node:
+    async with _node(RECV_NAME, data_dir=data_dir, **_polling(a)) as node:
         if a.echo:
 
             def forget(fut: asyncio.Future[None]) -> None:
@@ -489,8 +489,13 @@ async def mesh_send(a: argparse.Namespace) -> None:
         )
 
 
+def _polling(a: argparse.Namespace) -> dict[str, float]:
+    """The node's ``busy_poll`` setting if ``--busy-poll`` gave one (else its default)."""
+    return {} if a.busy_poll is None else {"busy_poll": a.busy_poll}
+
+
 async def mesh_ping(a: argparse.Namespace) -> None:
-    async with _node("ping", seeds=(a.seed,)) as node:
+    async with _node("ping", seeds=(a.seed,), **_polling(a)) as node:
         await node.wait_for_peers([RECV_NAME], a.limit)
         emit("ready")
         trips = RoundTrips(a)
@@ -967,6 +972,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="proto-echo/proto-ping leave acknowledgements out (the bound of any ack scheme)",
     )
+    p.add_argument("--busy-poll", type=float, default=None,
+                   help="mesh-ping/mesh-recv: the node's busy_poll seconds (0: the loop "
+                   "sleeps at once; default: the node's own default)")
     p.add_argument("--profile", default="", help="write cProfile stats to this file")
     p.add_argument("--stages", action="store_true",
                    help="mesh-ping/mesh-recv stamp the node's direct path and report each "

@@ -28,8 +28,10 @@ sessions (:mod:`porter_mesh.core.session`) say what to do.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
+import os
 import time
 from collections.abc import Callable
 from typing import TypeVar, cast
@@ -57,6 +59,8 @@ _T = TypeVar("_T")
 _REBIND_FIRST_DELAY = 0.002
 _REBIND_MAX_DELAY = 0.1
 _REBIND_DEADLINE = 10.0
+#: Gives the CPU to another thread ready to run on it (no-op where the OS has no such call).
+_yield_cpu: Callable[[], None] = getattr(os, "sched_yield", lambda: None)
 #: What a probe tries to reach: ``("seed", "HOST:PORT")`` or ``("peer", name)``.
 Target = tuple[str, str]
 #: Reads a link's SUB (the socket, the peer's name).
@@ -102,16 +106,19 @@ class Sockets:
     """One node's ZeroMQ context, its socket factory and its watched sockets.
 
     Args:
-        config: the node's settings (limits, interfaces).
+        config: the node's settings (limits, interfaces, busy polling).
+        counters: the node's counters (``busy_poll.windows``: times the loop started
+            polling after direct traffic; ``busy_poll.turns``: its turns while it did).
         after_batch: called after each read that took messages (the node flushes what
             its handlers queued and re-arms its timer).
         closed: whether the node is closed (a socket closed under a read is then no
             error).
     """
 
-    def __init__(self, config: NodeConfig, *, after_batch: Callable[[], None],
-                 closed: Callable[[], bool]) -> None:
+    def __init__(self, config: NodeConfig, counters: collections.Counter[str], *,
+                 after_batch: Callable[[], None], closed: Callable[[], bool]) -> None:
         self.config = config
+        self._counters = counters
         self._after_batch = after_batch
         self._closed = closed
         self.ctx: zmq.Context[zmq.Socket[bytes]] | None = None
@@ -119,6 +126,9 @@ class Sockets:
         #: The node's keys, once loaded (None: unsecured).
         self.security: MeshSecurity | None = None
         self._readers: dict[zmq.Socket[bytes], Callable[[], None]] = {}
+        self._busy_poll = config.busy_poll
+        self._busy_until = 0.0
+        self._polling: asyncio.Handle | None = None
 
     def open(self, loop: asyncio.AbstractEventLoop) -> zmq.Context[zmq.Socket[bytes]]:
         """Make the context, on ``loop``; returns it."""
@@ -233,12 +243,43 @@ class Sockets:
 
     def unwatch_all(self) -> None:
         """Stop watching every socket (the node is closing)."""
+        self._stop_polling()
         loop = self.loop
         for sock in list(self._readers):
             if loop is not None:
                 with contextlib.suppress(Exception):
                     loop.remove_reader(_fd(sock))
         self._readers.clear()
+
+    def busy(self) -> None:
+        """Direct traffic has just passed: keep the loop turning for ``busy_poll``
+        seconds from now, so what answers it is read without a sleep and a wake-up.
+
+        Each turn of the loop polls every watched descriptor without waiting, then
+        yields the CPU to any other thread ready to run on it (ZeroMQ's I/O thread among
+        them); the turns end once the window passes with nothing more, and an idle node
+        never starts them."""
+        window = self._busy_poll
+        if not window:
+            return
+        self._busy_until = time.monotonic() + window
+        if self._polling is None and self.loop is not None:
+            self._counters["busy_poll.windows"] += 1
+            self._polling = self.loop.call_soon(self._poll_turn)
+
+    def _poll_turn(self) -> None:
+        loop = self.loop
+        if loop is None or self._closed() or time.monotonic() >= self._busy_until:
+            self._polling = None
+            return
+        self._counters["busy_poll.turns"] += 1
+        _yield_cpu()
+        self._polling = loop.call_soon(self._poll_turn)
+
+    def _stop_polling(self) -> None:
+        if self._polling is not None:
+            self._polling.cancel()
+            self._polling = None
 
     def after_send(self, sock: zmq.Socket[bytes]) -> None:
         """A send can consume the edge of ZeroMQ's descriptor: re-check for input."""

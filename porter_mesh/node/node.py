@@ -171,7 +171,7 @@ class Node(NodeAPI):
         self._acks = PendingAcks()
         self._control_listeners = []
         # The sockets, how they are made and watched, and the one read loop.
-        self._sockets = Sockets(config, after_batch=self._after_batch,
+        self._sockets = Sockets(config, self.counters, after_batch=self._after_batch,
                                 closed=lambda: self._closed)
         self._net = Links(self._sockets, routing_id=f"{self.name}/{self.incarnation:x}",
                           read_sub=lambda sock, peer: self._arrivals.read_sub(sock, peer),

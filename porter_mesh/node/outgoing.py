@@ -123,6 +123,7 @@ class Outgoing:
         """Carry out ``actions`` in their order (see the module docstring)."""
         blocked: set[str] | None = None
         pub = None
+        sent = False
         for action in actions:
             # type() tests, not isinstance(): no call per action (every message has two).
             if type(action) is SendFrame:
@@ -137,6 +138,7 @@ class Outgoing:
                                         trace=frame.trace)
                     frames = encode_direct(env, frame.payload)
                     carried = self.carry_acks(recipient, frames) if self._acks else None
+                    sent = True
                     if not self.send_frames(link.dealer, frames):
                         blocked = blocked or set()
                         blocked.add(recipient)
@@ -180,6 +182,8 @@ class Outgoing:
                 self._refuse(action.event, action.peer, action.detail, key=action.key)
         if pub is not None:
             self._sockets.after_send(pub)
+        if sent:
+            self._sockets.busy()  # its acknowledgement, or an answer, may follow at once
 
     def carry_acks(self, recipient: str,
                    frames: list[bytes]) -> tuple[bytes, list[int]] | None:

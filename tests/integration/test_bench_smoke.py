@@ -73,11 +73,16 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
     assert (direct["acked"], direct["failed"]) == (300, 0)
     assert direct["rate"] > 0
     assert direct["receiver"]["received"] == 300
-    for system in ("mesh", "zmq", "aio", "proto", "proto-noack"):
+    for system in ("mesh", "zmq", "mesh-sleep", "aio", "proto", "proto-noack"):
         rtt = res["rtt"][system]
         assert rtt["n"] == 30
         assert 0 < rtt["p50_us"] <= rtt["p99_us"]
         assert rtt["echo"]["received"] >= 30, system  # every timed trip was answered
+    # The mesh's nodes polled after their direct traffic; "mesh-sleep"'s never did.
+    assert res["rtt"]["mesh"]["stats"].get("busy_poll.windows", 0) > 0
+    assert res["rtt"]["mesh"]["echo"]["stats"].get("busy_poll.windows", 0) > 0
+    assert "busy_poll.windows" not in res["rtt"]["mesh-sleep"]["stats"]
+    assert "busy_poll.windows" not in res["rtt"]["mesh-sleep"]["echo"]["stats"]
     disc = res["discovery"]
     assert disc["all_seen"] and disc["peers_seen"] == [2, 2, 2]
     assert disc["from_last_start"] > 0
@@ -95,6 +100,7 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: pathlib.Path) -> None:
         "direct with acks prebuilt",
         "round trip p50",
         "round trip p99",
+        "round trip p50 loop sleeping",
         "round trip p50 asyncio floor",
         "round trip p50 protocol floor",
         "round trip p50 no-ack floor",
