@@ -933,6 +933,47 @@ class _Compactor:
             thread.join()
 
 
+#: Most seconds the in-memory index's load waits for the copy of the index to open.
+_COPY_OPEN_WAIT = 5.0
+
+
+class _Opening:
+    """A RocksDB store opening on a thread of its own while the shard reads its journal
+    (pyoxigraph lets go of the interpreter's lock while RocksDB opens its files)."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self.store: ox.Store | None = None
+        self.error: Exception | None = None
+        self._thread = threading.Thread(target=self._open, args=(path,), daemon=True,
+                                        name="shard-copy-open")
+        self._thread.start()
+
+    def _open(self, path: pathlib.Path) -> None:
+        try:
+            self.store = ox.Store(str(path))
+        except (OSError, ValueError, RuntimeError) as exc:  # RocksDB: "Corruption: ..."
+            self.error = exc
+
+    def result(self) -> ox.Store:
+        """The store once open (hand it on: this object lets go of it).
+
+        Raises:
+            OSError, ValueError, RuntimeError: it could not be opened.
+        """
+        self._thread.join()
+        store, self.store = self.store, None
+        if self.error is not None:
+            raise self.error
+        assert store is not None
+        return store
+
+    def drop(self) -> None:
+        """Let the store go unused (its RocksDB lock goes with the last reference)."""
+        self._thread.join()
+        self.store = None
+        gc.collect()
+
+
 class _IndexCopy:
     """The on-disk copy of the in-memory index, which answers queries after a restart.
 
@@ -976,6 +1017,9 @@ class _IndexCopy:
         #: Writes applied (the isolated queries' checkpoint of it is reused until then).
         self.generation = 0
         self.applier: _Applier | None = None
+        #: Its store, opening since before the journal was read (None: opened by its
+        #: thread).
+        self.early: _Opening | None = None
 
     def release(self) -> None:
         self.store = None
@@ -1063,6 +1107,11 @@ class Shard:
             self._closing = False  # close() stops a load still running
             self._opened_at = time.monotonic()
             self._applier = _Applier(self._write_store, recover=self._reopen_store)
+            # The copy of an in-memory index opens while the journal is read: both take
+            # tens of milliseconds at 100k observations, and queries wait for both.
+            copy_path = self.data_dir / _COPY_DIR
+            self._early_copy = (_Opening(copy_path) if index is not Index.DISK
+                                and copy_path.exists() else None)
             try:
                 for _ in self._load_journal(rebuild=False):
                     pass  # the replica state only: the shard can serve the mesh now
@@ -1087,6 +1136,7 @@ class Shard:
                     self._loaded.set()
             except BaseException:
                 self._closing = True
+                self._drop_early_copy()
                 self._applier.close()
                 if self._compactor is not None:
                     self._compactor.close()
@@ -1196,8 +1246,14 @@ class Shard:
 
     # -- the copy of the in-memory index (see _IndexCopy) --
 
+    def _drop_early_copy(self) -> None:
+        early, self._early_copy = self._early_copy, None
+        if early is not None:
+            early.drop()
+
     def _discard_copy(self, why: str) -> None:
         """Remove a copy of the in-memory index, and an unfinished one, if any."""
+        self._drop_early_copy()
         for name in (_COPY_DIR, _COPY_TMP):
             if (self.data_dir / name).exists():
                 log.info("shard %s: removing %s (%s)", self.data_dir, name, why)
@@ -1212,6 +1268,7 @@ class Shard:
                         "stopped while writing it at close)", self.data_dir)
             shutil.rmtree(tmp, ignore_errors=True)
         if not path.exists():
+            self._drop_early_copy()
             log.info("shard %s: no copy of the index on disk (one is written at close once "
                      "the journal holds %d bytes): queries wait until the index has loaded "
                      "from the journal", self.data_dir, COPY_MIN_JOURNAL_BYTES)
@@ -1219,6 +1276,7 @@ class Shard:
         # Opened and checked on its own thread, so that opening it does not delay the
         # shard serving the mesh; reads wait for that thread (see _reading_store).
         copy = _IndexCopy(path)
+        copy.early, self._early_copy = self._early_copy, None
         copy.applier = _Applier(functools.partial(self._write_copy, copy),
                                 on_stop=copy.release)
         end = self._journal.end
@@ -1231,8 +1289,9 @@ class Shard:
         path = copy.path
         store: ox.Store | None = None
         why: str | None
+        early, copy.early = copy.early, None
         try:
-            store = ox.Store(str(path))
+            store = early.result() if early is not None else ox.Store(str(path))
             marks = _copy_marks(store)
         except (OSError, ValueError, RuntimeError) as exc:  # RocksDB: "Corruption: ..."
             why = f"it cannot be read ({exc})"
@@ -1710,6 +1769,13 @@ class Shard:
         store, add, remove = self._store, task.add, task.remove
         try:
             if task.rebuild_until:
+                copy = self._reading_copy
+                if copy is not None:
+                    # The copy answers queries until this load ends: it opens first, on
+                    # its own thread, without this load's Python taking turns at the
+                    # interpreter's lock with it (the load takes seconds; the copy's
+                    # opening, tens of milliseconds, which it would stretch).
+                    copy.opened.wait(_COPY_OPEN_WAIT)
                 for part in self._load_journal(rebuild=True, load_state=False,
                                                until=task.rebuild_until):
                     if self._closing:
