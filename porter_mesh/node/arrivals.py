@@ -265,7 +265,6 @@ class Arrivals(Generic[_Token]):
                               lambda got: self._on_direct(got[0], accepted, got[1]))
         if more is not None and accepted:
             self._accept(accepted)
-            self._sockets.busy()  # an answer may follow at once
         self._sockets.read_done(more, self.read_router)
 
     def _on_broadcast(self, frames: list[bytes], peer: str | None = None) -> None:

@@ -182,7 +182,7 @@ class NodeConfig:
             grown past this many bytes and taken records make up over half of it, at
             start-up and while the node runs, so its size stays bounded.
         busy_poll: seconds the node keeps its event loop turning, without sleeping, after
-            direct traffic (a direct message sent or taken in), so that an answer arriving
+            it sends a direct message, so that the acknowledgement or the answer arriving
             meanwhile is read at once instead of after the wake-up of an idle CPU (tens of
             microseconds on a virtual machine whose guest does not poll before halting).
             Each turn yields the CPU to any other thread ready to run on it. Default 500

@@ -108,7 +108,7 @@ class Sockets:
     Args:
         config: the node's settings (limits, interfaces, busy polling).
         counters: the node's counters (``busy_poll.windows``: times the loop started
-            polling after direct traffic; ``busy_poll.turns``: its turns while it did).
+            polling after a direct send; ``busy_poll.turns``: its turns while it did).
         after_batch: called after each read that took messages (the node flushes what
             its handlers queued and re-arms its timer).
         closed: whether the node is closed (a socket closed under a read is then no
@@ -252,7 +252,7 @@ class Sockets:
         self._readers.clear()
 
     def busy(self) -> None:
-        """Direct traffic has just passed: keep the loop turning for ``busy_poll``
+        """A direct message has just left: keep the loop turning for ``busy_poll``
         seconds from now, so what answers it is read without a sleep and a wake-up.
 
         Each turn of the loop polls every watched descriptor without waiting, then

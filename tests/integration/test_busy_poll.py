@@ -1,6 +1,7 @@
-"""Busy polling after direct traffic (``NodeConfig.busy_poll``), between real nodes over
-real sockets: the loop keeps turning for the window after a direct message, without
-sleeping, then sleeps; traffic that is not direct never starts it."""
+"""Busy polling after a direct send (``NodeConfig.busy_poll``), between real nodes over
+real sockets: the loop keeps turning for the window after a direct message leaves,
+without sleeping, then sleeps; taking messages in, and traffic that is not direct, never
+start it."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ async def exchange(busy_poll: float, trips: int = 3) -> tuple[dict[str, int], di
     async with echo, seeded_by(echo, "ping", busy_poll=busy_poll) as ping:
         before = ping.stats().get("busy_poll.windows", 0), echo.stats().get(
             "busy_poll.windows", 0)
-        assert before == (0, 0), "no direct traffic yet, so no polling"
+        assert before == (0, 0), "no direct message sent yet, so no polling"
         cpu, wall = time.thread_time(), time.monotonic()
         for i in range(trips):
             sent = ping.async_send_nowait("echo", note(i))
@@ -114,3 +115,24 @@ def test_heartbeats_and_broadcasts_never_start_it() -> None:
     assert first["received.broadcast"] >= 1
     for stats in (first, second):
         assert stats.get("busy_poll.windows", 0) == 0, stats
+
+
+async def one_way(n: int = 20) -> tuple[dict[str, int], dict[str, int]]:
+    """``n`` direct messages from ``sender`` to ``sink``, whose handler answers nothing;
+    both nodes' counters once every one is acknowledged."""
+    mesh = f"bp{os.getpid()}-{next(_ids)}"
+    sink = Node(name="sink", mesh=mesh, discovery=False, channels=(), inbox_size=0)
+    taken: list[str] = []
+    sink.add_handler(lambda msg: taken.append(msg.activity.summary))
+    async with sink, seeded_by(sink, "sender") as sender:
+        await asyncio.gather(*(sender.send("sink", note(i), timeout=20) for i in range(n)))
+        assert len(taken) == n
+        await sender.wait_for_stats(settled("busy_poll.turns"), 20)
+        return sender.stats(), sink.stats()
+
+
+def test_a_node_that_only_takes_messages_in_never_polls() -> None:
+    sender, sink = asyncio.run(one_way())
+    assert sender["busy_poll.windows"] >= 1, sender
+    assert sink["received.direct"] == 20
+    assert "busy_poll.windows" not in sink, sink
