@@ -463,7 +463,10 @@ def test_a_full_disk_is_a_clear_error_and_the_gateway_serves_on(
 
         asyncio.run(body())
         assert gw.proc.proc.poll() is None
-        # The gateway's own log says it once (the SDK logs what it caught its own way).
+        # The gateway's own log says it once (the SDK logs what it caught its own way);
+        # its stderr is read by a thread, so the line is waited for.
+        gw.proc.wait_until(lambda: any("porter_mesh.a2a" in line and "free some space" in line
+                                       for line in gw.proc.err), 30, "the full-disk log line")
         ours = [line for line in gw.proc.err if "porter_mesh.a2a" in line]
         assert sum("free some space" in line for line in ours) == 1, ours
     finally:
