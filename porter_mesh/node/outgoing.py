@@ -138,13 +138,14 @@ class Outgoing:
                                         trace=frame.trace)
                     frames = encode_direct(env, frame.payload)
                     carried = self.carry_acks(recipient, frames) if self._acks else None
-                    sent = True
                     if not self.send_frames(link.dealer, frames):
                         blocked = blocked or set()
                         blocked.add(recipient)
                         if carried is not None:
                             for seq in carried[1]:  # they go alone, with the flush
                                 self._acks.add(carried[0], seq)
+                    else:
+                        sent = True
                 elif isinstance(frame, BroadcastFrame):
                     pub = self._ends.pub
                     if pub is None:
