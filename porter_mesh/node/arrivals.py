@@ -342,8 +342,7 @@ class Arrivals(Generic[_Token]):
         if not self._inbox.accept(accepted):
             return
         pub = self._ends.pub
-        watched = self._subs.direct_watched
-        if pub is None or not watched:
+        if pub is None or not self._ends.direct_watched():
             return
         for env, env_bytes, payload, _, _ in accepted:
             # A copy for observers (tail), only while one subscribes to it.

@@ -48,6 +48,7 @@ from porter_mesh.errors import ConfigError, SecurityError
 from porter_mesh.node.config import NodeConfig, split_seed
 from porter_mesh.node.links import Links, Sockets, recv_subscription
 from porter_mesh.node.subscriptions import Subscriptions
+from porter_mesh.node.zio import readable
 
 __all__ = ["Endpoints", "load_security"]
 
@@ -190,6 +191,20 @@ class Endpoints:
         more = self._sockets.read(sock, recv_subscription, self._subs.on_subscription)
         self._subs.read_done()
         self._sockets.read_done(more, self._read_xpub)
+
+    def direct_watched(self) -> bool:
+        """Whether an observer watches the copies of direct messages, counting the
+        subscriptions that reached the PUB but that the loop has not read yet (the
+        ROUTER's descriptor may be handled first in a turn where both fired: an observer
+        that joined just before a direct message would otherwise miss its copy)."""
+        sock = self.pub
+        if self._subs.direct_watched or sock is None or not readable(sock):
+            return self._subs.direct_watched
+        more = self._sockets.read(sock, recv_subscription, self._subs.on_subscription)
+        self._subs.read_done()
+        if more and self._sockets.loop is not None:
+            self._sockets.loop.call_soon(self._read_xpub)
+        return self._subs.direct_watched
 
     # -- security while running ------------------------------------------------------
 
