@@ -144,21 +144,24 @@ class Frames:
 
     Args:
         data: the file's bytes (or the part of them to read).
-        start: the offset of the first frame (the header's size).
+        start: the offset of the first frame in ``data`` (the header's size).
         max_frame: the largest payload a frame may hold; a longer one is damage.
+        base: the file offset at which ``data`` begins (offsets are the file's).
     """
 
-    def __init__(self, data: bytes, start: int, *, max_frame: int) -> None:
+    def __init__(self, data: bytes, start: int, *, max_frame: int, base: int = 0) -> None:
         self._bytes = data
         self._start = start
         self._max = max_frame
-        self.end = start
+        self._base = base
+        self.end = base + start
         self.damage: Damage | None = None
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         data, size, crc32 = self._bytes, len(self._bytes), zlib.crc32
-        head, unpack = FRAME.size, FRAME.unpack_from
-        pos = self.end = self._start
+        head, unpack, base = FRAME.size, FRAME.unpack_from, self._base
+        pos = self._start
+        self.end = base + pos
         self.damage = None
         while pos + head <= size:
             length, crc = unpack(data, pos)
@@ -168,10 +171,11 @@ class Frames:
             payload = data[pos + head:stop]
             if crc32(payload) != crc:
                 break
-            yield pos, payload
-            pos = self.end = stop
+            yield base + pos, payload
+            pos = stop
+            self.end = base + stop
         if pos < size:
-            self.damage = Damage(pos, size, self._corrupt(pos))
+            self.damage = Damage(base + pos, base + size, self._corrupt(pos))
 
     def _corrupt(self, pos: int) -> bool:
         """Whether the bad frame at ``pos`` is damage rather than a torn tail."""
@@ -359,10 +363,11 @@ class FramedLog:
             DamagedLogError: a frame fails its checksum with more of the file after it;
                 the frames before it were yielded and nothing is cut.
         """
+        first = self.header_size if start is None else start
         with open(self.path, "rb") as fh:
-            data = fh.read() if until is None else fh.read(until)
-        frames = Frames(data, self.header_size if start is None else start,
-                        max_frame=self.max_frame)
+            fh.seek(first)
+            data = fh.read() if until is None else fh.read(max(0, until - first))
+        frames = Frames(data, 0, max_frame=self.max_frame, base=first)
         yield from frames
         if until is not None or frames.damage is None:
             return

@@ -11,6 +11,8 @@ A shard lives in a data directory::
     oxigraph.tmp/        an on-disk index being built (the index moving to disk)
     index-copy/          while the index is in memory: a copy of it (RocksDB), written at
                          close, which answers queries after a restart while it loads
+    replica-state        the replica state as it was at the last close, with the
+                         journal offset it reflects (a cache: see Restart)
     checkpoints/         on-disk copies of the store for isolated queries
 
 **The store is an index.** The Oxigraph store answers queries; it holds nothing the
@@ -45,8 +47,12 @@ the store to catch up, so they see every record committed before them. Small wri
 through a transactional ``load``; large ones through ``bulk_load``, which writes sorted
 files directly and keeps memory flat.
 
-**Restart.** The journal is scanned (a torn last frame, from a crash mid-write, is cut
-off: it was never acknowledged); then every record past the store's watermark (on disk)
+**Restart.** The replica state saved at the last close is read back when it matches the
+journal (the offset it reflects lies within the journal, and the journal's bytes just
+before that offset hash as they did), and the journal is scanned from that offset only;
+otherwise (a first start, a crash, a damaged or foreign file) the whole journal is
+scanned. Either way a torn last frame, from a crash mid-write, is cut off: it was never
+acknowledged. Then every record past the store's watermark (on disk)
 or the copy's mark (in memory, see :class:`_IndexCopy`) is applied again. Applying is
 idempotent (adding a quad twice or deleting an absent one changes nothing), so a crash
 at any point between the journal write and the watermark only means some work is redone.
@@ -97,6 +103,7 @@ read-only, whose ``query`` goes through the same guard.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import enum
 import functools
@@ -289,6 +296,11 @@ _META_COPY_OF: Final = ox.NamedNode("urn:porter:shard:copy-of-journal")
 #: Journal bytes hashed into the mark: enough to take in the length and CRC-32 of some
 #: frames (records of one shape end alike; their checksums and ids differ).
 _TAIL_BYTES: Final = 4096
+#: The replica state saved at close (see Restart): the magic, a BLAKE2b-256 of the body,
+#: and the body, msgpack ``[journal offset, hash of the journal's bytes before it,
+#: ReplicaState.snapshot()]``.
+_STATE_FILE: Final = "replica-state"
+_STATE_MAGIC: Final = b"porter-mesh replica state 1\n"
 #: A copy is written at close only for a journal at least this large: below it the
 #: index loads from the journal in some 0.1 s, about what opening a copy costs.
 COPY_MIN_JOURNAL_BYTES: Final = 1 << 20
@@ -1113,7 +1125,8 @@ class Shard:
             self._early_copy = (_Opening(copy_path) if index is not Index.DISK
                                 and copy_path.exists() else None)
             try:
-                for _ in self._load_journal(rebuild=False):
+                start = self._restore_state()
+                for _ in self._load_journal(rebuild=False, start=start):
                     pass  # the replica state only: the shard can serve the mesh now
                 if self.auto_index:
                     self.index = self._choose_index()
@@ -1231,6 +1244,69 @@ class Shard:
                 targets.append(item[4])
         if rebuild and (parts or targets):
             yield _StoreTask((), targets, 0, (), b"".join(parts), rendered)
+
+    def _restore_state(self) -> int | None:
+        """Read back the replica state saved at the last close, if it matches the
+        journal: the journal offset it reflects (scan from there), else ``None`` (scan
+        the whole journal; the log says why)."""
+        try:
+            data = (self.data_dir / _STATE_FILE).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            found: tuple[int, ReplicaState] | str = f"it cannot be read ({exc.strerror})"
+        else:
+            found = self._saved_state(data)
+        if isinstance(found, str):
+            log.warning("shard %s: the replica state saved at the last close is not used: "
+                        "%s; the whole journal is read instead", self.data_dir, found)
+            return None
+        mark, self._state = found
+        log.info("shard %s: the replica state saved at the last close is read back; the %d "
+                 "bytes of journal past it are read", self.data_dir, self._journal.end - mark)
+        return mark
+
+    def _saved_state(self, data: bytes) -> tuple[int, ReplicaState] | str:
+        """The journal offset and the replica state of a saved state file, or why it
+        cannot stand for this journal."""
+        head, digest = len(_STATE_MAGIC), len(_STATE_MAGIC) + 32
+        body = data[digest:]
+        if (data[:head] != _STATE_MAGIC
+                or hashlib.blake2b(body, digest_size=32).digest() != data[head:digest]):
+            return "it is damaged (its checksum does not match)"
+        try:
+            mark, tail, snapshot = msgpack.unpackb(body, raw=False)
+            end = self._journal.end
+            if not isinstance(mark, int) or not len(_MAGIC) <= mark <= end:
+                return f"it reflects {mark} bytes of journal, and the journal holds {end}"
+            if self._journal.tail_hash(mark) != tail:
+                return "it was saved from another journal"
+            return mark, ReplicaState.restore(snapshot)
+        except (ValueError, TypeError, KnowledgeError) as exc:
+            return f"it cannot be read ({exc})"
+
+    def _save_state(self) -> None:
+        """Save the replica state beside the journal (at close), so that the next start
+        reads only the journal written after it. Skipped after a failed journal write or
+        sync (the journal may then hold frames the state does not), and a failure here
+        only means the next start reads the whole journal."""
+        path = self.data_dir / _STATE_FILE
+        tmp = path.with_name(_STATE_FILE + ".tmp")
+        try:
+            end = self._journal.end
+            if self._journal.failures or end <= len(_MAGIC):
+                path.unlink(missing_ok=True)
+                return
+            self._journal.sync_to(end)
+            body = msgpack.packb([end, self._journal.tail_hash(end), self._state.snapshot()],
+                                 use_bin_type=True)
+            tmp.write_bytes(_STATE_MAGIC + hashlib.blake2b(body, digest_size=32).digest() + body)
+            os.replace(tmp, path)
+        except (OSError, StorageError) as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            log.warning("shard %s: the replica state was not saved (%s); the next start "
+                        "reads the whole journal", self.data_dir, exc)
 
     def _open_store(self) -> ox.Store:
         """A store for the index kind: empty in memory, or the RocksDB one on disk."""
@@ -2335,6 +2411,7 @@ class Shard:
                 self._copy.applier.close()
             self._release_store()
             self._save_copy()
+            self._save_state()
             self._journal.close()
             shutil.rmtree(self.data_dir / "checkpoints", ignore_errors=True)
             self._dir_lock.release()

@@ -75,6 +75,7 @@ import gc
 import hashlib
 import re
 import struct
+import sys
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -1566,6 +1567,63 @@ class ReplicaState:
             target = record.body.target if isinstance(record.body, Retraction) else None
             self.load(record.origin, record.seq, record.key, kind, target, loc)
 
+    # -- saving --
+
+    def snapshot(self) -> bytes:
+        """The whole state as bytes, for :meth:`restore` (a shard saves it at close, so
+        that its next start reads only the journal written after it)."""
+        origins = [[origin, s.contiguous, s.count, _locators_bytes(s.locators), bytes(s.keys)]
+                   for origin, s in self._origins.items()]
+        sums = b"".join(total.to_bytes(_KEY_BYTES, "big") for total in self._sums)
+        return msgpack.packb([_SNAPSHOT_VERSION, self._observations, self._retractions,
+                              sums, self._counts, sorted(self._retracted), origins],
+                             use_bin_type=True)
+
+    @classmethod
+    def restore(cls, data: bytes, *, max_seq_ahead: int = MAX_SEQ_AHEAD) -> ReplicaState:
+        """The state :meth:`snapshot` saved.
+
+        Raises:
+            KnowledgeError: ``data`` is not a snapshot of this version, or its parts do
+                not agree with each other.
+        """
+        try:
+            (version, observations, retractions, sums, counts, retracted,
+             origins) = msgpack.unpackb(data, raw=False, use_list=True)
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise KnowledgeError(f"not a replica state snapshot ({exc})") from None
+        if version != _SNAPSHOT_VERSION:
+            raise KnowledgeError(f"replica state snapshot version {version!r}, "
+                                 f"not {_SNAPSHOT_VERSION}")
+        state = cls(max_seq_ahead=max_seq_ahead)
+        try:
+            if (len(sums) != DIGEST_BUCKETS * _KEY_BYTES or len(counts) != DIGEST_BUCKETS
+                    or not all(isinstance(c, int) and c >= 0 for c in counts)
+                    or not all(isinstance(t, bytes) for t in retracted)):
+                raise ValueError("digest buckets or tombstones malformed")
+            state._sums = [int.from_bytes(sums[i:i + _KEY_BYTES], "big")
+                           for i in range(0, len(sums), _KEY_BYTES)]
+            state._counts = list(counts)
+            state._retracted = set(retracted)
+            state._observations, state._retractions = int(observations), int(retractions)
+            for origin, contiguous, count, locators, keys in origins:
+                slots = _Slots()
+                slots.locators = _locators_from(locators)
+                slots.keys = bytearray(keys)
+                top = len(slots.locators)
+                if (not isinstance(origin, str) or len(keys) != top * _KEY_BYTES
+                        or not 0 <= contiguous <= top or not contiguous <= count <= top):
+                    raise ValueError(f"the log of {origin!r} is malformed")
+                slots.contiguous, slots.count = contiguous, count
+                state._origins[origin] = slots
+        except (ValueError, TypeError) as exc:
+            raise KnowledgeError(f"replica state snapshot malformed: {exc}") from None
+        if sum(state._counts) != state.record_count:
+            raise KnowledgeError("replica state snapshot malformed: its digest counts "
+                                 f"{sum(state._counts)} records, its logs "
+                                 f"{state.record_count}")
+        return state
+
     def load(
         self,
         origin: str,
@@ -1598,6 +1656,28 @@ class ReplicaState:
         else:
             self._observations += 1
         return True
+
+
+_SNAPSHOT_VERSION: Final = 1
+
+
+def _locators_bytes(locators: array[int]) -> bytes:
+    """Locators as little-endian int64s (the snapshot's byte order on any machine)."""
+    if sys.byteorder == "little":
+        return locators.tobytes()
+    swapped = array("q", locators)
+    swapped.byteswap()
+    return swapped.tobytes()
+
+
+def _locators_from(data: bytes) -> array[int]:
+    if not isinstance(data, bytes) or len(data) % 8:
+        raise ValueError("locators are not whole int64s")
+    locators = array("q")
+    locators.frombytes(data)
+    if sys.byteorder != "little":
+        locators.byteswap()
+    return locators
 
 
 def _spans(origin: str, first: int, last: int) -> list[PullRequest]:

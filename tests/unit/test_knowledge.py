@@ -599,3 +599,58 @@ def test_a_malformed_signature_is_refused(sig: object) -> None:
         decode_record(msgpack.packb([*item, sig]))
     with pytest.raises(KnowledgeError, match="signature"):
         Record("w", 1, obs(1, "w"), sig=b"short")
+
+
+# --- the snapshot a shard saves at close ------------------------------------------------------
+
+
+def replica_view(state: ReplicaState) -> tuple[object, ...]:
+    """Everything a replica answers from its state."""
+    origins = sorted(state.version_vector())
+    return (state.version_vector(), state.digest(), state.record_count,
+            state.observation_records, state.retraction_records, state.retracted,
+            state.missing_ranges(), {o: state.next_seq(o) for o in origins},
+            {o: state.locators_in(o, 1, 1000) for o in origins},
+            state.bucket_entries(range(DIGEST_BUCKETS)))
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(histories(), st.randoms(use_true_random=False))
+def test_a_restored_snapshot_answers_as_the_state_did(history: list[Record],
+                                                      rnd: random.Random) -> None:
+    replica = Model()
+    # Some records held out, so the logs have holes.
+    replica.merge([r for r in history if rnd.random() < 0.8])
+    restored = ReplicaState.restore(replica.state.snapshot())
+    assert replica_view(restored) == replica_view(replica.state)
+    # And it goes on as the state would: the rest of the history merges the same.
+    again = Model()
+    again.state, again.log = restored, list(replica.log)
+    assert again.merge(history) == replica.merge(history)
+    assert replica_view(again.state) == replica_view(replica.state)
+
+
+def test_a_snapshot_that_is_not_one_is_refused_with_the_reason() -> None:
+    state = ReplicaState()
+    state.apply(state.plan([rec("worker-1", 1), rec("worker-1", 3)]), [10, 30])
+    good = state.snapshot()
+    parts = msgpack.unpackb(good, raw=False)
+    assert ReplicaState.restore(good).version_vector() == {"worker-1": 1}
+
+    def spoiled(i: int, value: object) -> bytes:
+        changed = list(parts)
+        changed[i] = value
+        return msgpack.packb(changed, use_bin_type=True)
+
+    origin = parts[6][0]
+    for data, reason in [
+        (good[:-7], "not a replica state snapshot"),
+        (b"\x93\x01\x02\x03", "not a replica state snapshot"),
+        (spoiled(0, 99), "version 99"),
+        (spoiled(3, b"\0" * 5), "digest buckets"),
+        (spoiled(6, [[origin[0], 1, 2, origin[3][:-8], origin[4]]]), "malformed"),
+        (spoiled(6, [[origin[0], 3, 2, origin[3], origin[4]]]), "malformed"),
+        (spoiled(6, []), "its digest counts 2 records, its logs 0"),
+    ]:
+        with pytest.raises(KnowledgeError, match=reason):
+            ReplicaState.restore(data)

@@ -454,7 +454,8 @@ class A2AGateway:
         self.log = EventLog(data_dir / "events.jsonl" if data_dir is not None else None)
         self.stores = {agent: FileTaskStore(data_dir / "tasks" / agent
                                             if data_dir is not None else None,
-                                            reconcile=self._reconcile)
+                                            reconcile=self._reconcile,
+                                            on_error=self._save_failed)
                        for agent in self.agents}
         self._writes: asyncio.Queue[tuple[_Held, StreamResponse]] | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -615,6 +616,9 @@ class A2AGateway:
         else:
             log.debug("a2a: %s", text)
         return text
+
+    def _save_failed(self, exc: StorageError) -> None:
+        self.refused("storage", str(exc))
 
     def on_message(self, msg: MeshMessage) -> None:
         """The node's handler: activities in a followed task's context become events."""

@@ -152,13 +152,18 @@ class FileTaskStore(InMemoryTaskStore):
         directory: where the task files live, or ``None`` for memory only.
         reconcile: called with every task about to be saved, to bring it up to date
             (two writers save tasks: the SDK and the gateway).
+        on_error: told of a save that failed before it is raised (the SDK answers the
+            request with the error but logs it its own way; the gateway counts and logs
+            it as it does its own).
     """
 
     def __init__(self, directory: pathlib.Path | None, *,
-                 reconcile: Callable[[Task], None] | None = None) -> None:
+                 reconcile: Callable[[Task], None] | None = None,
+                 on_error: Callable[[StorageError], None] | None = None) -> None:
         super().__init__()
         self._dir = directory
         self._reconcile = reconcile
+        self._on_error = on_error
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
 
@@ -192,5 +197,8 @@ class FileTaskStore(InMemoryTaskStore):
             tmp.write_text(json_format.MessageToJson(task))
             os.replace(tmp, path)
         except OSError as exc:
-            raise _storage_error(f"cannot save task {task.id} in {self._dir}: "
-                                 f"{exc.strerror or exc}; free some space", path, exc) from exc
+            error = _storage_error(f"cannot save task {task.id} in {self._dir}: "
+                                   f"{exc.strerror or exc}; free some space", path, exc)
+            if self._on_error is not None:
+                self._on_error(error)
+            raise error from exc
