@@ -66,6 +66,7 @@ def test_a_clean_restart_reads_only_the_journal_past_the_saved_state(
     assert (path / STATE).is_file(), "closing saved no replica state"
     expected = scanned_whole(path, tmp_path)
     caplog.set_level(logging.INFO, logger=LOGGER)
+    caplog.clear()  # only what the start below logs
     with Shard(path, index=index) as s:
         assert state_of(s) == expected
         assert any("read back; the 0 bytes of journal past it are read" in m
@@ -90,6 +91,7 @@ def test_after_a_crash_the_journal_past_the_saved_state_is_read(
     subprocess.run([sys.executable, "-c", crash], check=True, timeout=60)
     expected = scanned_whole(path, tmp_path)
     caplog.set_level(logging.INFO, logger=LOGGER)
+    caplog.clear()  # only what the start below logs
     with Shard(path) as s:
         assert state_of(s) == expected
         assert s.state.version_vector()["worker-1"] == 29  # 21, then 7 and a retraction
@@ -130,6 +132,7 @@ def test_a_saved_state_that_does_not_match_its_journal_is_not_used(
     assert callable(spoil)
     why = spoil(path, tmp_path)
     caplog.set_level(logging.INFO, logger=LOGGER)
+    caplog.clear()  # only what the start below logs
     with Shard(path) as s:
         assert state_of(s) == expected
         warned = [m for m in messages(caplog) if "is not used" in m]
