@@ -188,9 +188,13 @@ class Endpoints:
         sock = self.pub
         if sock is None:
             return
+        self._sockets.read_done(self._take_subscriptions(sock), self._read_xpub)
+
+    def _take_subscriptions(self, sock: zmq.Socket[bytes]) -> bool | None:
+        """Read the (un)subscriptions waiting at the PUB (see :meth:`Sockets.read`)."""
         more = self._sockets.read(sock, recv_subscription, self._subs.on_subscription)
         self._subs.read_done()
-        self._sockets.read_done(more, self._read_xpub)
+        return more
 
     def direct_watched(self) -> bool:
         """Whether an observer watches the copies of direct messages, counting the
@@ -200,9 +204,7 @@ class Endpoints:
         sock = self.pub
         if self._subs.direct_watched or sock is None or not readable(sock):
             return self._subs.direct_watched
-        more = self._sockets.read(sock, recv_subscription, self._subs.on_subscription)
-        self._subs.read_done()
-        if more and self._sockets.loop is not None:
+        if self._take_subscriptions(sock) and self._sockets.loop is not None:
             self._sockets.loop.call_soon(self._read_xpub)
         return self._subs.direct_watched
 
