@@ -887,13 +887,17 @@ class CatchupChunk:
 
 @dataclass(frozen=True, slots=True)
 class Digest:
-    """A replica's anti-entropy summary: record count and one fingerprint per bucket."""
+    """A replica's anti-entropy summary: record count and one fingerprint per bucket,
+    and the version vector it was taken at (``vv``: absent from an older sender)."""
 
     count: int
     fingerprints: tuple[bytes, ...]
+    vv: Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
         _check_count(self.count, "count")
+        if self.vv is not None:
+            _check_vv(self.vv)
         if len(self.fingerprints) != DIGEST_BUCKETS or any(
             not isinstance(fp, bytes) or len(fp) != _FP_BYTES for fp in self.fingerprints
         ):
@@ -1002,6 +1006,8 @@ def encode_sync(message: SyncMessage) -> bytes:
         records = message.records
     elif isinstance(message, Digest):
         head = {"t": "dg", "n": message.count, "b": list(message.fingerprints)}
+        if message.vv is not None:
+            head["v"] = dict(message.vv)
     else:
         head = {"t": "be", "b": list(message.buckets),
                 "e": [list(e) for e in message.entries], "more": message.more}
@@ -1140,7 +1146,7 @@ def _decode_message(msg: dict[str, Any]) -> SyncMessage:
             fps = msg["b"]
             if not isinstance(fps, list):
                 raise SyncError("digest 'b' must be an array of fingerprints")
-            return Digest(msg["n"], tuple(fps))
+            return Digest(msg["n"], tuple(fps), msg.get("v"))
         if kind == "be":
             buckets, entries = msg["b"], msg["e"]
             if not isinstance(buckets, list) or not isinstance(entries, list):

@@ -654,3 +654,22 @@ def test_a_snapshot_that_is_not_one_is_refused_with_the_reason() -> None:
     ]:
         with pytest.raises(KnowledgeError, match=reason):
             ReplicaState.restore(data)
+
+
+def test_a_digest_carries_its_version_vector_and_a_bad_one_is_refused() -> None:
+    state = ReplicaState()
+    state.apply(state.plan([rec("worker-1", 1), rec("worker-2", 1), rec("worker-2", 2)]),
+                [0, 1, 2])
+    plain = state.digest()
+    sent = Digest(plain.count, plain.fingerprints, state.version_vector())
+    back = decode_sync(encode_sync(sent))
+    assert isinstance(back, Digest)
+    assert back.vv == {"worker-1": 1, "worker-2": 2} and back.fingerprints == plain.fingerprints
+    older = decode_sync(encode_sync(plain))  # a sender before vectors
+    assert isinstance(older, Digest) and older.vv is None
+    for vv, reason in [([1, 2], "map of origin"), ({"worker-1": -1}, "version vector entry"),
+                       ({"bad name!": 1}, "origin")]:
+        raw = msgpack.unpackb(encode_sync(plain), raw=False)
+        raw["v"] = vv
+        with pytest.raises(SyncError, match=reason):
+            decode_sync(msgpack.packb(raw, use_bin_type=True))

@@ -269,6 +269,52 @@ def test_one_digest_exchange_repairs_both_sides(tmp_path: pathlib.Path,
     assert digests == 2  # one on its turn, one sent back with the listing
 
 
+def test_digests_whose_vectors_differ_pull_what_they_show_and_list_nothing(
+        tmp_path: pathlib.Path, wires: list[SyncWire]) -> None:
+    wire = make(wires, tmp_path, "a", "b", "c")
+    wire.advance(0.5)
+    # c misses every broadcast of a burst: wherever it compares digests the vectors differ.
+    wire.fault = lambda item: [] if item.broadcast and item.dest == "c" else [0.01]
+    wire.write("a", 40)
+    wire.write("b", 30)
+    wire.fault = None
+    wire.advance(3.0)
+    assert held(wire, "c") == {"a": 40, "b": 30}
+    assert len(set(wire.digests().values())) == 1
+    assert any(isinstance(m, PullRequest) for m in wire.sent("c", PullRequest))
+    for name in "abc":
+        assert wire.sent(name, BucketEntries) == [], name
+
+
+def test_equal_vectors_with_different_digests_are_still_listed(
+        tmp_path: pathlib.Path, wires: list[SyncWire]) -> None:
+    wire = make(wires, tmp_path, "b", "c")
+    wire.advance(0.1)
+    # c holds x's second record but not its first: no vector shows it (x's is 0 on both).
+    wire.inject("x", "c", Records((Record("x", 2, Observation(
+        "urn:porter:file:x.ts", "the second", "x", "2026-01-01T00:00:00Z")),)), broadcast=True)
+    wire.advance(0.1)
+    assert held(wire, "c") == {"x": 0} and wire.digests()["b"] != wire.digests()["c"]
+    wire.advance(3.0)
+    assert wire.sent("b", BucketEntries) or wire.sent("c", BucketEntries)
+    assert wire.nodes["b"].shard.state.holds("x", 2)
+    assert wire.digests()["b"] == wire.digests()["c"]
+
+
+def test_a_digest_without_a_vector_gets_a_listing(
+        tmp_path: pathlib.Path, wires: list[SyncWire]) -> None:
+    wire = make(wires, tmp_path, "a", "b")
+    wire.advance(0.1)
+    wire.fault = lambda item: [] if item.broadcast else [0.01]
+    wire.write("a", 3)
+    wire.fault = None
+    a = wire.nodes["a"].shard.state.digest()
+    assert a.vv is None  # the state's own digest; a sender before vectors sends it so
+    wire.inject("a", "b", a)
+    wire.advance(0.05)
+    assert wire.sent("b", BucketEntries)
+
+
 def test_digests_go_round_robin_and_not_while_a_catch_up_runs(
         tmp_path: pathlib.Path, wires: list[SyncWire]) -> None:
     wire = make(wires, tmp_path, "a", "b", "c")

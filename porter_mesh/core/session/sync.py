@@ -50,9 +50,14 @@ The rules (they were spread over the node's driver and the shard before):
   catch-up runs, gap pulls and digests wait: the catch-up brings the same records in
   order, and cheaper. Seats (short-lived command lines) are never caught up from.
 * **Anti-entropy.** Every ``anti_entropy_interval`` a digest goes to one peer, round
-  robin (not while a catch-up runs). A peer whose digest differs gets the listing of the
-  differing buckets back, and this session's own digest (at most once per half
-  interval), so one exchange repairs both sides. A listing that shows more than
+  robin (not while a catch-up runs), with the version vector it was taken at. When the
+  digests differ and so do the version vectors, records still travelling (a burst of
+  writes, a pull under way) or missing ranges explain it: the ranges the peer's vector
+  shows and this replica lacks are pulled, and this session's own digest goes back (at
+  most once per half interval) so that the peer pulls what it lacks; nothing is listed.
+  When the vectors are equal (or the peer sent none) only a listing can find the
+  difference: the peer gets the listing of the differing buckets back, and this
+  session's own digest, so one exchange repairs both sides. A listing that shows more than
   ``catchup_after_pulls`` ranges missing turns into a catch-up from that peer (into
   pulls, when its catch-up was given up); a range already asked of a peer is not asked
   again; entries that clash with records held here (a forger fed one side) are left out
@@ -520,10 +525,31 @@ class SyncSession:
         differ = self.state.differing_buckets(digest)
         if not differ:
             return []
+        if digest.vv is not None and _nonzero(digest.vv) != _nonzero(
+                self.state.version_vector()):
+            # The vectors differ: pull what the peer's shows we lack (it pulls the rest
+            # once our digest reaches it). A listing of every differing bucket would
+            # only repeat, at far greater cost, what is still on its way.
+            return (self._pull_from(peer, self.state.ranges_behind(digest.vv), now)
+                    + self._send_digest(peer, now, only_if_due=True))
         # List what we hold where the digests differ, and let the peer list what it
         # holds for us too (at most once per half interval).
         actions: list[SyncAction] = [Send(peer, self.state.bucket_entries(differ), reply=True)]
         return actions + self._send_digest(peer, now, only_if_due=True)
+
+    def _pull_from(self, peer: str, pulls: list[PullRequest], now: float
+                   ) -> list[SyncAction]:
+        """Ask ``peer`` for ``pulls`` (those not already asked), or for a catch-up when
+        they are many."""
+        if len(pulls) > self.catchup_after_pulls and not self._given_up(peer):
+            # Much is missing: one catch-up brings it in order, in a few large chunks.
+            self._caught_up.discard(peer)
+            return self._queue_catchup(peer, now)
+        actions: list[SyncAction] = []
+        for pull in pulls:
+            if not self._in_flight(pull):  # else its answer would come twice, one unasked
+                actions += self._send(peer, pull, now)
+        return actions
 
     def _on_listing(self, peer: str, listing: BucketEntries, now: float) -> list[SyncAction]:
         actions: list[SyncAction] = []
@@ -538,15 +564,7 @@ class SyncSession:
                 f"{len(listing.entries) - len(keep)} listed record(s) differ from those held "
                 f"here, e.g. ({clash[0]}, {clash[1]}): a node fed them forged records")))
             listing = BucketEntries(listing.buckets, keep, listing.more)
-        pulls = self.state.lacking(listing)
-        if len(pulls) > self.catchup_after_pulls and not self._given_up(peer):
-            # Much is missing: one catch-up brings it in order, in a few large chunks.
-            self._caught_up.discard(peer)
-            return actions + self._queue_catchup(peer, now)
-        for pull in pulls:
-            if not self._in_flight(pull):  # else its answer would come twice, one unasked
-                actions += self._send(peer, pull, now)
-        return actions
+        return actions + self._pull_from(peer, self.state.lacking(listing), now)
 
     # -- the storage's answers --------------------------------------------------------
 
@@ -653,7 +671,9 @@ class SyncSession:
                 self.anti_entropy_interval / 2):
             return []
         self._digest_sent[peer] = now
-        return self._send(peer, self.state.digest(), now)
+        digest = self.state.digest()
+        return self._send(peer, Digest(digest.count, digest.fingerprints,
+                                       self.state.version_vector()), now)
 
     def _pull_gaps(self, now: float, *, prefer: str | None = None) -> list[SyncAction]:
         if self._catchup_peer is not None:
@@ -743,3 +763,8 @@ def _broadcast_cost(record: Record) -> int:
     else:
         chars = len(body.retracted_by)
     return 4 * chars + 512
+
+
+def _nonzero(vv: Mapping[str, int]) -> dict[str, int]:
+    """A version vector without its zero entries (an origin known only by a hole)."""
+    return {origin: seq for origin, seq in vv.items() if seq}
