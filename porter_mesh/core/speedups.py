@@ -1,7 +1,9 @@
 """The optional compiled hot path (``_speedups.c``), and its switch.
 
 Three steps run once per activity sent or received: making the :class:`Activity` of a
-checked activity (:meth:`Activity.from_dict`), wrapping each element of a checked batch
+checked activity (:meth:`Activity.from_dict`, which on this path is the extension's
+function itself: its steps are a few C calls whose Python glue cost a sixth of
+publishing an activity), wrapping each element of a checked batch
 (``codec._shaped_many``) and making the delivered-message tuple of each
 (``Inbox.deliver``). The extension does them in C and, unlike Python, takes each new
 object off the cyclic garbage collector's list: none of them can be part of a reference
@@ -50,20 +52,35 @@ with_shape: Callable[[Any, bytes], Any] | None = None
 #: offset + i or -1, redelivered)``, or ``None``.
 messages: Callable[..., list[Any]] | None = None
 
+_activity_class: type | None = None
+#: The model's own ``from_dict`` (a classmethod) and the extension's, as one.
+_python_from_dict: Any = None
+_compiled_from_dict: Any = None
+
 
 def available() -> bool:
     """Whether the compiled extension was built and not switched off by ``PORTER_MESH_PURE``."""
     return _compiled is not None
 
 
-def bind(activity_class: type) -> None:
+def bind(activity_class: type, from_dict_parts: tuple[Any, ...]) -> None:
     """Give the extension the class it makes (called once, by the model).
 
     Args:
         activity_class: :class:`~porter_mesh.core.as2.model.Activity`.
+        from_dict_parts: what the compiled ``from_dict`` calls, in its order: ``dumps``,
+            its ``default``, the C schema's decoder, the exceptions by which it refuses,
+            ``msgspec.UNSET``, the set of contexts found valid, the Python check of a new
+            one, the Python rules' maker of an activity from JSON bytes, and the largest
+            activity in bytes.
     """
+    global _activity_class, _python_from_dict, _compiled_from_dict
+    _activity_class = activity_class
+    _python_from_dict = activity_class.__dict__["from_dict"]
     if _compiled is not None:
         _compiled.bind(activity_class)
+        _compiled.bind_from_dict(_python_from_dict.__func__, *from_dict_parts)
+        _compiled_from_dict = classmethod(_compiled.from_dict)
     use_compiled(True)
 
 
@@ -77,12 +94,18 @@ def use_compiled(on: bool) -> bool:
         Whether the compiled path is now in use.
     """
     global wrap_shapes, with_shape, messages
+    compiled = on and _compiled is not None
     if on and _compiled is not None:
         wrap_shapes, with_shape = _compiled.wrap_shapes, _compiled.with_shape
         messages = _compiled.messages
-        return True
-    wrap_shapes = with_shape = messages = None
-    return False
+    else:
+        wrap_shapes = with_shape = messages = None
+    if _activity_class is not None:
+        # Activity.from_dict is the extension's function itself on the compiled path:
+        # no Python frame at all for the common case.
+        _activity_class.from_dict = (  # type: ignore[attr-defined]
+            _compiled_from_dict if compiled else _python_from_dict)
+    return compiled
 
 
 def in_use() -> bool:

@@ -18,9 +18,10 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from importlib import metadata
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -28,6 +29,7 @@ import pytest
 
 from porter_mesh.core import speedups
 from porter_mesh.core.as2 import Activity, activities_from_json_array
+from porter_mesh.core.as2.rules import _GOOD_CONTEXTS
 from porter_mesh.core.as2.schema import _shape_of
 from porter_mesh.core.constants import MAX_ACTIVITY_BYTES, MAX_BATCH, MAX_MESSAGE_BYTES
 from porter_mesh.core.envelope import Envelope, decode_payload
@@ -168,6 +170,74 @@ def test_bad_input_is_refused_for_the_same_reason_on_both_paths(
                for p in PATHS}
     assert refused["compiled"] == refused["pure"]
     assert refused["pure"][1] == reason
+
+
+class _Exploding(Mapping[str, Any]):
+    """A mapping value that fails when JSON asks for its items."""
+
+    def __getitem__(self, key: str) -> Any:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        raise RuntimeError("this mapping cannot be read")
+
+    def __len__(self) -> int:
+        return 1
+
+
+class _Sub(Activity):
+    __slots__ = ()
+
+
+def _outcome(fn: Any) -> tuple[Any, ...]:
+    """What ``fn()`` made (its slots and JSON) or raised (type, reason, text)."""
+    try:
+        made = fn()
+    except Exception as exc:  # both paths must raise the same
+        return ("raised", type(exc), getattr(exc, "reason", None), str(exc))
+    return ("made", type(made), _slots(made)[:3], made.to_json())
+
+
+def test_from_dict_is_one_c_call_on_the_compiled_path_and_agrees_with_python(
+        path: str) -> None:
+    method = Activity.__dict__["from_dict"].__func__
+    compiled = speedups._compiled
+    assert (method is compiled.from_dict) if path == "compiled" and compiled else (
+        method.__module__ == Activity.__module__)
+    loop: dict[str, Any] = {**ANNOUNCE}
+    loop["object"] = loop
+    cases: list[Any] = [
+        *PROFILE_EXAMPLES.values(),  # the C schema's shapes and those only the rules take
+        MappingProxyType(ANNOUNCE),  # a mapping, not a dict: the Python method
+        {**ANNOUNCE, "tag": ("a", "b")},  # a tuple becomes an array
+        {**ANNOUNCE, "object": MappingProxyType(ANNOUNCE["object"])},  # via default=
+        {**ANNOUNCE, "summary": ""},  # refused by the C schema and by the rules
+        BAD_CONTEXT, TOO_BIG, {"type": "Announce", "actor": "a"},
+        {**ANNOUNCE, "tag": {"a"}},  # a set: not JSON
+        {1: "x"},  # a key JSON cannot hold
+        loop,  # too deep
+        {**ANNOUNCE, "object": _Exploding()},  # default= raises
+        ["not", "a", "mapping"],
+    ]
+    got = {p: [_on(p, lambda c=c: _outcome(lambda: Activity.from_dict(c))) for c in cases]
+           for p in PATHS}
+    assert got["compiled"] == got["pure"]
+    for p in PATHS:
+        # A context never seen before: the Python rule checks it, then the C schema's
+        # shape is kept, on each path.
+        new = {**ANNOUNCE, "context": f"urn:porter:task:{p}{os.getpid():x}{id(cases):x}"}
+        assert new["context"] not in _GOOD_CONTEXTS
+        made = _on(p, lambda: Activity.from_dict(new))  # noqa: B023
+        assert made._s is not None and made.to_json() == orjson.dumps(new)
+        assert new["context"] in _GOOD_CONTEXTS
+    kinds = [o[0] for o in got["pure"]]
+    assert kinds.count("made") == len(PROFILE_EXAMPLES) + 3
+    # Some examples are of shapes only the rules take (the C function hands them over).
+    assert any(_shape_of(orjson.dumps(d)) is None for d in PROFILE_EXAMPLES.values())
+    assert {o[1] for o in got["pure"] if o[0] == "raised"} == {ActivityError}
+    # Called on a subclass, the compiled function hands over to the Python method.
+    sub = {p: _on(p, lambda: _outcome(lambda: _Sub.from_dict(ANNOUNCE))) for p in PATHS}
+    assert sub["compiled"] == sub["pure"]
 
 
 def test_pure_env_switches_the_extension_off() -> None:
