@@ -19,8 +19,9 @@
  *
  * A fourth, from_dict(), is Activity.from_dict itself for the common case (the speedups
  * module makes it the class's method while the compiled path is on): the method's steps
- * are a few C calls, and run from Python their glue cost a sixth of publishing an
- * activity. Every other case goes, unchanged, to the Python method or rules.
+ * are a few C calls, and run from Python their glue cost some 160 ns of the ~1.3 us of
+ * publishing an activity. Every other case goes, unchanged, to the Python method or
+ * rules.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
