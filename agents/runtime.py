@@ -42,7 +42,7 @@ from porter_mesh.entrypoint import (
 from porter_mesh.errors import ConfigError, OperationTimeout, PorterError
 from porter_mesh.node.cancel import LEDGER_FILE, watch_tasks
 from porter_mesh.node.config import knowledge_dir
-from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
+from porter_mesh.node.knowledge import Knowledge, SyncKnowledge, attach_knowledge
 from porter_mesh.node.node import Node
 from porter_mesh.node.port import NodePort
 from porter_mesh.node.sync import SyncNode
@@ -244,6 +244,8 @@ def run(args: argparse.Namespace) -> int:
         mesh_node.view_sections["service"] = traces.metrics.snapshot
         if tracing is not None:
             serve_spans(mesh_node, tracing.ring)
+        if data_dir is not None:
+            Knowledge.expect(mesh_node)  # the shard attaches once the node is on the mesh
 
     node = SyncNode(
         prepare=prepare,

@@ -79,6 +79,8 @@ def main(args: argparse.Namespace) -> int:
             # and its peers would see it go silent.
             from porter_mesh.adapters.shard import Shard
             from porter_mesh.node.knowledge import Knowledge
+
+            Knowledge.expect(node)  # the shard opens once the node is on the mesh
         try:
             await node.astart()  # takes the data directory's lock first
             if not args.no_knowledge:

@@ -448,7 +448,22 @@ class NodeAPI:
         """
         if kind in NODE_KINDS:
             raise ConfigError(f"kind {kind!r} is the node's own")
-        self._arrivals.kind_handlers[kind] = handler
+        self._arrivals.register(kind, handler)
+
+    def expect_kind(self, kind: str) -> None:
+        """Say that ``kind``'s handler comes once its state is open (a knowledge shard
+        opened after the node joined, so that it beats meanwhile). Until
+        :meth:`register_kind`, messages of ``kind`` wait for it (counted
+        ``held.kind-starting``; past 256, dropped and counted ``dropped.kind-starting``)
+        instead of being answered ``unsupported``, which would turn the asker away from
+        this node; :meth:`unregister_kind` answers the waiting requests ``unsupported``.
+
+        Raises:
+            ConfigError: ``kind`` is one of the node's own.
+        """
+        if kind in NODE_KINDS:
+            raise ConfigError(f"kind {kind!r} is the node's own")
+        self._arrivals.expect(kind)
 
     def unregister_kind(self, kind: str) -> None:
         """Stop routing ``kind`` (idempotent): its handler and its ``unsupported``
@@ -462,8 +477,7 @@ class NodeAPI:
         """
         if kind in NODE_KINDS:
             raise ConfigError(f"kind {kind!r} is the node's own")
-        self._arrivals.kind_handlers.pop(kind, None)
-        self._arrivals.unsupported_handlers.pop(kind, None)
+        self._arrivals.unregister(kind)
 
     def register_unsupported(self, kind: str, handler: KindHandler) -> None:
         """Route the ``unsupported`` answers to this node's requests of ``kind`` to

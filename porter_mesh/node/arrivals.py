@@ -28,12 +28,14 @@ Control messages go by kind: heartbeats to the receiving rules (the sender's las
 broadcast positions, so a lost last message is still counted), hello and welcome to
 :mod:`porter_mesh.node.peering`, goodbyes to the roster, acknowledgements to the sending
 rules, a registered kind (:meth:`Arrivals.register_kind`) to its handler, a request of a
-kind nobody registered answered with ``unsupported``, and the rest (``drain``,
+kind nobody registered answered with ``unsupported`` (held for its handler instead while
+that kind is expected: :meth:`Arrivals.expect`), and the rest (``drain``,
 ``halt``, the application's) to the node's control listeners.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import functools
@@ -108,6 +110,9 @@ _Token = TypeVar("_Token")
 
 #: Senders whose drops and losses are counted one by one (more are counted in total only).
 _MAX_COUNTED_SENDERS = 1024
+#: Messages held for a kind whose handler is still starting (:meth:`Arrivals.expect`); a
+#: shard opens in well under a second, and a peer asks a few things of a newcomer.
+MAX_HELD = 256
 
 #: Answers the sender of a message of a registered kind: ``reply(kind, payload)``.
 Reply = Callable[[str, bytes], None]
@@ -226,7 +231,41 @@ class Arrivals(Generic[_Token]):
         #: Registered kinds and the handlers of ``unsupported`` answers, by kind.
         self.kind_handlers: dict[str, KindHandler] = {KIND_UNSUPPORTED: self._on_unsupported}
         self.unsupported_handlers: dict[str, KindHandler] = {}
+        #: Kinds whose handler comes later (:meth:`expect`), with what arrived for them.
+        self._held: dict[str, list[tuple[Envelope, bytes, Reply, bool]]] = {}
         self._acks = acks
+
+    # -- kinds on top of the node ------------------------------------------------------
+
+    def expect(self, kind: str) -> None:
+        """``kind``'s handler comes once its state is open: until :meth:`register`,
+        messages of it are held (up to :data:`MAX_HELD`), not answered ``unsupported``."""
+        if kind not in self.kind_handlers:
+            self._held.setdefault(kind, [])
+
+    def register(self, kind: str, handler: KindHandler) -> None:
+        """Route ``kind`` to ``handler``; what was held for it is handed over on the
+        loop's next turn (its registrar finishes setting up first)."""
+        self.kind_handlers[kind] = handler
+        held = self._held.pop(kind, None)
+        if held:
+            asyncio.get_running_loop().call_soon(self._hand_over, kind, held)
+
+    def unregister(self, kind: str) -> None:
+        """Stop routing ``kind``; requests held for it are answered ``unsupported``."""
+        self.kind_handlers.pop(kind, None)
+        self.unsupported_handlers.pop(kind, None)
+        for _, _, reply, request in self._held.pop(kind, ()):
+            if request:
+                reply(KIND_UNSUPPORTED, encode_unsupported(Unsupported(kind)))
+
+    def _hand_over(self, kind: str, held: list[tuple[Envelope, bytes, Reply, bool]]) -> None:
+        for env, payload, reply, request in held:
+            handler = self.kind_handlers.get(kind)
+            if handler is not None:
+                self._run_kind(handler, env, payload, reply)
+            elif request:  # unregistered in the meantime
+                reply(KIND_UNSUPPORTED, encode_unsupported(Unsupported(kind)))
 
     def send_kind(self, peer: str, kind: str, payload: bytes) -> None:
         """Send a message of a registered ``kind`` to a linked ``peer``."""
@@ -537,6 +576,17 @@ class Arrivals(Generic[_Token]):
             self._run_kind(handler, env, payload, self._reply_to(env, ident=ident))
             return
         kind = env.kind or ""
+        held = self._held.get(kind)
+        if held is not None:
+            # Its handler is still starting (a shard opening): kept for it, so that the
+            # asker is neither turned away by 'unsupported' nor left to its timeout.
+            if len(held) < MAX_HELD:
+                held.append((env, payload, self._reply_to(env, ident=ident), ident is not None))
+                self._counters["held.kind-starting"] += 1
+            else:
+                self._drop("kind-starting", env.sender, "dropped %r from %s: %d messages "
+                           "already wait for its handler to start", kind, env.sender, MAX_HELD)
+            return
         if ident is not None and kind not in (KIND_HELLO, KIND_UNSUPPORTED):
             # A request of a protocol this node does not run (e.g. knowledge sync to a
             # node without a shard): say so, so that the asker turns elsewhere at once.

@@ -212,6 +212,14 @@ class Knowledge:
 
     # -- lifecycle ----------------------------------------------------------------------
 
+    @staticmethod
+    def expect(node: Node) -> None:
+        """Before ``node`` starts, when its replica starts after it (the shard opened
+        while the node already beats): what peers send for the replica meanwhile waits
+        for it, instead of being answered ``unsupported``, which would tell them (and a
+        command line looking for a replica) that this node keeps none."""
+        node.expect_kind(KIND_SYNC)
+
     def start(self) -> None:
         """Hook into the node and the loop's clock (on the loop thread).
 
@@ -928,6 +936,7 @@ def attach_knowledge(sync_node: Any, data_dir: pathlib.Path, **options: Any) -> 
             knowledge.start()
         except BaseException:
             shard.close()
+            node.unregister_kind(KIND_SYNC)  # expected (Knowledge.expect) but not coming
             raise
         return knowledge
 

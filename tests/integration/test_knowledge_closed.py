@@ -95,6 +95,50 @@ async def _requests(tmp_path: Path) -> None:
                 await ask
 
 
+async def _starting(tmp_path: Path) -> None:
+    mesh = f"kgclosed{os.getpid()}-{next(_meshes)}"
+    first = Node(name="first", mesh=mesh, discovery=False, data_dir=tmp_path / "first")
+    Knowledge.expect(first)  # its replica starts once the node is on the mesh
+    async with first:
+        second = Node(name="second", mesh=mesh, discovery=False, data_dir=tmp_path / "second",
+                      seeds=(f"127.0.0.1:{first.router_port}",))
+        writer = Knowledge(second, Shard(tmp_path / "second-kg", agent="second"))
+        writer.start()
+        replica: Knowledge | None = None
+        try:
+            async with second:
+                await second.wait_for_subscribers(C.CHANNEL_CONTROL, 1, 20)
+                record = writer.async_observe("starting replica", "asked while it starts")
+                # Not yet there: the request waits for the replica (counted), where a node
+                # without one would have answered 'unsupported'.
+                ask = asyncio.ensure_future(
+                    writer.peer_holds("first", record.origin, record.seq, 20))
+                await _until(lambda: first.counters["held.kind-starting"] >= 1, 20,
+                             "the request held for the starting replica")
+                assert not ask.done()
+                assert "first" not in writer.without_replica()
+                # Once it starts, the held request is answered by it, and the answer is
+                # about the record (the replica holds it after catching up, or says not).
+                replica = Knowledge(first, Shard(tmp_path / "first-kg", agent="first"))
+                replica.start()
+                await ask  # answered, not timed out
+                assert "first" in writer.answered_by()
+                assert "first" not in writer.without_replica()
+                # And the record reaches it (its broadcast was held too, or a pull brings it).
+                started = replica
+                await _until(lambda: started.shard.state.top_seq("second") >= record.seq, 20,
+                             "the started replica holding the record")
+        finally:
+            await writer.aclose()
+            if replica is not None:
+                await replica.aclose()
+
+
+def test_what_a_starting_replica_is_sent_waits_for_it(
+        tmp_path: Path) -> None:
+    asyncio.run(_starting(tmp_path))
+
+
 def test_a_closed_replica_queues_nothing_while_its_node_runs_on(tmp_path: Path) -> None:
     asyncio.run(_broadcasts(tmp_path))
 

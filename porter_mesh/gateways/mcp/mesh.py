@@ -37,7 +37,7 @@ from porter_mesh.core.peers import PeerEvent
 from porter_mesh.errors import OperationTimeout
 from porter_mesh.node.cancel import LEDGER_FILE, watch_tasks
 from porter_mesh.node.config import NodeConfig, knowledge_dir
-from porter_mesh.node.knowledge import SyncKnowledge, attach_knowledge
+from porter_mesh.node.knowledge import Knowledge, SyncKnowledge, attach_knowledge
 from porter_mesh.node.node import Message, Node
 from porter_mesh.node.port import NodePort
 from porter_mesh.node.sync import SyncNode
@@ -148,6 +148,7 @@ class GatewayAgent:
                  external: ExternalTools | None = None) -> None:
         self._recent: collections.deque[RecentMessage] = collections.deque(maxlen=recent)
         self._listeners: list[Callable[[str], None]] = []
+        self._keeps_knowledge = knowledge and config.data_dir is not None
         self.external = external
         # Spans of the tasks the host works on; an MCP request's _meta trace context is
         # handed to traces.adopt() by the server. Tracing before the node: a seat that
@@ -160,7 +161,7 @@ class GatewayAgent:
 
         self.metrics = start_metrics(config.name, self.traces.metrics.snapshot)
         try:
-            if knowledge and config.data_dir is not None:
+            if self._keeps_knowledge and config.data_dir is not None:
                 self.knowledge = attach_knowledge(self.node, knowledge_dir(config.data_dir))
             self.port = SettlingPort(self.node, self.knowledge, settle=settle,
                                      traces=self.traces)
@@ -182,6 +183,8 @@ class GatewayAgent:
         if self.tracing is not None:
             serve_spans(node, self.tracing.ring)
         node.view_sections["service"] = self.traces.metrics.snapshot
+        if self._keeps_knowledge:
+            Knowledge.expect(node)  # the shard attaches once the node is on the mesh
 
     @property
     def name(self) -> str:
